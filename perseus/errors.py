@@ -1,0 +1,99 @@
+"""One exception tree for the whole project.
+
+::
+
+    PerseusError
+    ├── ProfileError            a profile file or request is malformed (names file, row, field)
+    ├── ScheduleError           a schedule cannot be built (bad sizes, unknown name, cyclic DAG)
+    ├── PlanError               a plan does not fit its schedule or profile
+    ├── InfeasibleDeadline      no plan meets the requested iteration time
+    ├── PolicyError             a policy name or parameter is invalid
+    ├── GpuControlError         reading or setting GPU clocks failed
+    │   ├── NvmlPermissionError     the process may not change clocks
+    │   └── NvmlNotSupported        the GPU or driver lacks the call
+    ├── PlannerUnavailable      the planner server cannot be reached
+    ├── JobNotFound             no job with that id
+    ├── JobStateError           the job is not in a state that allows the request
+    └── AuthError               a token is missing (401) or wrong (403)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthError",
+    "GpuControlError",
+    "InfeasibleDeadline",
+    "JobNotFound",
+    "JobStateError",
+    "NvmlNotSupported",
+    "NvmlPermissionError",
+    "PerseusError",
+    "PlanError",
+    "PlannerUnavailable",
+    "PolicyError",
+    "ProfileError",
+    "ScheduleError",
+]
+
+
+class PerseusError(Exception):
+    """Base of every error perseus raises on purpose."""
+
+
+class ProfileError(PerseusError):
+    """A profile is malformed.
+
+    The message names where: ``file:row: field: what is wrong``.
+    """
+
+
+class ScheduleError(PerseusError):
+    """A schedule or its DAG cannot be built."""
+
+
+class PlanError(PerseusError):
+    """A plan does not match its schedule or profile."""
+
+
+class InfeasibleDeadline(PerseusError):
+    """No plan meets the requested iteration time."""
+
+
+class PolicyError(PerseusError):
+    """A policy name or its parameter is invalid."""
+
+
+class GpuControlError(PerseusError):
+    """Reading or setting GPU clocks failed."""
+
+
+class NvmlPermissionError(GpuControlError):
+    """The process lacks the permission to change GPU clocks."""
+
+
+class NvmlNotSupported(GpuControlError):
+    """The GPU or driver does not support the requested NVML call."""
+
+
+class PlannerUnavailable(PerseusError):
+    """The planner server cannot be reached or answered with an error."""
+
+
+class JobNotFound(PerseusError):
+    """No job with the given id exists."""
+
+
+class JobStateError(PerseusError):
+    """The job is not in a state that allows the request."""
+
+
+class AuthError(PerseusError):
+    """A token is missing or wrong.
+
+    Attributes:
+        status_code: 401 when no token was given, 403 when it was wrong.
+    """
+
+    def __init__(self, message: str, status_code: int = 401) -> None:
+        super().__init__(message)
+        self.status_code = status_code
