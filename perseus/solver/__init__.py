@@ -1,0 +1,59 @@
+"""The pure planning core: profiles -> schedule DAG -> time-energy frontier -> plans.
+
+Imports only the standard library, numpy, scipy and networkx. See ``docs/solver-api.md``.
+"""
+
+from __future__ import annotations
+
+from perseus.solver.costs import CostTable, build_costs
+from perseus.solver.dag import PipelineDag, build_dag
+from perseus.solver.frontier import (
+    FRONTIER_FORMAT,
+    Baseline,
+    Frontier,
+    Point,
+    baselines_at,
+    compute_frontier,
+)
+from perseus.solver.policies import POLICY_KINDS, Policy, choose_point, straggler_point
+from perseus.solver.profiles import (
+    INSTRUCTIONS,
+    Option,
+    Profile,
+    effective_options,
+    load_profile,
+    profile_from_rows,
+    profile_to_json,
+)
+from perseus.solver.schedules import SCHEDULE_NAMES, Instruction, Schedule, make_schedule
+from perseus.solver.simulate import Replay, replay
+
+__all__ = [
+    "FRONTIER_FORMAT",
+    "INSTRUCTIONS",
+    "POLICY_KINDS",
+    "SCHEDULE_NAMES",
+    "Baseline",
+    "CostTable",
+    "Frontier",
+    "Instruction",
+    "Option",
+    "PipelineDag",
+    "Point",
+    "Policy",
+    "Profile",
+    "Replay",
+    "Schedule",
+    "baselines_at",
+    "build_costs",
+    "build_dag",
+    "choose_point",
+    "compute_frontier",
+    "effective_options",
+    "load_profile",
+    "make_schedule",
+    "profile_from_rows",
+    "profile_to_json",
+    "replay",
+    "straggler_point",
+]

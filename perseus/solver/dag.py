@@ -1,0 +1,171 @@
+"""The computation DAG of one training iteration, as flat typed arrays.
+
+Nodes are the schedule's instructions, numbered GPU by GPU in execution order. Every node has
+at most two predecessors (the previous instruction on its GPU and its data dependency, see
+:mod:`perseus.solver.schedules`), so predecessors are stored as two index arrays padded with a
+sentinel node that finishes at time 0. That keeps the longest-path passes plain vectorised numpy
+over many plans at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+import numpy.typing as npt
+
+from perseus.errors import ScheduleError
+from perseus.solver.schedules import BACKWARD, FORWARD, Schedule
+
+__all__ = ["PipelineDag", "build_dag"]
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineDag:
+    """A schedule's DAG.
+
+    Attributes:
+        schedule: The schedule it was built from.
+        gpu: GPU of each node.
+        kind: 0 for forward, 1 for backward.
+        cost_class: ``2 * gpu + kind``: nodes of one class share one profile entry.
+        pred: ``(n, 2)`` predecessor indices; ``n`` (the sentinel) where there is none.
+        succ: ``(n, 2)`` successor indices; ``n`` where there is none.
+        topo: Nodes in a topological order.
+        offsets: ``offsets[g]`` is the first node of GPU ``g``; ``offsets[-1] == n``.
+    """
+
+    schedule: Schedule
+    gpu: IntArray
+    kind: IntArray
+    cost_class: IntArray
+    pred: IntArray
+    succ: IntArray
+    topo: IntArray
+    offsets: IntArray
+
+    @property
+    def size(self) -> int:
+        """Number of instructions."""
+        return int(self.gpu.shape[0])
+
+    @property
+    def sinks(self) -> IntArray:
+        """Nodes without successors."""
+        return np.flatnonzero((self.succ == self.size).all(axis=1))
+
+    def finish_times(self, durations: FloatArray) -> FloatArray:
+        """Earliest finish time of every node, for one plan or many.
+
+        Args:
+            durations: ``(n,)`` or ``(n, P)`` instruction durations (P plans side by side).
+
+        Returns:
+            Finish times of the same shape. O(n * P).
+        """
+        finish = np.zeros((self.size + 1, *durations.shape[1:]))
+        pred = self.pred
+        for j in self.topo:
+            finish[j] = np.maximum(finish[pred[j, 0]], finish[pred[j, 1]]) + durations[j]
+        return finish[:-1]
+
+    def latest_starts(self, durations: FloatArray, deadline: FloatArray | float) -> FloatArray:
+        """Latest start time of every node such that everything finishes by ``deadline``."""
+        start = np.empty((self.size + 1, *durations.shape[1:]))
+        start[-1] = deadline
+        succ = self.succ
+        for j in self.topo[::-1]:
+            start[j] = np.minimum(start[succ[j, 0]], start[succ[j, 1]]) - durations[j]
+        return start[:-1]
+
+    def iteration_time(self, durations: FloatArray) -> FloatArray:
+        """Longest path length (iteration time) for one plan or many."""
+        return np.asarray(self.finish_times(durations).max(axis=0))
+
+    def critical(self, durations: FloatArray, rtol: float = 1e-9) -> npt.NDArray[np.bool_]:
+        """Nodes on a longest path of a single plan (``durations`` of shape ``(n,)``)."""
+        finish = self.finish_times(durations)
+        total = float(finish.max())
+        latest = self.latest_starts(durations, total) + durations
+        return np.asarray(np.abs(latest - finish) <= rtol * max(total, 1.0))
+
+
+def build_dag(schedule: Schedule) -> PipelineDag:
+    """Build and check the DAG of ``schedule``.
+
+    Args:
+        schedule: Per-GPU instruction order.
+
+    Returns:
+        The DAG. O(n) plus networkx's acyclicity check.
+
+    Raises:
+        ScheduleError: An instruction is missing or repeated, or the order deadlocks (cycle).
+    """
+    stages, chunks = schedule.stages, schedule.virtual_stages
+    last_virtual = stages * chunks - 1
+    index: dict[tuple[str, int, int], int] = {}
+    gpu, kind, offsets = [], [], [0]
+    for g, seq in enumerate(schedule.order):
+        for inst in seq:
+            key = (inst.kind, schedule.virtual_stage(g, inst), inst.microbatch)
+            if key in index:
+                raise ScheduleError(f"GPU {g} runs {inst} twice")
+            index[key] = len(gpu)
+            gpu.append(g)
+            kind.append(0 if inst.kind == FORWARD else 1)
+        offsets.append(len(gpu))
+    n = len(gpu)
+    expected = 2 * stages * chunks * schedule.microbatches
+    if n != expected:
+        raise ScheduleError(f"schedule has {n} instructions, expected {expected}")
+
+    pred = np.full((n, 2), n, dtype=np.int64)
+    edges: list[tuple[int, int]] = []
+    for g in range(stages):
+        edges.extend((j - 1, j) for j in range(offsets[g] + 1, offsets[g + 1]))
+    for (name, u, j), node in index.items():
+        if name == FORWARD:
+            source = index.get((FORWARD, u - 1, j)) if u > 0 else None
+        elif u == last_virtual:
+            source = index.get((FORWARD, u, j))
+        else:
+            source = index.get((BACKWARD, u + 1, j))
+        if source is None and not (name == FORWARD and u == 0):
+            raise ScheduleError(f"missing the dependency of {name} {j} on virtual stage {u}")
+        if source is not None:
+            edges.append((source, node))
+
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from(edges)
+    if not nx.is_directed_acyclic_graph(graph):
+        cycle = nx.find_cycle(graph)
+        raise ScheduleError(f"the schedule deadlocks: dependency cycle through {cycle[:4]}")
+    succ = np.full((n, 2), n, dtype=np.int64)
+    pred_count = np.zeros(n, dtype=np.int64)
+    succ_count = np.zeros(n, dtype=np.int64)
+    for a, b in set(edges):
+        if pred_count[b] == 2 or succ_count[a] == 2:
+            raise ScheduleError("an instruction has more than two dependencies")
+        pred[b, pred_count[b]] = a
+        succ[a, succ_count[a]] = b
+        pred_count[b] += 1
+        succ_count[a] += 1
+    topo = np.fromiter(nx.topological_sort(graph), dtype=np.int64, count=n)
+    gpu_arr = np.asarray(gpu, dtype=np.int64)
+    kind_arr = np.asarray(kind, dtype=np.int64)
+    return PipelineDag(
+        schedule=schedule,
+        gpu=gpu_arr,
+        kind=kind_arr,
+        cost_class=2 * gpu_arr + kind_arr,
+        pred=pred,
+        succ=succ,
+        topo=topo,
+        offsets=np.asarray(offsets, dtype=np.int64),
+    )

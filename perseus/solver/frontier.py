@@ -1,0 +1,673 @@
+"""The time-energy frontier: for every deadline, the least-energy per-instruction clock plan.
+
+How the fast mode works, for a DAG of ``n`` instructions and ``G`` grid deadlines:
+
+1. Solve the convex relaxation (:class:`~perseus.solver.programs.Relaxation`) at a few
+   deadlines ("knots"), chosen adaptively where the relaxed value ``V(D)`` bends most. ``V`` is
+   convex, so between two knots the straight mix of their solutions is a feasible relaxed
+   solution, and the tangents at the knots bound ``V`` from below everywhere.
+2. For every grid deadline, round the mixed relaxed durations down to the slowest measured option
+   that fits, then refill the slack this leaves with two greedy passes (latest finish backwards,
+   earliest start forwards). Each pass only uses time that no other instruction needs, so the
+   plan keeps its deadline. All ``G`` deadlines move through the passes side by side as numpy
+   columns: O(n * G) work with small constants.
+3. Replay every plan exactly on the profile values (so stated times and energies are truthful),
+   keep the Pareto-optimal ones, and report each plan's gap to the lower bound at the largest
+   deadline it serves.
+
+The exact mode replaces 1-2 with one MILP per frontier point, sweeping deadlines downwards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from perseus.errors import InfeasibleDeadline, PerseusError, PlanError, ProfileError
+from perseus.solver.costs import CostTable, build_costs
+from perseus.solver.dag import PipelineDag, build_dag
+from perseus.solver.profiles import Profile
+from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution
+from perseus.solver.schedules import BACKWARD, FORWARD, Schedule, make_schedule
+
+__all__ = [
+    "FRONTIER_FORMAT",
+    "Baseline",
+    "Frontier",
+    "Point",
+    "baselines_at",
+    "compute_frontier",
+]
+
+FRONTIER_FORMAT = "perseus.frontier/1"
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+Progress = Callable[[int, int], None]
+
+# Relative chord-minus-tangent error of V between knots above which another knot is solved.
+_KNOT_TOLERANCE = 2e-4
+_MAX_KNOTS = 64
+_CHUNK = 1024
+_BASELINE_KEYS = ("all_fastest", "global_clock", "per_stage_clock")
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One plan of the frontier.
+
+    Attributes:
+        time_s: Iteration time of the plan, replayed on the profile.
+        energy_j: Energy of one iteration, replayed on the profile.
+        gap: Relative gap of ``energy_j`` to a proven lower bound over the deadlines it serves.
+        frequencies_mhz: ``frequencies_mhz[g][k]`` is the clock of ``schedule.order[g][k]``.
+    """
+
+    time_s: float
+    energy_j: float
+    gap: float
+    frequencies_mhz: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """A reference plan that today's tools can reach."""
+
+    time_s: float
+    energy_j: float
+    frequencies_mhz: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Pareto-optimal plans, time strictly ascending and energy strictly descending.
+
+    Attributes:
+        schedule: The schedule the plans are for.
+        p_block_w: Blocking power used in the energy model.
+        times_s: Iteration time of every point.
+        energies_j: Energy of every point.
+        gaps: Gap of every point to the lower bound.
+        frequencies_mhz: ``(points, instructions)`` clocks, instructions GPU by GPU in order.
+        baselines: ``all_fastest``, ``global_clock`` and ``per_stage_clock`` at no slowdown.
+    """
+
+    schedule: Schedule
+    p_block_w: float
+    times_s: FloatArray
+    energies_j: FloatArray
+    gaps: FloatArray
+    frequencies_mhz: npt.NDArray[np.uint16]
+    baselines: dict[str, Baseline] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.times_s.shape[0])
+
+    def point(self, i: int) -> Point:
+        """Return point ``i`` (negative indices count from the slow end)."""
+        i = range(len(self))[i]
+        return Point(
+            float(self.times_s[i]),
+            float(self.energies_j[i]),
+            float(self.gaps[i]),
+            _split(self.frequencies_mhz[i], self.schedule),
+        )
+
+    def energy_at(self, i: int, iteration_time_s: float) -> float:
+        """Energy of point ``i`` when every iteration is stretched to ``iteration_time_s``.
+
+        Every GPU then blocks for the extra time, drawing the blocking power.
+
+        Raises:
+            InfeasibleDeadline: The point is slower than ``iteration_time_s``.
+        """
+        time_s = float(self.times_s[i])
+        if iteration_time_s < time_s * (1 - 1e-12):
+            raise InfeasibleDeadline(
+                f"point {i} takes {time_s:.6f} s, longer than {iteration_time_s:.6f} s"
+            )
+        extra = max(iteration_time_s - time_s, 0.0)
+        return float(self.energies_j[i]) + self.schedule.stages * self.p_block_w * extra
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``perseus.frontier/1`` document (see the README for the shape)."""
+        data = self._header()
+        data["points"] = [self._point_json(i) for i in range(len(self))]
+        return data
+
+    def write_json(self, stream: TextIO) -> None:
+        """Write :meth:`to_json` to ``stream`` one point at a time (large frontiers)."""
+        import json
+
+        header = json.dumps(self._header())
+        stream.write(header[:-1] + ', "points": [')
+        for i in range(len(self)):
+            if i:
+                stream.write(", ")
+            stream.write(json.dumps(self._point_json(i)))
+        stream.write("]}\n")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Frontier:
+        """Rebuild a frontier from its JSON document.
+
+        Raises:
+            PlanError: The document is malformed; the message names the field.
+        """
+        return _frontier_from_json(data)
+
+    def _header(self) -> dict[str, Any]:
+        schedule = self.schedule
+        interleaved = schedule.virtual_stages > 1
+        return {
+            "format": FRONTIER_FORMAT,
+            "schedule": schedule.name,
+            "stages": schedule.stages,
+            "microbatches": schedule.microbatches,
+            "virtual_stages": schedule.virtual_stages,
+            "p_block_w": self.p_block_w,
+            "order": [
+                [
+                    [inst.kind, inst.microbatch, inst.chunk]
+                    if interleaved
+                    else [inst.kind, inst.microbatch]
+                    for inst in seq
+                ]
+                for seq in schedule.order
+            ],
+            "baselines": {
+                key: {
+                    "time_s": b.time_s,
+                    "energy_j": b.energy_j,
+                    "frequencies_mhz": [list(row) for row in b.frequencies_mhz],
+                }
+                for key, b in self.baselines.items()
+            },
+        }
+
+    def _point_json(self, i: int) -> dict[str, Any]:
+        return {
+            "time_s": float(self.times_s[i]),
+            "energy_j": float(self.energies_j[i]),
+            "gap": float(self.gaps[i]),
+            "frequencies_mhz": [list(row) for row in _split(self.frequencies_mhz[i], self.schedule)],
+        }
+
+
+def compute_frontier(
+    profile: Profile,
+    schedule: Schedule,
+    *,
+    p_block_w: float | None = None,
+    resolution_s: float = 1e-3,
+    exact: bool = False,
+    progress: Progress | None = None,
+) -> Frontier:
+    """Compute the time-energy frontier of ``schedule`` on ``profile``.
+
+    Args:
+        profile: Per-stage measurements.
+        schedule: The pipeline schedule.
+        p_block_w: Blocking power in watts; defaults to ``profile.p_block_w``.
+        resolution_s: Spacing of the deadline grid (at most 1 ms is allowed).
+        exact: Solve an MILP per frontier point instead of the fast relaxation-and-rounding.
+        progress: Called as ``progress(done, total)`` while working.
+
+    Returns:
+        The frontier. Fast mode: a few LP solves plus O(n * G) vectorised work for ``n``
+        instructions and ``G = (T_max - T_min) / resolution_s`` deadlines.
+
+    Raises:
+        ProfileError: No blocking power, or the profile does not fit the schedule.
+        ScheduleError: The schedule's DAG is invalid.
+    """
+    power = profile.p_block_w if p_block_w is None else p_block_w
+    if power is None:
+        raise ProfileError(f"{profile.source}: p_block_w: the blocking power is required")
+    if not (math.isfinite(power) and power >= 0):
+        raise ProfileError(f"{profile.source}: p_block_w: must be a finite number >= 0")
+    if not (math.isfinite(resolution_s) and 0 < resolution_s <= 1e-3):
+        raise ProfileError(f"resolution: must be in (0, 0.001] seconds, got {resolution_s}")
+    dag = build_dag(schedule)
+    costs = build_costs(profile, schedule, power)
+    planner = _Planner(dag, costs)
+    report = progress or (lambda done, total: None)
+    if exact:
+        times, energies, gaps, choices = planner.exact(resolution_s, report)
+    else:
+        times, energies, gaps, choices = planner.fast(resolution_s, report)
+    freqs = costs.frequency_mhz[planner.flat(choices)].astype(np.uint16)
+    return Frontier(
+        schedule=schedule,
+        p_block_w=power,
+        times_s=times,
+        energies_j=energies,
+        gaps=gaps,
+        frequencies_mhz=freqs,
+        baselines=baselines_at(profile, schedule, power, float(times[0]), dag=dag),
+    )
+
+
+class _Planner:
+    """Plans over one DAG and cost table. Choices are per-node option indices within a class."""
+
+    def __init__(self, dag: PipelineDag, costs: CostTable) -> None:
+        self.dag = dag
+        self.costs = costs
+        self.cls = dag.cost_class
+        self.start = costs.start[self.cls]
+        self.class_times = [costs.times_of(c) for c in range(len(costs.start) - 1)]
+        self.last = costs.start[self.cls + 1] - self.start - 1
+
+    def flat(self, choices: IntArray) -> IntArray:
+        """Flat cost-table index of every (plan, node) choice."""
+        return np.asarray(self.start + choices)
+
+    def durations(self, choices: IntArray) -> FloatArray:
+        """Durations ``(n, P)`` of choices ``(n, P)``."""
+        return np.asarray(self.costs.time_s[self.start[:, None] + choices])
+
+    def evaluate(self, choices: IntArray) -> tuple[FloatArray, FloatArray]:
+        """Exact iteration time and energy of plans ``(n, P)``."""
+        flat = self.start[:, None] + choices
+        times = self.costs.time_s[flat]
+        total = self.dag.iteration_time(times)
+        energy = (
+            self.costs.energy_j[flat].sum(axis=0)
+            + self.costs.p_block_w * (self.costs.num_gpus * total - times.sum(axis=0))
+        )
+        return total, np.asarray(energy)
+
+    def fit(self, node: int, room: FloatArray) -> IntArray:
+        """Slowest option of ``node`` that takes at most ``room`` (the fastest if none does)."""
+        found = np.searchsorted(self.class_times[self.cls[node]], room, side="right") - 1
+        return np.asarray(np.maximum(found, 0))
+
+    def round_down(self, durations: FloatArray) -> IntArray:
+        """Slowest option no longer than each relaxed duration ``(n, P)``."""
+        choices = np.empty(durations.shape, dtype=np.int64)
+        for j in range(self.dag.size):
+            choices[j] = self.fit(j, durations[j])
+        return choices
+
+    def refill(self, choices: IntArray, ceiling: FloatArray) -> IntArray:
+        """Slow instructions into slack that nobody else needs; every plan finishes by ``ceiling``.
+
+        A backward pass gives each node, latest first, the time between its earliest start
+        (under the current plan) and the latest start of its successors; a forward pass then
+        does the same from the other side. A node whose current plan overruns shrinks here too,
+        so the result always fits ``ceiling`` when the all-fastest plan does.
+        """
+        dag = self.dag
+        n = dag.size
+        choices = choices.copy()
+        durations = self.durations(choices)
+        pred, succ = dag.pred, dag.succ
+        finish = dag.finish_times(durations)
+        latest = np.empty((n + 1, choices.shape[1]))
+        latest[n] = ceiling
+        for j in dag.topo[::-1]:
+            bound = np.minimum(latest[succ[j, 0]], latest[succ[j, 1]])
+            choices[j] = self.fit(j, bound - (finish[j] - durations[j]))
+            durations[j] = self.class_times[self.cls[j]][choices[j]]
+            latest[j] = bound - durations[j]
+        earliest = np.zeros((n + 1, choices.shape[1]))
+        for j in dag.topo:
+            begin = np.maximum(earliest[pred[j, 0]], earliest[pred[j, 1]])
+            bound = np.minimum(latest[succ[j, 0]], latest[succ[j, 1]])
+            choices[j] = np.maximum(choices[j], self.fit(j, bound - begin))
+            durations[j] = self.class_times[self.cls[j]][choices[j]]
+            earliest[j] = begin + durations[j]
+        return choices
+
+    def fast(
+        self, resolution_s: float, progress: Progress
+    ) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
+        n = self.dag.size
+        fastest = np.zeros((n, 1), dtype=np.int64)
+        t_fast = float(self.dag.iteration_time(self.durations(fastest))[0])
+        relaxation = Relaxation(self.dag, self.costs)
+        free = relaxation.solve(None)
+        slowest_time = float(self.dag.iteration_time(self.durations(self.last[:, None]))[0])
+        t_end = max(t_fast, min(free.iteration_time_s, slowest_time))
+        steps = math.ceil((t_end - t_fast) / resolution_s - 1e-9)
+        grid = t_fast + resolution_s * np.arange(steps + 1)
+        knots = self._knots(relaxation, t_fast, free, resolution_s, progress, len(grid))
+
+        best_choice = np.empty((n, len(grid)), dtype=np.uint16)
+        best_time = np.empty(len(grid))
+        best_energy = np.empty(len(grid))
+        knot_deadlines = np.asarray([k.deadline_s for k in knots[:-1]] + [math.inf])
+        for lo in range(0, len(grid), _CHUNK):
+            deadlines = grid[lo : lo + _CHUNK]
+            right = np.clip(np.searchsorted(knot_deadlines, deadlines, side="left"), 1, len(knots) - 1)
+            left = right - 1
+            a_dead = knot_deadlines[left]
+            b_dead = np.where(np.isinf(knot_deadlines[right]), a_dead, knot_deadlines[right])
+            span = np.where(b_dead > a_dead, b_dead - a_dead, 1.0)
+            theta = np.clip((deadlines - a_dead) / span, 0.0, 1.0)
+            durs_a = np.stack([knots[k].durations_s for k in left], axis=1)
+            durs_b = np.stack([knots[k].durations_s for k in right], axis=1)
+            tau_a = np.asarray([knots[k].iteration_time_s for k in left])
+            tau_b = np.asarray([knots[k].iteration_time_s for k in right])
+            mixed = durs_a + theta * (durs_b - durs_a)
+            tau = np.minimum(tau_a + theta * (tau_b - tau_a), deadlines)
+            rounded = self.round_down(mixed)
+            rounded_time, _ = self.evaluate(rounded)
+            candidates = [
+                self.refill(rounded, tau),
+                self.refill(rounded, np.minimum(rounded_time, tau)),
+                self.refill(rounded, deadlines),
+            ]
+            if lo == 0:
+                # The all-fastest plan, refilled, always meets the first deadline exactly.
+                candidates.append(self.refill(np.zeros_like(rounded), deadlines))
+            width = len(deadlines)
+            chosen = candidates[0]
+            chosen_time, chosen_energy = self.evaluate(chosen)
+            chosen_energy = np.where(chosen_time <= deadlines * (1 + 1e-12), chosen_energy, np.inf)
+            for candidate in candidates[1:]:
+                time, energy = self.evaluate(candidate)
+                better = (time <= deadlines * (1 + 1e-12)) & (energy < chosen_energy)
+                chosen = np.where(better[None, :], candidate, chosen)
+                chosen_time = np.where(better, time, chosen_time)
+                chosen_energy = np.where(better, energy, chosen_energy)
+            best_choice[:, lo : lo + width] = chosen
+            best_time[lo : lo + width] = chosen_time
+            best_energy[lo : lo + width] = chosen_energy
+            progress(len(knots) + lo + width, len(knots) + len(grid))
+
+        keep = _pareto(best_time, best_energy)
+        if not np.isfinite(best_energy[keep]).all():
+            raise InfeasibleDeadline("no plan meets the all-fastest iteration time")
+        times, energies = best_time[keep], best_energy[keep]
+        served = _served_deadline(times, grid)
+        bound = np.max(
+            [k.value_j + k.slope_j_per_s * (np.minimum(served, t_end) - k.deadline_s) for k in knots[:-1]]
+            + [np.full(len(times), knots[-1].value_j)],
+            axis=0,
+        )
+        bound = bound * (1 - 1e-9)
+        gaps = energies / bound - 1.0
+        return times, energies, gaps, best_choice[:, keep].T.astype(np.int64)
+
+    def _knots(
+        self,
+        relaxation: Relaxation,
+        t_fast: float,
+        free: RelaxedSolution,
+        resolution_s: float,
+        progress: Progress,
+        grid_size: int,
+    ) -> list[RelaxedSolution]:
+        """Relaxed solutions at adaptively chosen deadlines, the unconstrained one last."""
+        if free.iteration_time_s <= t_fast + resolution_s:
+            first = relaxation.solve(max(t_fast, min(free.iteration_time_s, t_fast)))
+            return [first, free]
+        end = relaxation.solve(free.iteration_time_s, free)
+        start = relaxation.solve(t_fast)
+        knots = [start, end]
+        pending = [(start, end)]
+        while pending and len(knots) < _MAX_KNOTS:
+            a, b = pending.pop()
+            cut = _tangent_crossing(a, b)
+            if cut is None or not (a.deadline_s + resolution_s < cut < b.deadline_s - resolution_s):
+                continue
+            chord = a.value_j + (b.value_j - a.value_j) * (cut - a.deadline_s) / (
+                b.deadline_s - a.deadline_s
+            )
+            tangent = a.value_j + a.slope_j_per_s * (cut - a.deadline_s)
+            if chord - tangent <= _KNOT_TOLERANCE * b.value_j:
+                continue
+            middle = relaxation.solve(cut, a if cut - a.deadline_s < b.deadline_s - cut else b)
+            knots.append(middle)
+            pending.extend([(a, middle), (middle, b)])
+            progress(len(knots), len(knots) + grid_size)
+        knots.sort(key=lambda k: k.deadline_s)
+        return [*knots, free]
+
+    def exact(
+        self, resolution_s: float, progress: Progress
+    ) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
+        n = self.dag.size
+        program = ExactProgram(self.dag, self.costs)
+        t_fast = float(self.dag.iteration_time(self.durations(np.zeros((n, 1), dtype=np.int64)))[0])
+        slowest_time = float(self.dag.iteration_time(self.durations(self.last[:, None]))[0])
+        steps = math.ceil((slowest_time - t_fast) / resolution_s - 1e-9)
+        grid = t_fast + resolution_s * np.arange(steps + 1)
+        plans: list[tuple[float, float, float, IntArray]] = []
+        g = len(grid) - 1
+        while g >= 0:
+            solution = program.solve(float(grid[g]))
+            choice = solution.choice[:, None]
+            time, energy = self.evaluate(choice)
+            plans.append((float(time[0]), float(energy[0]), solution.bound_j, solution.choice))
+            g = int(np.searchsorted(grid, time[0] * (1 - 1e-12), side="left")) - 1
+            progress(len(grid) - 1 - max(g, 0), len(grid))
+        plans.reverse()
+        times = np.asarray([p[0] for p in plans])
+        energies = np.asarray([p[1] for p in plans])
+        keep = _pareto(times, energies)
+        bounds = np.asarray([p[2] for p in plans])[keep]
+        chosen = np.stack([plans[k][3] for k in keep])
+        return times[keep], energies[keep], energies[keep] / bounds - 1.0, chosen
+
+
+def _tangent_crossing(a: RelaxedSolution, b: RelaxedSolution) -> float | None:
+    """Deadline where the tangents of ``V`` at ``a`` and ``b`` cross."""
+    if b.slope_j_per_s - a.slope_j_per_s <= 0:
+        return None
+    return (
+        b.value_j - a.value_j + a.slope_j_per_s * a.deadline_s - b.slope_j_per_s * b.deadline_s
+    ) / (a.slope_j_per_s - b.slope_j_per_s)
+
+
+def _pareto(times: FloatArray, energies: FloatArray) -> IntArray:
+    """Indices of the Pareto-optimal (time, energy) pairs, time ascending; ties merged."""
+    order = np.lexsort((energies, times))
+    keep = []
+    best = math.inf
+    for i in order:
+        if energies[i] < best:
+            if keep and times[keep[-1]] == times[i]:
+                continue
+            keep.append(int(i))
+            best = float(energies[i])
+    return np.asarray(keep, dtype=np.int64)
+
+
+def _served_deadline(times: FloatArray, grid: FloatArray) -> FloatArray:
+    """Largest grid deadline each point answers (the next point's time, exclusive)."""
+    served = np.empty(len(times))
+    for i in range(len(times)):
+        if i + 1 == len(times):
+            served[i] = math.inf
+            continue
+        g = int(np.searchsorted(grid, times[i + 1], side="left")) - 1
+        served[i] = max(float(grid[max(g, 0)]), float(times[i]))
+    return served
+
+
+def _split(flat: npt.NDArray[Any], schedule: Schedule) -> tuple[tuple[int, ...], ...]:
+    out = []
+    at = 0
+    for seq in schedule.order:
+        out.append(tuple(int(f) for f in flat[at : at + len(seq)]))
+        at += len(seq)
+    return tuple(out)
+
+
+def baselines_at(
+    profile: Profile,
+    schedule: Schedule,
+    p_block_w: float,
+    deadline_s: float,
+    *,
+    dag: PipelineDag | None = None,
+) -> dict[str, Baseline]:
+    """Plans that today's tools reach, on the same profile and deadline.
+
+    - ``all_fastest``: every instruction at its fastest measured clock (today's default).
+    - ``global_clock``: one clock for every GPU, the least-energy one that meets the deadline
+      (what a global power or frequency tuner reaches); the fastest one if none meets it.
+    - ``per_stage_clock``: one clock per stage, found by coordinate descent from the global
+      clock (each round tries every clock of every stage and keeps the best move).
+
+    Raises:
+        ProfileError: The profile has no clock measured for both instructions of every stage.
+    """
+    dag = dag or build_dag(schedule)
+    scale = 1.0 / schedule.virtual_stages
+    stages = profile.stages
+    n = dag.size
+
+    def by_clock(stage: int, kind: str) -> dict[int, tuple[float, float]]:
+        return {o.frequency_mhz: (o.time_s * scale, o.energy_j * scale) for o in stages[stage][kind]}
+
+    tables = [by_clock(g, k) for g in range(schedule.stages) for k in (FORWARD, BACKWARD)]
+
+    def evaluate(clock_of_class: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
+        """Time and energy of plans given one clock per cost class, ``(classes, P)``."""
+        width = clock_of_class.shape[1]
+        times = np.empty((n, width))
+        energy = np.zeros(width)
+        for c, table in enumerate(tables):
+            nodes = dag.cost_class == c
+            pairs = np.asarray([table[int(f)] for f in clock_of_class[c]])
+            times[nodes] = pairs[:, 0]
+            energy += nodes.sum() * pairs[:, 1]
+        total = dag.iteration_time(times)
+        energy += p_block_w * (schedule.stages * total - times.sum(axis=0))
+        return total, energy
+
+    def baseline(clock_of_class: npt.NDArray[np.int64]) -> Baseline:
+        time, energy = evaluate(clock_of_class[:, None])
+        flat = clock_of_class[dag.cost_class]
+        return Baseline(float(time[0]), float(energy[0]), _split(flat, schedule))
+
+    fastest = np.asarray([min(t, key=lambda f: t[f][0]) for t in tables], dtype=np.int64)
+    common = sorted(set.intersection(*(set(t) for t in tables)), reverse=True)
+    if not common:
+        raise ProfileError(f"{profile.source}: frequency: no clock is measured for every stage")
+    result = {"all_fastest": baseline(fastest)}
+
+    limit = deadline_s * (1 + 1e-12)
+    candidates = np.asarray([[f] * len(tables) for f in common], dtype=np.int64).T
+    time, energy = evaluate(candidates)
+    ok = time <= limit
+    pick = int(np.argmin(np.where(ok, energy, np.inf))) if ok.any() else int(np.argmin(time))
+    result["global_clock"] = baseline(candidates[:, pick])
+
+    per_stage = [sorted(set(tables[2 * g]) & set(tables[2 * g + 1])) for g in range(schedule.stages)]
+    current = candidates[:, pick].copy()
+    current_time, current_energy = float(time[pick]), float(energy[pick])
+    for _ in range(4 * schedule.stages):
+        moves = []
+        for g, clocks in enumerate(per_stage):
+            for f in clocks:
+                move = current.copy()
+                move[2 * g : 2 * g + 2] = f
+                moves.append(move)
+        trial = np.stack(moves, axis=1)
+        time, energy = evaluate(trial)
+        feasible = time <= max(limit, current_time)
+        score = np.where(feasible, energy, np.inf)
+        k = int(np.argmin(score))
+        if not score[k] < current_energy * (1 - 1e-12):
+            break
+        current, current_time, current_energy = trial[:, k].copy(), float(time[k]), float(score[k])
+    result["per_stage_clock"] = baseline(current)
+    return result
+
+
+def _frontier_from_json(data: Mapping[str, Any]) -> Frontier:
+    def fail(where: str, what: str) -> PlanError:
+        return PlanError(f"frontier: {where}: {what}")
+
+    if not isinstance(data, Mapping):
+        raise fail("document", "expected a JSON object")
+    if data.get("format") != FRONTIER_FORMAT:
+        raise fail("format", f"expected {FRONTIER_FORMAT!r}, got {data.get('format')!r}")
+    try:
+        schedule = make_schedule(
+            str(data["schedule"]),
+            int(data["stages"]),
+            int(data["microbatches"]),
+            int(data.get("virtual_stages", 1)),
+        )
+    except KeyError as err:
+        raise fail(str(err.args[0]), "missing") from None
+    except (TypeError, ValueError) as err:
+        raise fail("schedule", str(err)) from None
+    except PerseusError as err:
+        raise fail("schedule", str(err)) from None
+    power = data.get("p_block_w")
+    if isinstance(power, bool) or not isinstance(power, int | float) or not power >= 0:
+        raise fail("p_block_w", f"expected a number >= 0, got {power!r}")
+    order = data.get("order")
+    expected = [
+        [
+            [i.kind, i.microbatch, i.chunk] if schedule.virtual_stages > 1 else [i.kind, i.microbatch]
+            for i in seq
+        ]
+        for seq in schedule.order
+    ]
+    if order is not None and order != expected:
+        raise fail("order", f"does not match the {schedule.name} schedule")
+    sizes = [len(seq) for seq in schedule.order]
+
+    def clocks(value: Any, where: str) -> list[int]:
+        if not isinstance(value, list) or [len(r) if isinstance(r, list) else -1 for r in value] != sizes:
+            raise fail(where, "expected one clock per instruction of every stage")
+        flat = [f for row in value for f in row]
+        if not all(isinstance(f, int) and not isinstance(f, bool) and 0 < f < 65536 for f in flat):
+            raise fail(where, "clocks must be positive integers (MHz)")
+        return flat
+
+    def number(item: Mapping[str, Any], key: str, where: str) -> float:
+        value = item.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise fail(f"{where}.{key}", f"expected a finite number, got {value!r}")
+        return float(value)
+
+    points = data.get("points")
+    if not isinstance(points, list) or not points:
+        raise fail("points", "expected a non-empty list")
+    times, energies, gaps, freqs = [], [], [], []
+    for i, item in enumerate(points):
+        where = f"points[{i}]"
+        if not isinstance(item, Mapping):
+            raise fail(where, "expected an object")
+        times.append(number(item, "time_s", where))
+        energies.append(number(item, "energy_j", where))
+        gaps.append(number(item, "gap", where) if "gap" in item else 0.0)
+        freqs.append(clocks(item.get("frequencies_mhz"), f"{where}.frequencies_mhz"))
+    if any(b <= a for a, b in zip(times, times[1:], strict=False)):
+        raise fail("points", "time_s must be strictly ascending")
+    baselines: dict[str, Baseline] = {}
+    raw_baselines = data.get("baselines", {})
+    if not isinstance(raw_baselines, Mapping):
+        raise fail("baselines", "expected an object")
+    for key, item in raw_baselines.items():
+        where = f"baselines.{key}"
+        if key not in _BASELINE_KEYS or not isinstance(item, Mapping):
+            raise fail(where, f"expected one of {', '.join(_BASELINE_KEYS)} with an object")
+        flat = clocks(item["frequencies_mhz"], f"{where}.frequencies_mhz") if "frequencies_mhz" in item else []
+        baselines[key] = Baseline(
+            number(item, "time_s", where),
+            number(item, "energy_j", where),
+            _split(np.asarray(flat), schedule) if flat else (),
+        )
+    return Frontier(
+        schedule=schedule,
+        p_block_w=float(power),
+        times_s=np.asarray(times),
+        energies_j=np.asarray(energies),
+        gaps=np.asarray(gaps),
+        frequencies_mhz=np.asarray(freqs, dtype=np.uint16),
+        baselines=baselines,
+    )

@@ -1,0 +1,337 @@
+"""Per-stage time and energy profiles: loading, validation and dominance filtering.
+
+A profile says, for every pipeline stage and instruction type (``forward``, ``backward``), how
+long one instruction takes and how much energy it draws at each measured SM clock. Two on-disk
+forms are accepted:
+
+- the Zeus-compatible CSV ``stage,instruction,frequency,time,energy`` (MHz, s, J);
+- the project's JSON form ``{"format": "perseus.profile/1", "p_block_w": 83.6,
+  "rows": [{"stage": 0, "instruction": "forward", "frequency_mhz": 1410, "time_s": 0.05,
+  "energy_j": 24.1}, ...]}``.
+
+Every error names where it is: ``file: row N: field: what is wrong``. CSV rows are numbered as a
+spreadsheet shows them (the header is row 1); JSON and in-memory rows by their 1-based position.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from perseus.errors import ProfileError
+
+__all__ = [
+    "INSTRUCTIONS",
+    "Option",
+    "Profile",
+    "effective_options",
+    "load_profile",
+    "profile_from_rows",
+    "profile_to_json",
+]
+
+INSTRUCTIONS = ("forward", "backward")
+PROFILE_FORMAT = "perseus.profile/1"
+_CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+
+Row = tuple[int, str, int, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One measured operating point of an instruction type."""
+
+    frequency_mhz: int
+    time_s: float
+    energy_j: float
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Validated measurements of every stage.
+
+    Attributes:
+        stages: Per stage, instruction name -> every measured option, frequency descending.
+        p_block_w: Blocking power from the file, if it carried one.
+        source: Where the profile came from (file name or ``"request"``).
+    """
+
+    stages: tuple[dict[str, tuple[Option, ...]], ...]
+    p_block_w: float | None = None
+    source: str = "request"
+
+    @property
+    def num_stages(self) -> int:
+        """Number of pipeline stages."""
+        return len(self.stages)
+
+    def option(self, stage: int, instruction: str, frequency_mhz: int) -> Option:
+        """Return the option measured at ``frequency_mhz``.
+
+        Raises:
+            KeyError: The clock was not measured for that stage and instruction.
+        """
+        for opt in self.stages[stage][instruction]:
+            if opt.frequency_mhz == frequency_mhz:
+                return opt
+        raise KeyError(frequency_mhz)
+
+
+def effective_options(options: Iterable[Option], p_block_w: float) -> tuple[Option, ...]:
+    """Drop options that are dominated once blocking power is counted.
+
+    A GPU that finishes early idles at ``p_block_w`` until the time a slower option would have
+    taken, so option ``a`` dominates ``b`` when ``a.time_s <= b.time_s`` and
+    ``a.energy_j - p_block_w * a.time_s <= b.energy_j - p_block_w * b.time_s``.
+
+    Args:
+        options: Measured options of one instruction type.
+        p_block_w: Blocking power in watts.
+
+    Returns:
+        The non-dominated options, time ascending (so effective energy strictly descending).
+        Complexity O(k log k) for k options.
+    """
+    kept: list[Option] = []
+    best = math.inf
+    for opt in sorted(options, key=lambda o: (o.time_s, o.energy_j - p_block_w * o.time_s)):
+        effective = opt.energy_j - p_block_w * opt.time_s
+        if effective < best:
+            kept.append(opt)
+            best = effective
+    return tuple(kept)
+
+
+def load_profile(path: str | os.PathLike[str]) -> Profile:
+    """Load a profile from a CSV or JSON file.
+
+    Args:
+        path: A ``.csv`` (Zeus columns) or ``.json`` (``perseus.profile/1``) file.
+
+    Returns:
+        The validated profile.
+
+    Raises:
+        ProfileError: The file is unreadable or malformed; the message names file, row, field.
+    """
+    file = Path(path)
+    name = str(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ProfileError(f"{name}: cannot read profile: {err}") from err
+    if file.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+        return _load_json(text, name)
+    return _load_csv(text, name)
+
+
+def profile_from_rows(
+    rows: Iterable[Row], *, source: str = "request", p_block_w: float | None = None
+) -> Profile:
+    """Build a profile from in-memory rows ``(stage, instruction, frequency_mhz, time_s, energy_j)``.
+
+    Raises:
+        ProfileError: A row is invalid; the message says ``source: row N: field: ...``.
+    """
+    checked: list[tuple[int, Row]] = []
+    for number, row in enumerate(rows, start=1):
+        where = f"{source}: row {number}"
+        if len(row) != 5:
+            raise ProfileError(f"{where}: expected 5 fields, got {len(row)}")
+        stage, instruction, frequency, time_s, energy_j = row
+        checked.append(
+            (
+                number,
+                (
+                    _integer(stage, where, "stage", minimum=0),
+                    _instruction(instruction, where),
+                    _integer(frequency, where, "frequency_mhz", minimum=1),
+                    _positive(time_s, where, "time_s"),
+                    _positive(energy_j, where, "energy_j"),
+                ),
+            )
+        )
+    return _assemble(checked, source, _blocking_power(p_block_w, source))
+
+
+def profile_to_json(profile: Profile) -> dict[str, Any]:
+    """Return the ``perseus.profile/1`` JSON form of ``profile``."""
+    rows = [
+        {
+            "stage": stage,
+            "instruction": instruction,
+            "frequency_mhz": opt.frequency_mhz,
+            "time_s": opt.time_s,
+            "energy_j": opt.energy_j,
+        }
+        for stage, per_instruction in enumerate(profile.stages)
+        for instruction in INSTRUCTIONS
+        for opt in per_instruction[instruction]
+    ]
+    data: dict[str, Any] = {"format": PROFILE_FORMAT}
+    if profile.p_block_w is not None:
+        data["p_block_w"] = profile.p_block_w
+    data["rows"] = rows
+    return data
+
+
+def _load_csv(text: str, name: str) -> Profile:
+    reader = csv.reader(text.splitlines())
+    header = next(reader, None)
+    if header is None or not any(cell.strip() for cell in header):
+        raise ProfileError(f"{name}: row 1: the file is empty; expected the header {_header()}")
+    columns = [cell.strip().lower() for cell in header]
+    missing = [col for col in _CSV_COLUMNS if col not in columns]
+    if missing:
+        raise ProfileError(
+            f"{name}: row 1: missing column(s) {', '.join(missing)}; expected {_header()}"
+        )
+    index = {col: columns.index(col) for col in _CSV_COLUMNS}
+    checked: list[tuple[int, Row]] = []
+    for number, cells in enumerate(reader, start=2):
+        if not cells or not any(cell.strip() for cell in cells):
+            continue
+        where = f"{name}: row {number}"
+        if len(cells) < len(columns):
+            raise ProfileError(f"{where}: expected {len(columns)} fields, got {len(cells)}")
+
+        def cell(col: str, cells: list[str] = cells) -> str:
+            return cells[index[col]].strip()
+
+        checked.append(
+            (
+                number,
+                (
+                    _integer(cell("stage"), where, "stage", minimum=0),
+                    _instruction(cell("instruction"), where),
+                    _integer(cell("frequency"), where, "frequency", minimum=1),
+                    _positive(cell("time"), where, "time"),
+                    _positive(cell("energy"), where, "energy"),
+                ),
+            )
+        )
+    if not checked:
+        raise ProfileError(f"{name}: row 2: the file has a header but no data rows")
+    return _assemble(checked, name, None)
+
+
+def _load_json(text: str, name: str) -> Profile:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ProfileError(f"{name}: line {err.lineno}: not valid JSON: {err.msg}") from err
+    if not isinstance(data, Mapping):
+        raise ProfileError(f"{name}: expected a JSON object with 'format' and 'rows'")
+    if data.get("format") != PROFILE_FORMAT:
+        raise ProfileError(f"{name}: format: expected {PROFILE_FORMAT!r}, got {data.get('format')!r}")
+    raw_rows = data.get("rows")
+    if not isinstance(raw_rows, list) or not raw_rows:
+        raise ProfileError(f"{name}: rows: expected a non-empty list")
+    rows: list[Row] = []
+    for number, item in enumerate(raw_rows, start=1):
+        where = f"{name}: row {number}"
+        if not isinstance(item, Mapping):
+            raise ProfileError(f"{where}: expected an object")
+        fields = ("stage", "instruction", "frequency_mhz", "time_s", "energy_j")
+        for field in fields:
+            if field not in item:
+                raise ProfileError(f"{where}: {field}: missing")
+        rows.append(tuple(item[field] for field in fields))  # type: ignore[arg-type]
+    return profile_from_rows(rows, source=name, p_block_w=data.get("p_block_w"))
+
+
+def _assemble(checked: list[tuple[int, Row]], source: str, p_block_w: float | None) -> Profile:
+    seen: dict[tuple[int, str, int], int] = {}
+    per_stage: dict[int, dict[str, list[Option]]] = {}
+    for number, (stage, instruction, frequency, time_s, energy_j) in checked:
+        key = (stage, instruction, frequency)
+        if key in seen:
+            raise ProfileError(
+                f"{source}: row {number}: frequency: duplicate of row {seen[key]} "
+                f"(stage {stage}, {instruction}, {frequency} MHz)"
+            )
+        seen[key] = number
+        per_stage.setdefault(stage, {}).setdefault(instruction, []).append(
+            Option(frequency, time_s, energy_j)
+        )
+    expected = list(range(len(per_stage)))
+    if sorted(per_stage) != expected:
+        missing = sorted(set(range(max(per_stage) + 1)) - set(per_stage))
+        raise ProfileError(
+            f"{source}: stage: stages must be numbered 0..{max(per_stage)} without gaps; "
+            f"missing stage(s) {', '.join(map(str, missing))}"
+        )
+    stages: list[dict[str, tuple[Option, ...]]] = []
+    for stage in expected:
+        found = per_stage[stage]
+        for instruction in INSTRUCTIONS:
+            if instruction not in found:
+                raise ProfileError(f"{source}: stage {stage}: instruction: no {instruction} rows")
+        stages.append(
+            {
+                instruction: tuple(sorted(found[instruction], key=lambda o: -o.frequency_mhz))
+                for instruction in INSTRUCTIONS
+            }
+        )
+    return Profile(tuple(stages), p_block_w, source)
+
+
+def _header() -> str:
+    return ",".join(_CSV_COLUMNS)
+
+
+def _integer(value: object, where: str, field: str, *, minimum: int) -> int:
+    number: float
+    if isinstance(value, bool):
+        raise ProfileError(f"{where}: {field}: expected an integer, got {value!r}")
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, float):
+        number = value
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise ProfileError(f"{where}: {field}: expected an integer, got {value!r}") from None
+    else:
+        raise ProfileError(f"{where}: {field}: expected an integer, got {value!r}")
+    if not math.isfinite(number) or number != int(number):
+        raise ProfileError(f"{where}: {field}: expected an integer, got {value!r}")
+    if number < minimum:
+        raise ProfileError(f"{where}: {field}: must be >= {minimum}, got {value!r}")
+    return int(number)
+
+
+def _positive(value: object, where: str, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ProfileError(f"{where}: {field}: expected a number, got {value!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ProfileError(f"{where}: {field}: expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ProfileError(f"{where}: {field}: must be finite, got {value!r}")
+    if number <= 0:
+        raise ProfileError(f"{where}: {field}: must be > 0, got {value!r}")
+    return number
+
+
+def _instruction(value: object, where: str) -> str:
+    if not isinstance(value, str) or value.strip() not in INSTRUCTIONS:
+        raise ProfileError(
+            f"{where}: instruction: unknown instruction {value!r}; expected one of "
+            f"{', '.join(INSTRUCTIONS)}"
+        )
+    return value.strip()
+
+
+def _blocking_power(value: object, source: str) -> float | None:
+    if value is None:
+        return None
+    return _positive(value, source, "p_block_w")

@@ -1,0 +1,302 @@
+"""Linear programs over the DAG: the convex relaxation (a lower bound) and the exact MILP.
+
+Both minimise the Perseus energy ``E = sum_i e_i + P_block * (S * T - sum_i t_i)``, written as
+``sum_i (e_i - P_block * t_i) + S * P_block * T`` so that each instruction's cost depends only on
+its own duration, subject to every instruction finishing by ``T <= deadline``.
+
+- :class:`Relaxation` replaces each instruction's options by the lower convex hull of its
+  (time, effective energy) points. Its optimum ``V(D)`` is a lower bound on every plan's energy
+  at deadline ``D``, and is convex and non-increasing in ``D``, so the tangent line at any
+  solved deadline bounds ``V`` everywhere.
+- :class:`ExactProgram` picks exactly one option per instruction with binary variables
+  (``scipy.optimize.milp``); exponential in the worst case, for small and medium cases.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+# scipy ships HiGHS with a persistent-model binding; linprog rebuilds the model on every call,
+# while keeping it lets each deadline start from the previous optimal basis (10-50x faster).
+from scipy.optimize._highspy import _core as highspy
+from scipy.sparse import coo_matrix, csr_matrix
+
+from perseus.errors import InfeasibleDeadline, PerseusError
+from perseus.solver.costs import CostTable
+from perseus.solver.dag import PipelineDag
+
+__all__ = ["ExactProgram", "ExactSolution", "Relaxation", "RelaxedSolution"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class RelaxedSolution:
+    """Optimum of the relaxation at one deadline.
+
+    Attributes:
+        deadline_s: The deadline (``inf`` stands for none only inside this module's callers).
+        value_j: Optimal relaxed energy, a lower bound on any plan's energy.
+        slope_j_per_s: A subgradient of ``V`` at the deadline (<= 0).
+        durations_s: Relaxed instruction durations.
+        iteration_time_s: The relaxed iteration time ``T`` (<= deadline).
+    """
+
+    deadline_s: float
+    value_j: float
+    slope_j_per_s: float
+    durations_s: FloatArray
+    iteration_time_s: float
+    basis: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExactSolution:
+    """An optimal plan at one deadline: option index (within its class) of every node."""
+
+    choice: IntArray
+    bound_j: float
+
+
+def _hull(times: FloatArray, effective: FloatArray) -> list[int]:
+    """Indices of the lower convex hull of points sorted by time (Andrew's monotone chain)."""
+    hull: list[int] = []
+    for k in range(len(times)):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            cross = (effective[b] - effective[a]) * (times[k] - times[a]) - (
+                effective[k] - effective[a]
+            ) * (times[b] - times[a])
+            if cross < 0:
+                break
+            hull.pop()
+        hull.append(k)
+    return hull
+
+
+def _precedence_rows(
+    dag: PipelineDag, duration_cols: list[list[tuple[int, float]]], width: int
+) -> tuple[csr_matrix, IntArray]:
+    """Rows ``C_p - C_j + duration_j <= -const_j`` for every edge and source, ``C_j <= T`` for sinks.
+
+    Finish times are columns ``0..n-1`` and ``T`` is column ``n``. ``duration_cols[j]`` lists
+    ``(column, coefficient)`` pairs whose sum plus a constant is node ``j``'s duration.
+
+    Returns:
+        The matrix and, per row, the node whose constant belongs on the right-hand side
+        (``-1`` for sink rows, whose right-hand side is 0).
+    """
+    n = dag.size
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    row_node: list[int] = []
+    for j in range(n):
+        preds = [int(p) for p in dag.pred[j] if p != n] or [-1]
+        for p in preds:
+            row = len(row_node)
+            if p >= 0:
+                rows.append(row)
+                cols.append(p)
+                vals.append(1.0)
+            rows.append(row)
+            cols.append(j)
+            vals.append(-1.0)
+            for col, coef in duration_cols[j]:
+                rows.append(row)
+                cols.append(col)
+                vals.append(coef)
+            row_node.append(j)
+    for j in dag.sinks:
+        row = len(row_node)
+        rows.extend((row, row))
+        cols.extend((int(j), n))
+        vals.extend((1.0, -1.0))
+        row_node.append(-1)
+    matrix = coo_matrix((vals, (rows, cols)), shape=(len(row_node), width)).tocsr()
+    return matrix, np.asarray(row_node, dtype=np.int64)
+
+
+class Relaxation:
+    """The convex relaxation of one DAG and cost table, solvable at any deadline.
+
+    Columns: finish time of every node, the iteration time ``T``, then one column per hull
+    segment of every node (how far the node is slowed along that segment).
+    """
+
+    def __init__(self, dag: PipelineDag, costs: CostTable) -> None:
+        n = dag.size
+        self._n = n
+        self._dag = dag
+        segment_node: list[int] = []
+        slopes: list[float] = []
+        lengths: list[float] = []
+        base_time = np.empty(n)
+        base_value = 0.0
+        effective = costs.effective_j
+        hulls: dict[int, tuple[float, float, list[tuple[float, float]]]] = {}
+        for c in range(len(costs.start) - 1):
+            lo, hi = int(costs.start[c]), int(costs.start[c + 1])
+            t, e = costs.time_s[lo:hi], effective[lo:hi]
+            h = _hull(t, e)
+            segs = [
+                ((e[b] - e[a]) / (t[b] - t[a]), t[b] - t[a]) for a, b in zip(h, h[1:], strict=False)
+            ]
+            hulls[c] = (float(t[0]), float(e[0]), segs)
+        tau_col = n
+        duration_cols: list[list[tuple[int, float]]] = []
+        for j in range(n):
+            t0, e0, segs = hulls[int(dag.cost_class[j])]
+            base_time[j] = t0
+            base_value += e0
+            cols = []
+            for slope, length in segs:
+                cols.append((n + 1 + len(slopes), 1.0))
+                segment_node.append(j)
+                slopes.append(slope)
+                lengths.append(length)
+            duration_cols.append(cols)
+        width = n + 1 + len(slopes)
+        matrix, row_node = _precedence_rows(dag, duration_cols, width)
+        b_ub = np.where(row_node >= 0, -base_time[np.maximum(row_node, 0)], 0.0)
+        lengths_arr = np.asarray(lengths)
+        cost = np.concatenate([np.zeros(n), [costs.num_gpus * costs.p_block_w], np.asarray(slopes)])
+        self._highs = _persistent_lp(matrix, b_ub, cost, lengths_arr, n)
+        self._segment_node = np.asarray(segment_node, dtype=np.int64)
+        self._base_time = base_time
+        self._base_value = base_value
+        self._tau_col = tau_col
+
+    def solve(self, deadline_s: float | None, start: RelaxedSolution | None = None) -> RelaxedSolution:
+        """Solve the relaxation with ``T <= deadline_s`` (or no deadline when None).
+
+        The HiGHS model persists between calls, so a solve starts from the previous optimal
+        basis, or from ``start``'s: nearby deadlines take a few dual simplex pivots.
+
+        Raises:
+            InfeasibleDeadline: The deadline is shorter than the all-fastest iteration time.
+        """
+        n = self._n
+        highs = self._highs
+        if start is not None and start.basis is not None:
+            highs.setBasis(start.basis)
+        highs.changeColBounds(self._tau_col, 0.0, highspy.kHighsInf if deadline_s is None else deadline_s)
+        highs.run()
+        status = highs.getModelStatus()
+        if status == highspy.HighsModelStatus.kInfeasible:
+            raise InfeasibleDeadline(f"no plan finishes within {deadline_s} s")
+        if status != highspy.HighsModelStatus.kOptimal:
+            raise PerseusError(f"the relaxation failed: {highs.modelStatusToString(status)}")
+        solution = highs.getSolution()
+        x = np.asarray(solution.col_value)
+        durations = self._base_time + np.bincount(
+            self._segment_node, weights=x[n + 1 :], minlength=n
+        )
+        slope = 0.0 if deadline_s is None else float(solution.col_dual[self._tau_col])
+        return RelaxedSolution(
+            deadline_s=math.inf if deadline_s is None else deadline_s,
+            value_j=float(highs.getInfo().objective_function_value) + self._base_value,
+            slope_j_per_s=min(slope, 0.0),
+            durations_s=durations,
+            iteration_time_s=float(x[self._tau_col]),
+            basis=highs.getBasis(),
+        )
+
+
+def _persistent_lp(
+    matrix: csr_matrix, b_ub: FloatArray, cost: FloatArray, lengths: FloatArray, n: int
+) -> Any:
+    """A HiGHS model of ``min cost @ x`` s.t. ``matrix @ x <= b_ub``, ``0 <= x <= upper``."""
+    rows, cols = matrix.shape
+    lp = highspy.HighsLp()
+    lp.num_col_ = cols
+    lp.num_row_ = rows
+    lp.col_cost_ = cost
+    lp.col_lower_ = np.zeros(cols)
+    lp.col_upper_ = np.concatenate([np.full(n + 1, highspy.kHighsInf), lengths])
+    lp.row_lower_ = np.full(rows, -highspy.kHighsInf)
+    lp.row_upper_ = b_ub
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_ = matrix.indptr
+    lp.a_matrix_.index_ = matrix.indices
+    lp.a_matrix_.value_ = matrix.data
+    highs = highspy._Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.setOptionValue("threads", 1)
+    highs.passModel(lp)
+    return highs
+
+
+class ExactProgram:
+    """The exact problem as an MILP: one binary per (node, option)."""
+
+    def __init__(self, dag: PipelineDag, costs: CostTable) -> None:
+        n = dag.size
+        self._n = n
+        option_node: list[int] = []
+        option_local: list[int] = []
+        option_time: list[float] = []
+        option_cost: list[float] = []
+        effective = costs.effective_j
+        for j in range(n):
+            c = int(dag.cost_class[j])
+            lo, hi = int(costs.start[c]), int(costs.start[c + 1])
+            for k in range(lo, hi):
+                option_node.append(j)
+                option_local.append(k - lo)
+                option_time.append(float(costs.time_s[k]))
+                option_cost.append(float(effective[k]))
+        first = n + 1
+        columns: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+        for col, (j, t) in enumerate(zip(option_node, option_time, strict=True)):
+            columns[j].append((first + col, t))
+        width = first + len(option_node)
+        precedence, _ = _precedence_rows(dag, columns, width)
+        pick = coo_matrix(
+            (np.ones(len(option_node)), (option_node, first + np.arange(len(option_node)))),
+            shape=(n, width),
+        ).tocsr()
+        self._constraints = [
+            LinearConstraint(precedence, -np.inf, np.zeros(precedence.shape[0])),
+            LinearConstraint(pick, 1.0, 1.0),
+        ]
+        self._cost = np.concatenate(
+            [np.zeros(n), [costs.num_gpus * costs.p_block_w], np.asarray(option_cost)]
+        )
+        self._integrality = np.concatenate([np.zeros(n + 1), np.ones(len(option_node))])
+        self._option_node = np.asarray(option_node, dtype=np.int64)
+        self._option_local = np.asarray(option_local, dtype=np.int64)
+        self._width = width
+
+    def solve(self, deadline_s: float) -> ExactSolution:
+        """Least-energy plan with iteration time <= ``deadline_s``.
+
+        Raises:
+            InfeasibleDeadline: No plan meets the deadline.
+        """
+        n = self._n
+        upper = np.concatenate([np.full(n + 1, np.inf), np.ones(self._width - n - 1)])
+        upper[n] = deadline_s
+        result = milp(
+            self._cost,
+            integrality=self._integrality,
+            bounds=Bounds(np.zeros(self._width), upper),
+            constraints=self._constraints,
+            options={"mip_rel_gap": 1e-12},
+        )
+        if result.status == 2 or result.x is None:
+            raise InfeasibleDeadline(f"no plan finishes within {deadline_s} s")
+        if result.status != 0:
+            raise PerseusError(f"the MILP failed: {result.message}")
+        chosen = result.x[n + 1 :] > 0.5
+        choice = np.zeros(n, dtype=np.int64)
+        choice[self._option_node[chosen]] = self._option_local[chosen]
+        bound = getattr(result, "mip_dual_bound", None)
+        return ExactSolution(choice, float(bound if bound is not None else result.fun))

@@ -1,0 +1,112 @@
+"""The real profiles of ../shared/data/profiles (skipped when absent): load, 8 x 12 frontier."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perseus.solver import INSTRUCTIONS, Option, compute_frontier, load_profile, make_schedule
+
+from . import reference as ref
+from .cases import RTOL, rel
+
+STAGES, MICROBATCHES = 8, 12
+SAMPLE = 20
+
+
+def spread(n: int, k: int = SAMPLE) -> list[int]:
+    """k indices spread across range(n) plus both ends."""
+    return sorted({0, n - 1, *(round(i * (n - 1) / (k + 1)) for i in range(1, k + 1))})
+
+
+@lru_cache(maxsize=4)
+def frontier_1f1b(path: Path, p_block: float):
+    schedule = make_schedule("1f1b", STAGES, MICROBATCHES)
+    return compute_frontier(load_profile(path), schedule, p_block_w=p_block)
+
+
+def test_real_profile_loads(real_profile: tuple[Path, float]) -> None:
+    path, _p_block = real_profile
+    profile = load_profile(path)
+    table = ref.read_csv_table(path)
+    assert profile.num_stages == STAGES
+    assert path.name in profile.source
+    for stage in range(STAGES):
+        for kind in INSTRUCTIONS:
+            expected = [Option(f, t, e) for f, t, e in ref.options_of(table, stage, kind)]
+            assert list(profile.stages[stage][kind]) == expected
+
+
+def check_real_frontier(path: Path, p_block: float, name: str, microbatches: int,
+                        chunks: int = 1) -> None:  # fmt: skip
+    profile = load_profile(path)
+    table = ref.read_csv_table(path)
+    schedule = make_schedule(name, STAGES, microbatches, chunks)
+    if (name, microbatches) == ("1f1b", MICROBATCHES):
+        frontier = frontier_1f1b(path, p_block)
+    else:
+        frontier = compute_frontier(profile, schedule, p_block_w=p_block)
+    order = ref.reference_order(name, STAGES, microbatches, chunks)
+    assert ref.as_tuples(schedule.order) == order
+    dag = ref.build_dag(order, chunks)
+    times, energies = frontier.times_s, frontier.energies_j
+    assert len(frontier) >= 2
+    assert (np.diff(times) > 0).all() and (np.diff(energies) < 0).all()
+    assert (frontier.gaps >= -1e-9).all()
+    t_min = ref.all_fastest_time(table, dag)
+    assert rel(float(times[0]), t_min) <= RTOL, (times[0], t_min)
+    for i in spread(len(frontier)):
+        point = frontier.point(i)
+        t, e = ref.replay(table, dag, p_block, point.frequencies_mhz)
+        assert rel(point.time_s, t) <= RTOL and rel(point.energy_j, e) <= RTOL, (i, point, t, e)
+    # baselines are truthful; per-instruction planning saves energy at no slowdown
+    for key, baseline in frontier.baselines.items():
+        t, e = ref.replay(table, dag, p_block, baseline.frequencies_mhz)
+        assert rel(baseline.time_s, t) <= RTOL and rel(baseline.energy_j, e) <= RTOL, key
+    fastest = frontier.baselines["all_fastest"]
+    assert rel(fastest.time_s, t_min) <= RTOL
+    saving = 1 - float(energies[0]) / fastest.energy_j
+    assert saving > 0, saving
+    for key in ("global_clock", "per_stage_clock"):
+        assert energies[0] <= frontier.baselines[key].energy_j * (1 + 0.005), key
+
+
+def test_real_frontier_8x12_1f1b(real_profile: tuple[Path, float]) -> None:
+    path, p_block = real_profile
+    check_real_frontier(path, p_block, "1f1b", MICROBATCHES)
+
+
+@pytest.mark.parametrize(("name", "microbatches", "chunks"),
+                         [("gpipe", 12, 1), ("interleaved-1f1b", 16, 2)])  # fmt: skip
+def test_real_frontier_other_schedules(name: str, microbatches: int, chunks: int) -> None:
+    from .conftest import REAL_PROFILES, SHARED_PROFILES
+
+    path = SHARED_PROFILES / "bloom+a100_sxm_bf16.csv"
+    if not path.is_file():
+        pytest.skip(f"shared profile {path} not present")
+    check_real_frontier(path, REAL_PROFILES[path.name], name, microbatches, chunks)
+
+
+def test_real_global_clock_meets_no_slowdown_when_some_clock_does(
+    real_profile: tuple[Path, float],
+) -> None:
+    """The best single clock at the all-fastest time, by trying every clock."""
+    path, p_block = real_profile
+    table = ref.read_csv_table(path)
+    frontier = frontier_1f1b(path, p_block)
+    order = ref.reference_order("1f1b", STAGES, MICROBATCHES)
+    dag = ref.build_dag(order, 1)
+    deadline = float(frontier.times_s[0])
+    best = None
+    for f in sorted({f for (_s, _k, f) in table}):
+        t, e = ref.replay(table, dag, p_block, [[f] * len(seq) for seq in order])
+        if t <= deadline * (1 + RTOL) and (best is None or e < best):
+            best = e
+    glob = frontier.baselines["global_clock"]
+    if best is None:
+        pytest.skip("no single clock reaches the all-fastest time on this profile")
+    assert glob.time_s <= deadline * (1 + RTOL)
+    assert rel(glob.energy_j, best) <= RTOL
