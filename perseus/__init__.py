@@ -1,6 +1,7 @@
 """perseus: plan per-instruction GPU clocks for pipeline-parallel training.
 
-Data flows profile -> :mod:`perseus.solver` -> :mod:`perseus.server` -> :mod:`perseus.client` -> GPU.
+Data flows profile -> :mod:`perseus.solver` -> :mod:`perseus.server` -> :mod:`perseus.client`
+-> GPU.
 """
 
 from __future__ import annotations

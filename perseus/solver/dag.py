@@ -109,7 +109,9 @@ def build_dag(schedule: Schedule) -> PipelineDag:
     stages, chunks = schedule.stages, schedule.virtual_stages
     last_virtual = stages * chunks - 1
     index: dict[tuple[str, int, int], int] = {}
-    gpu, kind, offsets = [], [], [0]
+    gpu: list[int] = []
+    kind: list[int] = []
+    offsets = [0]
     for g, seq in enumerate(schedule.order):
         for inst in seq:
             key = (inst.kind, schedule.virtual_stage(g, inst), inst.microbatch)

@@ -21,7 +21,7 @@ The exact mode replaces 1-2 with one MILP per frontier point, sweeping deadlines
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -53,6 +53,9 @@ Progress = Callable[[int, int], None]
 _KNOT_TOLERANCE = 2e-4
 _MAX_KNOTS = 64
 _CHUNK = 1024
+# Problems with at most this many (instruction, option) pairs are solved exactly even in fast
+# mode: their MILPs take milliseconds, and rounding is weakest on them (few options, no averaging).
+_EXACT_UP_TO = 128
 _BASELINE_KEYS = ("all_fastest", "global_clock", "per_stage_clock")
 
 
@@ -162,23 +165,13 @@ class Frontier:
 
     def _header(self) -> dict[str, Any]:
         schedule = self.schedule
-        interleaved = schedule.virtual_stages > 1
         return {
             "format": FRONTIER_FORMAT,
             "schedule": schedule.name,
             "stages": schedule.stages,
             "microbatches": schedule.microbatches,
-            "virtual_stages": schedule.virtual_stages,
             "p_block_w": self.p_block_w,
-            "order": [
-                [
-                    [inst.kind, inst.microbatch, inst.chunk]
-                    if interleaved
-                    else [inst.kind, inst.microbatch]
-                    for inst in seq
-                ]
-                for seq in schedule.order
-            ],
+            "order": _order_json(schedule),
             "baselines": {
                 key: {
                     "time_s": b.time_s,
@@ -194,7 +187,9 @@ class Frontier:
             "time_s": float(self.times_s[i]),
             "energy_j": float(self.energies_j[i]),
             "gap": float(self.gaps[i]),
-            "frequencies_mhz": [list(row) for row in _split(self.frequencies_mhz[i], self.schedule)],
+            "frequencies_mhz": [
+                list(row) for row in _split(self.frequencies_mhz[i], self.schedule)
+            ],
         }
 
 
@@ -215,6 +210,7 @@ def compute_frontier(
         p_block_w: Blocking power in watts; defaults to ``profile.p_block_w``.
         resolution_s: Spacing of the deadline grid (at most 1 ms is allowed).
         exact: Solve an MILP per frontier point instead of the fast relaxation-and-rounding.
+            Small problems (at most 128 instruction-option pairs) are always solved exactly.
         progress: Called as ``progress(done, total)`` while working.
 
     Returns:
@@ -236,7 +232,7 @@ def compute_frontier(
     costs = build_costs(profile, schedule, power)
     planner = _Planner(dag, costs)
     report = progress or (lambda done, total: None)
-    if exact:
+    if exact or int((planner.last + 1).sum()) <= _EXACT_UP_TO:
         times, energies, gaps, choices = planner.exact(resolution_s, report)
     else:
         times, energies, gaps, choices = planner.fast(resolution_s, report)
@@ -276,9 +272,8 @@ class _Planner:
         flat = self.start[:, None] + choices
         times = self.costs.time_s[flat]
         total = self.dag.iteration_time(times)
-        energy = (
-            self.costs.energy_j[flat].sum(axis=0)
-            + self.costs.p_block_w * (self.costs.num_gpus * total - times.sum(axis=0))
+        energy = self.costs.energy_j[flat].sum(axis=0) + self.costs.p_block_w * (
+            self.costs.num_gpus * total - times.sum(axis=0)
         )
         return total, np.asarray(energy)
 
@@ -334,8 +329,7 @@ class _Planner:
         free = relaxation.solve(None)
         slowest_time = float(self.dag.iteration_time(self.durations(self.last[:, None]))[0])
         t_end = max(t_fast, min(free.iteration_time_s, slowest_time))
-        steps = math.ceil((t_end - t_fast) / resolution_s - 1e-9)
-        grid = t_fast + resolution_s * np.arange(steps + 1)
+        grid = _deadline_grid(t_fast, t_end, slowest_time, resolution_s)
         knots = self._knots(relaxation, t_fast, free, resolution_s, progress, len(grid))
 
         best_choice = np.empty((n, len(grid)), dtype=np.uint16)
@@ -344,7 +338,9 @@ class _Planner:
         knot_deadlines = np.asarray([k.deadline_s for k in knots[:-1]] + [math.inf])
         for lo in range(0, len(grid), _CHUNK):
             deadlines = grid[lo : lo + _CHUNK]
-            right = np.clip(np.searchsorted(knot_deadlines, deadlines, side="left"), 1, len(knots) - 1)
+            right = np.clip(
+                np.searchsorted(knot_deadlines, deadlines, side="left"), 1, len(knots) - 1
+            )
             left = right - 1
             a_dead = knot_deadlines[left]
             b_dead = np.where(np.isinf(knot_deadlines[right]), a_dead, knot_deadlines[right])
@@ -387,7 +383,10 @@ class _Planner:
         times, energies = best_time[keep], best_energy[keep]
         served = _served_deadline(times, grid)
         bound = np.max(
-            [k.value_j + k.slope_j_per_s * (np.minimum(served, t_end) - k.deadline_s) for k in knots[:-1]]
+            [
+                k.value_j + k.slope_j_per_s * (np.minimum(served, t_end) - k.deadline_s)
+                for k in knots[:-1]
+            ]
             + [np.full(len(times), knots[-1].value_j)],
             axis=0,
         )
@@ -457,6 +456,23 @@ class _Planner:
         return times[keep], energies[keep], energies[keep] / bounds - 1.0, chosen
 
 
+def _deadline_grid(
+    t_fast: float, t_end: float, t_slowest: float, resolution_s: float
+) -> FloatArray:
+    """Deadlines every ``resolution_s`` up to the relaxed optimum's time ``t_end``, then on to
+    the slowest plan's time (at most 512 more, evenly spread: the minimum-energy plan can be
+    slower than the relaxed optimum)."""
+    steps = math.ceil((t_end - t_fast) / resolution_s - 1e-9)
+    grid = t_fast + resolution_s * np.arange(steps + 1)
+    extra = math.floor((t_slowest - grid[-1]) / resolution_s + 1e-9)
+    if extra > 0:
+        tail = grid[-1] + resolution_s * np.arange(1, extra + 1)
+        if extra > 512:
+            tail = np.linspace(tail[0], t_slowest, 512)
+        grid = np.concatenate([grid, tail, [t_slowest]] if tail[-1] < t_slowest else [grid, tail])
+    return np.asarray(grid, dtype=np.float64)
+
+
 def _tangent_crossing(a: RelaxedSolution, b: RelaxedSolution) -> float | None:
     """Deadline where the tangents of ``V`` at ``a`` and ``b`` cross."""
     if b.slope_j_per_s - a.slope_j_per_s <= 0:
@@ -469,7 +485,7 @@ def _tangent_crossing(a: RelaxedSolution, b: RelaxedSolution) -> float | None:
 def _pareto(times: FloatArray, energies: FloatArray) -> IntArray:
     """Indices of the Pareto-optimal (time, energy) pairs, time ascending; ties merged."""
     order = np.lexsort((energies, times))
-    keep = []
+    keep: list[int] = []
     best = math.inf
     for i in order:
         if energies[i] < best:
@@ -513,12 +529,11 @@ def baselines_at(
 
     - ``all_fastest``: every instruction at its fastest measured clock (today's default).
     - ``global_clock``: one clock for every GPU, the least-energy one that meets the deadline
-      (what a global power or frequency tuner reaches); the fastest one if none meets it.
+      (what a global power or frequency tuner reaches); the fastest one if none meets it. A
+      stage that lacks a measurement at that clock runs at its nearest measured clock.
     - ``per_stage_clock``: one clock per stage, found by coordinate descent from the global
       clock (each round tries every clock of every stage and keeps the best move).
 
-    Raises:
-        ProfileError: The profile has no clock measured for both instructions of every stage.
     """
     dag = dag or build_dag(schedule)
     scale = 1.0 / schedule.virtual_stages
@@ -526,9 +541,14 @@ def baselines_at(
     n = dag.size
 
     def by_clock(stage: int, kind: str) -> dict[int, tuple[float, float]]:
-        return {o.frequency_mhz: (o.time_s * scale, o.energy_j * scale) for o in stages[stage][kind]}
+        return {
+            o.frequency_mhz: (o.time_s * scale, o.energy_j * scale) for o in stages[stage][kind]
+        }
 
     tables = [by_clock(g, k) for g in range(schedule.stages) for k in (FORWARD, BACKWARD)]
+
+    def nearest(table: dict[int, tuple[float, float]], clock: int) -> int:
+        return clock if clock in table else min(table, key=lambda f: (abs(f - clock), -f))
 
     def evaluate(clock_of_class: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
         """Time and energy of plans given one clock per cost class, ``(classes, P)``."""
@@ -549,28 +569,32 @@ def baselines_at(
         flat = clock_of_class[dag.cost_class]
         return Baseline(float(time[0]), float(energy[0]), _split(flat, schedule))
 
+    def uniform(clock: int, classes: range) -> list[int]:
+        return [nearest(tables[c], clock) for c in classes]
+
     fastest = np.asarray([min(t, key=lambda f: t[f][0]) for t in tables], dtype=np.int64)
-    common = sorted(set.intersection(*(set(t) for t in tables)), reverse=True)
-    if not common:
-        raise ProfileError(f"{profile.source}: frequency: no clock is measured for every stage")
     result = {"all_fastest": baseline(fastest)}
 
     limit = deadline_s * (1 + 1e-12)
-    candidates = np.asarray([[f] * len(tables) for f in common], dtype=np.int64).T
+    every = range(len(tables))
+    clocks = sorted(set().union(*tables), reverse=True)
+    candidates = np.asarray([uniform(f, every) for f in clocks], dtype=np.int64).T
     time, energy = evaluate(candidates)
     ok = time <= limit
     pick = int(np.argmin(np.where(ok, energy, np.inf))) if ok.any() else int(np.argmin(time))
     result["global_clock"] = baseline(candidates[:, pick])
 
-    per_stage = [sorted(set(tables[2 * g]) & set(tables[2 * g + 1])) for g in range(schedule.stages)]
+    per_stage = [
+        sorted(set(tables[2 * g]) | set(tables[2 * g + 1])) for g in range(schedule.stages)
+    ]
     current = candidates[:, pick].copy()
     current_time, current_energy = float(time[pick]), float(energy[pick])
     for _ in range(4 * schedule.stages):
         moves = []
-        for g, clocks in enumerate(per_stage):
-            for f in clocks:
+        for g, stage_clocks in enumerate(per_stage):
+            for f in stage_clocks:
                 move = current.copy()
-                move[2 * g : 2 * g + 2] = f
+                move[2 * g : 2 * g + 2] = uniform(f, range(2 * g, 2 * g + 2))
                 moves.append(move)
         trial = np.stack(moves, axis=1)
         time, energy = evaluate(trial)
@@ -588,51 +612,81 @@ def _frontier_from_json(data: Mapping[str, Any]) -> Frontier:
     def fail(where: str, what: str) -> PlanError:
         return PlanError(f"frontier: {where}: {what}")
 
+    def integer(key: str) -> int:
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise fail(key, f"expected an integer >= 1, got {value!r}")
+        return value
+
+    def number(item: Mapping[str, Any], key: str, where: str) -> float:
+        value = item.get(key)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise fail(f"{where}.{key}", f"expected a finite number, got {value!r}")
+        return float(value)
+
     if not isinstance(data, Mapping):
         raise fail("document", "expected a JSON object")
     if data.get("format") != FRONTIER_FORMAT:
         raise fail("format", f"expected {FRONTIER_FORMAT!r}, got {data.get('format')!r}")
+    order = data.get("order")
+    if not isinstance(order, list) or not all(isinstance(seq, list) for seq in order):
+        raise fail("order", "expected a list of instruction lists, one per stage")
+    chunks = [
+        entry[2]
+        for seq in order
+        for entry in seq
+        if isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], int)
+    ]
     try:
         schedule = make_schedule(
-            str(data["schedule"]),
-            int(data["stages"]),
-            int(data["microbatches"]),
-            int(data.get("virtual_stages", 1)),
+            str(data.get("schedule")),
+            integer("stages"),
+            integer("microbatches"),
+            max(chunks) + 1 if chunks else 1,
         )
-    except KeyError as err:
-        raise fail(str(err.args[0]), "missing") from None
-    except (TypeError, ValueError) as err:
-        raise fail("schedule", str(err)) from None
     except PerseusError as err:
         raise fail("schedule", str(err)) from None
-    power = data.get("p_block_w")
-    if isinstance(power, bool) or not isinstance(power, int | float) or not power >= 0:
-        raise fail("p_block_w", f"expected a number >= 0, got {power!r}")
-    order = data.get("order")
-    expected = [
-        [
-            [i.kind, i.microbatch, i.chunk] if schedule.virtual_stages > 1 else [i.kind, i.microbatch]
-            for i in seq
-        ]
-        for seq in schedule.order
-    ]
-    if order is not None and order != expected:
+    if order != _order_json(schedule):
         raise fail("order", f"does not match the {schedule.name} schedule")
+    power = number(data, "p_block_w", "document")
+    if power < 0:
+        raise fail("p_block_w", f"must be >= 0, got {power!r}")
     sizes = [len(seq) for seq in schedule.order]
 
     def clocks(value: Any, where: str) -> list[int]:
-        if not isinstance(value, list) or [len(r) if isinstance(r, list) else -1 for r in value] != sizes:
+        if (
+            not isinstance(value, list)
+            or [len(row) if isinstance(row, list) else -1 for row in value] != sizes
+        ):
             raise fail(where, "expected one clock per instruction of every stage")
         flat = [f for row in value for f in row]
         if not all(isinstance(f, int) and not isinstance(f, bool) and 0 < f < 65536 for f in flat):
             raise fail(where, "clocks must be positive integers (MHz)")
         return flat
 
-    def number(item: Mapping[str, Any], key: str, where: str) -> float:
-        value = item.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise fail(f"{where}.{key}", f"expected a finite number, got {value!r}")
-        return float(value)
+    raw_baselines = data.get("baselines")
+    if not isinstance(raw_baselines, Mapping) or sorted(raw_baselines) != sorted(_BASELINE_KEYS):
+        raise fail("baselines", f"expected exactly {', '.join(_BASELINE_KEYS)}")
+    baselines: dict[str, Baseline] = {}
+    for key in _BASELINE_KEYS:
+        item = raw_baselines[key]
+        where = f"baselines.{key}"
+        if not isinstance(item, Mapping):
+            raise fail(where, "expected an object")
+        flat = (
+            clocks(item["frequencies_mhz"], f"{where}.frequencies_mhz")
+            if "frequencies_mhz" in item
+            else []
+        )
+        baselines[key] = Baseline(
+            number(item, "time_s", where),
+            number(item, "energy_j", where),
+            _split(np.asarray(flat), schedule) if flat else (),
+        )
 
     points = data.get("points")
     if not isinstance(points, list) or not points:
@@ -644,30 +698,29 @@ def _frontier_from_json(data: Mapping[str, Any]) -> Frontier:
             raise fail(where, "expected an object")
         times.append(number(item, "time_s", where))
         energies.append(number(item, "energy_j", where))
-        gaps.append(number(item, "gap", where) if "gap" in item else 0.0)
+        gaps.append(number(item, "gap", where))
         freqs.append(clocks(item.get("frequencies_mhz"), f"{where}.frequencies_mhz"))
-    if any(b <= a for a, b in zip(times, times[1:], strict=False)):
-        raise fail("points", "time_s must be strictly ascending")
-    baselines: dict[str, Baseline] = {}
-    raw_baselines = data.get("baselines", {})
-    if not isinstance(raw_baselines, Mapping):
-        raise fail("baselines", "expected an object")
-    for key, item in raw_baselines.items():
-        where = f"baselines.{key}"
-        if key not in _BASELINE_KEYS or not isinstance(item, Mapping):
-            raise fail(where, f"expected one of {', '.join(_BASELINE_KEYS)} with an object")
-        flat = clocks(item["frequencies_mhz"], f"{where}.frequencies_mhz") if "frequencies_mhz" in item else []
-        baselines[key] = Baseline(
-            number(item, "time_s", where),
-            number(item, "energy_j", where),
-            _split(np.asarray(flat), schedule) if flat else (),
-        )
+        if i and not (times[-1] > times[-2] and energies[-1] < energies[-2]):
+            raise fail(where, "time_s must rise and energy_j fall from one point to the next")
     return Frontier(
         schedule=schedule,
-        p_block_w=float(power),
+        p_block_w=power,
         times_s=np.asarray(times),
         energies_j=np.asarray(energies),
         gaps=np.asarray(gaps),
         frequencies_mhz=np.asarray(freqs, dtype=np.uint16),
         baselines=baselines,
     )
+
+
+def _order_json(schedule: Schedule) -> list[list[list[Any]]]:
+    interleaved = schedule.virtual_stages > 1
+    return [
+        [
+            [inst.kind, inst.microbatch, inst.chunk]
+            if interleaved
+            else [inst.kind, inst.microbatch]
+            for inst in seq
+        ]
+        for seq in schedule.order
+    ]

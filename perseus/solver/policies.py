@@ -13,7 +13,11 @@ from perseus.solver.frontier import Frontier
 __all__ = ["POLICY_KINDS", "Policy", "choose_point", "straggler_point"]
 
 POLICY_KINDS = ("no-slowdown", "max-slowdown", "deadline", "min-energy", "zeus-cost")
-_NEEDS_VALUE = {"max-slowdown": "FACTOR >= 1", "deadline": "SECONDS > 0", "zeus-cost": "ETA in [0, 1]"}
+_NEEDS_VALUE = {
+    "max-slowdown": "FACTOR >= 1",
+    "deadline": "SECONDS > 0",
+    "zeus-cost": "ETA in [0, 1]",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +29,8 @@ class Policy:
     - ``deadline`` SECONDS: least energy within an absolute iteration time.
     - ``min-energy``: the minimum-energy plan.
     - ``zeus-cost`` ETA: least ``ETA * E + (1 - ETA) * P_max * T`` (Zeus's cost), where
-      ``P_max`` is all GPUs drawing the highest average power seen in the frontier's fastest plan.
+      ``P_max`` is the whole pipeline's average power in the fastest plan (``E_0 / T_0``), the
+      most it draws on this profile.
     """
 
     kind: str
@@ -33,7 +38,9 @@ class Policy:
 
     def __post_init__(self) -> None:
         if self.kind not in POLICY_KINDS:
-            raise PolicyError(f"unknown policy {self.kind!r}; expected one of {', '.join(POLICY_KINDS)}")
+            raise PolicyError(
+                f"unknown policy {self.kind!r}; expected one of {', '.join(POLICY_KINDS)}"
+            )
         if self.kind in _NEEDS_VALUE:
             value = self.value
             need = _NEEDS_VALUE[self.kind]
@@ -65,7 +72,7 @@ class Policy:
         return cls(kind, value)
 
     def __str__(self) -> str:
-        return self.kind if self.value is None else f"{self.kind}:{self.value:g}"
+        return self.kind if self.value is None else f"{self.kind}:{self.value!r}"
 
 
 def choose_point(frontier: Frontier, policy: Policy) -> int:
@@ -81,7 +88,7 @@ def choose_point(frontier: Frontier, policy: Policy) -> int:
         return len(frontier) - 1
     if policy.kind == "zeus-cost":
         eta = float(policy.value or 0.0)
-        power = frontier.schedule.stages * float(frontier.energies_j[0] / times[0])
+        power = float(frontier.energies_j[0] / times[0])
         cost = eta * frontier.energies_j + (1 - eta) * power * times
         return int(np.argmin(cost))
     assert policy.value is not None  # checked in Policy.__post_init__

@@ -134,7 +134,7 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
 def profile_from_rows(
     rows: Iterable[Row], *, source: str = "request", p_block_w: float | None = None
 ) -> Profile:
-    """Build a profile from in-memory rows ``(stage, instruction, frequency_mhz, time_s, energy_j)``.
+    """Build a profile from rows ``(stage, instruction, frequency_mhz, time_s, energy_j)``.
 
     Raises:
         ProfileError: A row is invalid; the message says ``source: row N: field: ...``.
@@ -157,6 +157,8 @@ def profile_from_rows(
                 ),
             )
         )
+    if not checked:
+        raise ProfileError(f"{source}: row 1: no rows; a profile needs forward and backward rows")
     return _assemble(checked, source, _blocking_power(p_block_w, source))
 
 
@@ -229,7 +231,9 @@ def _load_json(text: str, name: str) -> Profile:
     if not isinstance(data, Mapping):
         raise ProfileError(f"{name}: expected a JSON object with 'format' and 'rows'")
     if data.get("format") != PROFILE_FORMAT:
-        raise ProfileError(f"{name}: format: expected {PROFILE_FORMAT!r}, got {data.get('format')!r}")
+        raise ProfileError(
+            f"{name}: format: expected {PROFILE_FORMAT!r}, got {data.get('format')!r}"
+        )
     raw_rows = data.get("rows")
     if not isinstance(raw_rows, list) or not raw_rows:
         raise ProfileError(f"{name}: rows: expected a non-empty list")
@@ -242,7 +246,7 @@ def _load_json(text: str, name: str) -> Profile:
         for field in fields:
             if field not in item:
                 raise ProfileError(f"{where}: {field}: missing")
-        rows.append(tuple(item[field] for field in fields))  # type: ignore[arg-type]
+        rows.append(tuple(item[field] for field in fields))
     return profile_from_rows(rows, source=name, p_block_w=data.get("p_block_w"))
 
 
@@ -290,9 +294,7 @@ def _integer(value: object, where: str, field: str, *, minimum: int) -> int:
     number: float
     if isinstance(value, bool):
         raise ProfileError(f"{where}: {field}: expected an integer, got {value!r}")
-    if isinstance(value, int):
-        number = value
-    elif isinstance(value, float):
+    if isinstance(value, int | float):
         number = value
     elif isinstance(value, str):
         try:
@@ -334,4 +336,8 @@ def _instruction(value: object, where: str) -> str:
 def _blocking_power(value: object, source: str) -> float | None:
     if value is None:
         return None
-    return _positive(value, source, "p_block_w")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ProfileError(f"{source}: p_block_w: expected a finite number >= 0, got {value!r}")
+    if value < 0:
+        raise ProfileError(f"{source}: p_block_w: must be >= 0, got {value!r}")
+    return float(value)

@@ -14,6 +14,7 @@ its own duration, subject to every instruction finishing by ``T <= deadline``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -84,7 +85,7 @@ def _hull(times: FloatArray, effective: FloatArray) -> list[int]:
 def _precedence_rows(
     dag: PipelineDag, duration_cols: list[list[tuple[int, float]]], width: int
 ) -> tuple[csr_matrix, IntArray]:
-    """Rows ``C_p - C_j + duration_j <= -const_j`` for every edge and source, ``C_j <= T`` for sinks.
+    """Rows ``C_p - C_j + duration_j <= -const_j`` per edge and source; ``C_j <= T`` per sink.
 
     Finish times are columns ``0..n-1`` and ``T`` is column ``n``. ``duration_cols[j]`` lists
     ``(column, coefficient)`` pairs whose sum plus a constant is node ``j``'s duration.
@@ -146,9 +147,7 @@ class Relaxation:
             lo, hi = int(costs.start[c]), int(costs.start[c + 1])
             t, e = costs.time_s[lo:hi], effective[lo:hi]
             h = _hull(t, e)
-            segs = [
-                ((e[b] - e[a]) / (t[b] - t[a]), t[b] - t[a]) for a, b in zip(h, h[1:], strict=False)
-            ]
+            segs = [((e[b] - e[a]) / (t[b] - t[a]), t[b] - t[a]) for a, b in itertools.pairwise(h)]
             hulls[c] = (float(t[0]), float(e[0]), segs)
         tau_col = n
         duration_cols: list[list[tuple[int, float]]] = []
@@ -174,7 +173,9 @@ class Relaxation:
         self._base_value = base_value
         self._tau_col = tau_col
 
-    def solve(self, deadline_s: float | None, start: RelaxedSolution | None = None) -> RelaxedSolution:
+    def solve(
+        self, deadline_s: float | None, start: RelaxedSolution | None = None
+    ) -> RelaxedSolution:
         """Solve the relaxation with ``T <= deadline_s`` (or no deadline when None).
 
         The HiGHS model persists between calls, so a solve starts from the previous optimal
@@ -187,7 +188,9 @@ class Relaxation:
         highs = self._highs
         if start is not None and start.basis is not None:
             highs.setBasis(start.basis)
-        highs.changeColBounds(self._tau_col, 0.0, highspy.kHighsInf if deadline_s is None else deadline_s)
+        highs.changeColBounds(
+            self._tau_col, 0.0, highspy.kHighsInf if deadline_s is None else deadline_s
+        )
         highs.run()
         status = highs.getModelStatus()
         if status == highspy.HighsModelStatus.kInfeasible:

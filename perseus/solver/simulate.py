@@ -49,15 +49,15 @@ def replay(
             f"the plan has {schedule.stages} stages but the profile has {profile.num_stages}"
         )
     if len(frequencies_mhz) != schedule.stages:
-        raise PlanError(f"frequencies_mhz: expected {schedule.stages} rows, got {len(frequencies_mhz)}")
+        raise PlanError(
+            f"frequencies_mhz: expected {schedule.stages} rows, got {len(frequencies_mhz)}"
+        )
     scale = 1.0 / schedule.virtual_stages
     durations: list[float] = []
     energy = 0.0
     for g, (seq, clocks) in enumerate(zip(schedule.order, frequencies_mhz, strict=True)):
         if len(clocks) != len(seq):
-            raise PlanError(
-                f"frequencies_mhz[{g}]: expected {len(seq)} clocks, got {len(clocks)}"
-            )
+            raise PlanError(f"frequencies_mhz[{g}]: expected {len(seq)} clocks, got {len(clocks)}")
         for k, (inst, clock) in enumerate(zip(seq, clocks, strict=True)):
             try:
                 option = profile.option(g, inst.kind, int(clock))

@@ -289,7 +289,7 @@ def test_json_malformed_document(tmp_path: Path, text: str) -> None:
     expect_error(lambda: load_profile(path), "doc.json", None, None)
 
 
-@pytest.mark.parametrize("p_block", [-1.0, 0.0, "abc", math.nan, math.inf])
+@pytest.mark.parametrize("p_block", [-1.0, "abc", math.nan, math.inf])
 def test_json_bad_blocking_power(tmp_path: Path, p_block: object) -> None:
     path = write_json(tmp_path / "pb.json", GOOD, p_block_w=p_block)
     expect_error(lambda: load_profile(path), "pb.json", None, "p_block_w")

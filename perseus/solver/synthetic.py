@@ -1,0 +1,186 @@
+"""A synthetic, H200-like GPU model: the example profile perseus ships for its demo.
+
+Nothing here is measured. The model is small enough to read in one go and produces the shape
+that real pipeline profiles have: time grows as the clock drops, energy first falls (lower
+voltage) and then rises again (static power over a longer run), and the first and last stages
+differ from the identical middle ones.
+
+Per stage and instruction type, at SM clock ``f`` (MHz), with ``F_MAX`` the top clock:
+
+    time(f)   = t_compute * F_MAX / f + t_memory
+
+    V(f)      = V_MIN                                                 f <= F_KNEE
+              = V_MIN + (1 - V_MIN) * (f - F_KNEE) / (F_MAX - F_KNEE)  above the knee
+    P_dyn(f)  = P_DYN_MAX * (f / F_MAX) * V(f)**2                      (dynamic power ~ f V^2)
+
+    energy(f) = (P_STATIC + P_dyn(f)) * t_compute * F_MAX / f
+              + (P_STATIC + MEMORY_ACTIVITY * P_dyn(f)) * t_memory
+
+``t_compute`` is the compute-bound part of the instruction at ``F_MAX`` (scales with the clock)
+and ``t_memory`` the memory-bound part (HBM-bound: does not). Voltage is relative to its value
+at ``F_MAX``. Each time and energy is then multiplied by ``1 + u`` with ``u`` drawn uniformly
+from ``[-TIME_NOISE, TIME_NOISE]`` (``ENERGY_NOISE`` for energy) by a generator with a fixed
+seed, like the scatter of real measurements, and rounded (time to 0.1 us, energy to 0.1 mJ).
+
+The stages are imbalanced the way a GPT-style model split into equal blocks of layers is: stage 0
+also does the token embedding (memory-bound lookups forward, a scatter-add backward), the last
+stage also runs the LM head and the loss (a large vocabulary GEMM, compute-bound), and the
+stages in between are identical. At ``F_MAX`` a middle stage draws ``P_STATIC + P_DYN_MAX``
+= 620 W while compute-bound, close to an H200 running a large bf16 GEMM.
+
+The demo plans this profile with a blocking power of :data:`EXAMPLE_P_BLOCK_W` watts.
+
+Regenerate the shipped file with::
+
+    python -m perseus.solver.synthetic > perseus/data/example_profile.csv
+
+The test suite checks that the shipped file equals this output byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "EXAMPLE_P_BLOCK_W",
+    "H200_CLOCKS_MHZ",
+    "StageWork",
+    "main",
+    "stage_work",
+    "synthetic_profile",
+    "to_csv",
+]
+
+F_MAX_MHZ = 1980
+F_KNEE_MHZ = 1200
+V_MIN = 0.70
+P_STATIC_W = 120.0
+P_DYN_MAX_W = 500.0
+MEMORY_ACTIVITY = 0.35
+TIME_NOISE = 0.002
+ENERGY_NOISE = 0.005
+
+#: H200-like supported SM clocks, 1980 MHz down to 1005 MHz in 15 MHz steps (66 clocks).
+H200_CLOCKS_MHZ: tuple[int, ...] = tuple(range(1980, 1004, -15))
+
+#: Blocking power (W) to plan the example profile with: a GPU waiting on a peer draws this much.
+EXAMPLE_P_BLOCK_W = 100.0
+
+Row = tuple[int, str, int, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class StageWork:
+    """Work of one instruction type on one stage, at the top clock.
+
+    Attributes:
+        compute_s: Compute-bound seconds at ``F_MAX``; scales as ``F_MAX / f``.
+        memory_s: Memory-bound seconds; independent of the SM clock.
+    """
+
+    compute_s: float
+    memory_s: float
+
+
+# A middle stage: a block of transformer layers. Backward does about twice the FLOPs of forward.
+_MIDDLE = {"forward": StageWork(0.040, 0.008), "backward": StageWork(0.080, 0.014)}
+# Stage 0 adds the embedding: a lookup forward, a scatter-add of its gradient backward.
+_EMBEDDING = {"forward": StageWork(0.0, 0.006), "backward": StageWork(0.002, 0.010)}
+# The last stage adds the LM head and the loss over the vocabulary: GEMMs plus a softmax.
+_HEAD = {"forward": StageWork(0.006, 0.002), "backward": StageWork(0.010, 0.003)}
+
+
+def stage_work(stage: int, stages: int) -> dict[str, StageWork]:
+    """Return the per-instruction work of ``stage`` in a pipeline of ``stages`` stages."""
+    work = dict(_MIDDLE)
+    extras = ([_EMBEDDING] if stage == 0 else []) + ([_HEAD] if stage == stages - 1 else [])
+    for extra in extras:
+        work = {
+            kind: StageWork(w.compute_s + extra[kind].compute_s, w.memory_s + extra[kind].memory_s)
+            for kind, w in work.items()
+        }
+    return work
+
+
+def synthetic_profile(
+    stages: int = 4, clocks_mhz: Iterable[int] = H200_CLOCKS_MHZ, seed: int = 0
+) -> list[Row]:
+    """Generate profile rows from the model in the module docstring.
+
+    Args:
+        stages: Number of pipeline stages, >= 1 (with one stage it carries embedding and head).
+        clocks_mhz: SM clocks to "measure", each in ``(0, F_MAX]``; rows follow this order.
+        seed: Seed of the measurement noise; the same seed gives the same rows.
+
+    Returns:
+        Rows ``(stage, instruction, frequency_mhz, time_s, energy_j)``: per stage, per clock,
+        forward then backward; the shape :func:`perseus.solver.profile_from_rows` takes.
+
+    Raises:
+        ValueError: ``stages < 1``, no clocks, or a clock outside ``(0, F_MAX]``.
+    """
+    clocks = [int(f) for f in clocks_mhz]
+    if stages < 1:
+        raise ValueError(f"stages must be >= 1, got {stages}")
+    if not clocks or any(not 0 < f <= F_MAX_MHZ for f in clocks):
+        raise ValueError(f"clocks must be non-empty and within (0, {F_MAX_MHZ}] MHz")
+    # Only uniform draws (Generator.random) and + - * /: the same bytes on every platform.
+    rng = np.random.default_rng(seed)
+    freq = np.asarray(clocks, dtype=float)
+    slow = F_MAX_MHZ / freq
+    volt = V_MIN + (1.0 - V_MIN) * np.clip(freq - F_KNEE_MHZ, 0.0, None) / (F_MAX_MHZ - F_KNEE_MHZ)
+    p_dyn = P_DYN_MAX_W * (freq / F_MAX_MHZ) * volt * volt
+
+    per_stage: list[dict[str, tuple[np.ndarray, np.ndarray]]] = []
+    for stage in range(stages):
+        measured = {}
+        for kind, work in stage_work(stage, stages).items():
+            compute_s = work.compute_s * slow
+            time_s = compute_s + work.memory_s
+            energy_j = (P_STATIC_W + p_dyn) * compute_s + (
+                P_STATIC_W + MEMORY_ACTIVITY * p_dyn
+            ) * work.memory_s
+            time_s = time_s * (1.0 + rng.uniform(-TIME_NOISE, TIME_NOISE, len(clocks)))
+            energy_j = energy_j * (1.0 + rng.uniform(-ENERGY_NOISE, ENERGY_NOISE, len(clocks)))
+            measured[kind] = (np.round(time_s, 7), np.round(energy_j, 4))
+        per_stage.append(measured)
+
+    return [
+        (stage, kind, clock, float(measured[kind][0][i]), float(measured[kind][1][i]))
+        for stage, measured in enumerate(per_stage)
+        for i, clock in enumerate(clocks)
+        for kind in ("forward", "backward")
+    ]
+
+
+def to_csv(rows: Iterable[Row]) -> str:
+    """Format rows as the Zeus CSV ``stage,instruction,frequency,time,energy`` (``\\n`` lines)."""
+    lines = ["stage,instruction,frequency,time,energy"]
+    lines += [f"{s},{kind},{f},{t:.7f},{e:.4f}" for s, kind, f, t, e in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print a synthetic profile as CSV on standard output (see the module docstring)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m perseus.solver.synthetic",
+        description="Print the synthetic H200-like example profile as Zeus CSV.",
+    )
+    parser.add_argument("--stages", type=int, default=4, help="pipeline stages (default 4)")
+    parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
+    args = parser.parse_args(argv)
+    try:
+        rows = synthetic_profile(stages=args.stages, seed=args.seed)
+    except ValueError as err:
+        parser.error(str(err))
+    sys.stdout.write(to_csv(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

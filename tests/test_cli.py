@@ -1,0 +1,408 @@
+"""The ``perseus`` command line: plan, simulate, demo, serve, errors and output files."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from perseus.cli import ProgressBar, main
+from perseus.solver import Frontier
+
+MICROBATCHES = "4"
+OUTPUT_OPTIONS = ("--output", "--plot", "--timeline", "--plan-output")
+
+
+@pytest.fixture(scope="module")
+def example() -> Iterator[Path]:
+    with resources.as_file(resources.files("perseus") / "data" / "example_profile.csv") as path:
+        yield path
+
+
+@pytest.fixture(scope="module")
+def planned(
+    example: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, Path, str]:
+    """One planning run shared by the tests that read its files: frontier, plan, dir, stdout."""
+    out = tmp_path_factory.mktemp("planned")
+    frontier, plan = out / "frontier.json", out / "plan.json"
+    stdout = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdout", stdout)
+        status = main(
+            [
+                "plan",
+                str(example),
+                "--microbatches",
+                MICROBATCHES,
+                "--p-block",
+                "100",
+                "--output",
+                str(frontier),
+                "--plan-output",
+                str(plan),
+            ]
+        )
+    assert status == 0
+    return frontier, plan, out, stdout.getvalue()
+
+
+def _numbers(text: str, label: str) -> float:
+    found = re.search(rf"^{label}\s+([0-9.]+)", text, re.MULTILINE)
+    assert found, f"no {label!r} line in:\n{text}"
+    return float(found.group(1))
+
+
+def test_plan_prints_every_baseline_and_the_chosen_point(
+    planned: tuple[Path, Path, Path, str],
+) -> None:
+    frontier_path, _, _, out = planned
+    frontier = Frontier.from_json(json.loads(frontier_path.read_text()))
+    for label in ("all-fastest (default)", "global clock", "per-stage clock", "no-slowdown"):
+        assert label in out
+    assert re.search(r"^plan\s+time \(s\)\s+energy \(J\)\s+saving\s+slowdown\s+gap$", out, re.M)
+    fastest = frontier.baselines["all_fastest"]
+    assert re.search(
+        rf"^all-fastest \(default\) .*{fastest.time_s:.4f}\s+{fastest.energy_j:.1f}"
+        r"\s+0\.00 %\s+0\.00 %\s+-$",
+        out,
+        re.M,
+    )
+    point = frontier.point(0)
+    assert re.search(
+        rf"^no-slowdown \(point \d+ of {len(frontier)}\)\s+{point.time_s:.4f}", out, re.M
+    )
+
+
+def test_plan_writes_every_requested_file(example: Path, tmp_path: Path) -> None:
+    files = {
+        "--output": tmp_path / "f.json",
+        "--plan-output": tmp_path / "p.json",
+        "--plot": tmp_path / "f.png",
+        "--timeline": tmp_path / "t.png",
+    }
+    args = ["plan", str(example), "--microbatches", MICROBATCHES, "--p-block", "100"]
+    for option, path in files.items():
+        args += [option, str(path)]
+    assert main(args) == 0
+    assert json.loads(files["--output"].read_text())["format"] == "perseus.frontier/1"
+    assert json.loads(files["--plan-output"].read_text())["format"] == "perseus.plan/1"
+    for png in (files["--plot"], files["--timeline"]):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # No temporary files left behind, and the usual mode rather than mkstemp's 0600.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json", "f.png", "p.json", "t.png"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {stat.S_IMODE(p.stat().st_mode) for p in files.values()} == {0o666 & ~umask}
+
+
+def test_plan_takes_p_block_from_a_json_profile(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from perseus.solver import load_profile, profile_to_json
+
+    data = profile_to_json(load_profile(example))
+    data["p_block_w"] = 90.0
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(data))
+    assert main(["plan", str(profile), "--microbatches", "2"]) == 0
+    assert "P_block 90 W" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("policy", ["min-energy", "max-slowdown:1.05", "zeus-cost:0.5"])
+def test_plan_policies(example: Path, policy: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", str(example), "--microbatches", "2", "--p-block", "100", "--policy", policy]
+    assert main(args) == 0
+    assert re.search(rf"^{re.escape(policy)} \(point \d+ of \d+\)", capsys.readouterr().out, re.M)
+
+
+def test_plan_straggler_rows(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["plan", str(example), "--microbatches", "2", "--p-block", "100"]
+    assert main(base) == 0
+    fastest = re.search(
+        r"^all-fastest \(default\)\s+\S+ MHz\s+([0-9.]+)", capsys.readouterr().out, re.M
+    )
+    assert fastest
+    fastest_s = float(fastest.group(1))
+    imposed = f"{fastest_s * 1.2:.4f}"
+    plot = tmp_path / "frontier.png"
+    assert main([*base, "--straggler", imposed, "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    stretched = re.search(rf"^all-fastest, stretched\s+{imposed}\s+([0-9.]+)\s+0\.00 %", out, re.M)
+    lagging = re.search(
+        rf"^straggler \(point \d+ of \d+\)\s+{imposed}\s+([0-9.]+)\s+([0-9.]+) %", out, re.M
+    )
+    assert stretched and lagging, out
+    assert float(lagging.group(1)) < float(stretched.group(1))
+    assert float(lagging.group(2)) > 0
+    assert plot.exists()
+
+
+def _csv(tmp_path: Path, example: Path, edit: tuple[int, str, str] | None = None) -> Path:
+    """Copy the example profile, optionally setting field ``edit[1]`` of data line ``edit[0]``."""
+    lines = example.read_text().splitlines()
+    if edit is not None:
+        row, column, value = edit
+        header = lines[0].split(",")
+        cells = lines[row - 1].split(",")
+        cells[header.index(column)] = value
+        lines[row - 1] = ",".join(cells)
+    path = tmp_path / "bad.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "extra", "expected"),
+    [
+        ((4, "time", "nan"), [], ["bad.csv", "row 4", "time"]),
+        ((7, "energy", "-3"), [], ["bad.csv", "row 7", "energy"]),
+        ((9, "instruction", "sideways"), [], ["bad.csv", "row 9", "instruction"]),
+        ((3, "frequency", "fast"), [], ["bad.csv", "row 3", "frequency"]),
+        (None, ["--policy", "deadline:soon"], ["--policy"]),
+        (None, ["--policy", "sometimes"], ["--policy"]),
+        (None, ["--microbatches", "0"], ["--microbatches"]),
+        (None, ["--p-block", "-5"], ["--p-block"]),
+        (None, ["--schedule", "zigzag"], ["--schedule"]),
+        (None, ["--resolution", "inf"], ["--resolution"]),
+        (None, ["--schedule", "interleaved-1f1b", "--microbatches", "6"], ["multiple"]),
+        (None, ["--schedule", "gpipe", "--virtual-stages", "2"], ["virtual"]),
+        (None, ["--policy", "deadline:0.001"], ["--policy deadline:0.001", "fastest"]),
+        (None, ["--straggler", "0.001"], ["--straggler", "fastest"]),
+    ],
+)
+def test_bad_input_exits_2_naming_the_place_and_writes_nothing(
+    example: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    edit: tuple[int, str, str] | None,
+    extra: list[str],
+    expected: list[str],
+) -> None:
+    profile = _csv(tmp_path, example, edit)
+    outputs = [tmp_path / name for name in ("f.json", "f.png", "t.png", "p.json")]
+    args = ["plan", str(profile), "--microbatches", "4", "--p-block", "100", *extra]
+    for option, path in zip(OUTPUT_OPTIONS, outputs, strict=True):
+        args += [option, str(path)]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("perseus: error: "), captured.err
+    for word in expected:
+        assert word in lines[0]
+    assert not any(path.exists() for path in outputs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv"]
+
+
+def test_csv_profile_without_p_block_is_an_error(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "f.json"
+    assert main(["plan", str(example), "--microbatches", "2", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert "example_profile.csv" in err and "p_block_w" in err and "--p-block" in err
+    assert not output.exists()
+
+
+def test_missing_profile_and_missing_output_directory(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", str(tmp_path / "nope.csv"), "--microbatches", "2", "--p-block", "1"]) == 2
+    assert "nope.csv" in capsys.readouterr().err
+    output = tmp_path / "missing" / "f.json"
+    args = [
+        "plan",
+        str(example),
+        "--microbatches",
+        "2",
+        "--p-block",
+        "100",
+        "--output",
+        str(output),
+    ]
+    assert main(args) == 2
+    assert "--output" in capsys.readouterr().err
+    assert not output.parent.exists()
+
+
+def _simulated(capsys: pytest.CaptureFixture[str], args: list[str]) -> tuple[float, float]:
+    assert main(["simulate", *args]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^stage\s+busy \(s\)\s+idle \(s\)\s+busy$", out, re.M)
+    return _numbers(out, "iteration time"), _numbers(out, "energy")
+
+
+def test_simulate_round_trips_a_frontier(
+    example: Path, planned: tuple[Path, Path, Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    frontier_path = planned[0]
+    frontier = Frontier.from_json(json.loads(frontier_path.read_text()))
+    for index in sorted({0, len(frontier) // 2, len(frontier) - 1}):
+        point = frontier.point(index)
+        time_s, energy_j = _simulated(
+            capsys, [str(example), str(frontier_path), "--point", str(index)]
+        )
+        assert time_s == pytest.approx(point.time_s, abs=1e-6)
+        assert energy_j == pytest.approx(point.energy_j, abs=1e-3)
+    last = frontier.point(len(frontier) - 1)
+    time_s, energy_j = _simulated(
+        capsys, [str(example), str(frontier_path), "--policy", "min-energy"]
+    )
+    assert time_s == pytest.approx(last.time_s, abs=1e-6)
+    assert energy_j == pytest.approx(last.energy_j, abs=1e-3)
+
+
+def test_simulate_round_trips_a_plan(
+    example: Path, planned: tuple[Path, Path, Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    frontier_path, plan_path, _, _ = planned
+    frontier = Frontier.from_json(json.loads(frontier_path.read_text()))
+    plan = json.loads(plan_path.read_text())
+    assert plan["schedule"] == "1f1b" and plan["stages"] == 4 and plan["p_block_w"] == 100
+    chosen = next(
+        frontier.point(i)
+        for i in range(len(frontier))
+        if [list(c) for c in frontier.point(i).frequencies_mhz] == plan["frequencies_mhz"]
+    )
+    time_s, energy_j = _simulated(capsys, [str(example), str(plan_path)])
+    assert time_s == pytest.approx(chosen.time_s, abs=1e-6)
+    assert energy_j == pytest.approx(chosen.energy_j, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "expected"),
+    [
+        ("{not json", [], ["line 1", "JSON"]),
+        ('{"format": "perseus.plan/9"}', [], ["format"]),
+        ("plan-with-short-row", [], ["frequencies_mhz[1]"]),
+        ("plan-with-unknown-clock", [], ["1234"]),
+        ("plan", ["--point", "3"], ["--point"]),
+        ("frontier", ["--point", "100000"], ["--point", "out of range"]),
+        ("frontier-broken", [], []),
+    ],
+)
+def test_simulate_bad_plan_files(
+    example: Path,
+    planned: tuple[Path, Path, Path, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: str,
+    extra: list[str],
+    expected: list[str],
+) -> None:
+    frontier_path, plan_path, _, _ = planned
+    plan = json.loads(plan_path.read_text())
+    if content == "plan-with-short-row":
+        plan["frequencies_mhz"][1].pop()
+        content = json.dumps(plan)
+    elif content == "plan-with-unknown-clock":
+        plan["frequencies_mhz"][0][0] = 1234
+        content = json.dumps(plan)
+    elif content == "plan":
+        content = json.dumps(plan)
+    elif content == "frontier":
+        content = frontier_path.read_text()
+    elif content == "frontier-broken":
+        data = json.loads(frontier_path.read_text())
+        data.pop("points", None)
+        data.pop("schedule", None)
+        content = json.dumps(data)
+    bad = tmp_path / "bad-plan.json"
+    bad.write_text(content)
+    assert main(["simulate", str(example), str(bad), *extra]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    line = captured.err.strip()
+    assert "\n" not in line and line.startswith("perseus: error: ")
+    assert "bad-plan.json" in line or any(e.startswith("--") for e in expected)
+    for word in expected:
+        assert word in line
+
+
+def test_demo_as_a_subprocess(tmp_path: Path) -> None:
+    outdir = tmp_path / "demo"
+    done = subprocess.run(
+        [sys.executable, "-m", "perseus.cli", "demo", "--outdir", str(outdir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    for label in ("all-fastest (default)", "global clock", "per-stage clock", "no-slowdown"):
+        assert label in done.stdout
+    for name in ("frontier.png", "timeline.png"):
+        assert (outdir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"wrote {outdir / name}" in done.stdout
+    assert json.loads((outdir / "frontier.json").read_text())["format"] == "perseus.frontier/1"
+    # A real saving at no slowdown: the chosen point's saving column.
+    found = re.search(
+        r"^no-slowdown \(point \d+ of \d+\)\s+\S+\s+\S+\s+([0-9.]+) %\s+0\.00 %", done.stdout, re.M
+    )
+    assert found and float(found.group(1)) > 3.0, done.stdout
+
+
+def test_no_command_and_unknown_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "perseus: error: " in capsys.readouterr().err
+    assert main(["plan", "x.csv", "--microbatches", "2", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("perseus: error: ") and "--bogus" in err
+
+
+def test_serve_delegates_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("perseus.server.cli")
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--help"])
+    assert exited.value.code == 0
+    assert "--port" in capsys.readouterr().out
+    assert main(["serve", "--port", "eighty"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("perseus: error: serve: argument --port") and err.count("\n") == 1
+
+
+def test_serve_without_the_server_extras(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "perseus.server.cli", None)  # makes the import fail
+    assert main(["serve", "--port", "1"]) == 2
+    assert "install perseus[server]" in capsys.readouterr().err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_waits_then_draws_on_a_terminal_only() -> None:
+    now = [0.0]
+    terminal = _Terminal()
+    bar = ProgressBar(terminal, clock=lambda: now[0])
+    bar(1, 10)
+    now[0] = 0.3
+    bar(2, 10)
+    assert terminal.getvalue() == ""  # quick work stays silent
+    now[0] = 0.6
+    bar(5, 10)
+    assert "5/10" in terminal.getvalue() and "#" * 15 in terminal.getvalue()
+    bar.close()
+    assert terminal.getvalue().endswith("\r\033[K")
+
+    log = io.StringIO()  # not a terminal
+    bar = ProgressBar(log, clock=lambda: now[0])
+    now[0] = 5.0
+    bar(5, 10)
+    bar.close()
+    assert log.getvalue() == ""
