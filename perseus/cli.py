@@ -25,10 +25,12 @@ from perseus.errors import InfeasibleDeadline, PerseusError, PlanError, PolicyEr
 from perseus.solver import (
     FRONTIER_FORMAT,
     SCHEDULE_NAMES,
+    Baseline,
     Frontier,
     Policy,
     Profile,
     Schedule,
+    baselines_at,
     choose_point,
     compute_frontier,
     load_profile,
@@ -335,6 +337,17 @@ def _plan(request: _PlanRequest, out: TextIO) -> int:
         except InfeasibleDeadline as err:
             raise InfeasibleDeadline(f"--straggler: {err}") from err
 
+    # Baselines at the same deadline as the chosen point: the policy's own limit where it has
+    # one, else the point's iteration time.
+    policy = request.policy
+    if policy.kind == "max-slowdown":
+        deadline_s = float(policy.value or 1.0) * float(frontier.times_s[0])
+    elif policy.kind == "deadline":
+        deadline_s = float(policy.value or 0.0)
+    else:
+        deadline_s = float(frontier.times_s[chosen])
+    baselines = baselines_at(profile, schedule, frontier.p_block_w, deadline_s)
+
     # Everything that can fail on bad input has run; render the files in memory, then write.
     point = frontier.point(chosen)
     if request.output:
@@ -370,7 +383,7 @@ def _plan(request: _PlanRequest, out: TextIO) -> int:
     written = outputs.write()
     out.write(_describe(profile, schedule, frontier, solved_s))
     out.write("\n")
-    out.write(_plan_table(frontier, chosen, str(request.policy), straggler))
+    out.write(_plan_table(frontier, baselines, chosen, str(request.policy), straggler))
     for path in written:
         out.write(f"wrote {path}\n")
     return 0
@@ -406,9 +419,13 @@ def _schedule_text(schedule: Schedule) -> str:
 
 
 def _plan_table(
-    frontier: Frontier, chosen: int, policy: str, straggler: tuple[float, int] | None
+    frontier: Frontier,
+    baselines: dict[str, Baseline],
+    chosen: int,
+    policy: str,
+    straggler: tuple[float, int] | None,
 ) -> str:
-    fastest = frontier.baselines["all_fastest"]
+    fastest = baselines["all_fastest"]
 
     def row(label: str, time_s: float, energy_j: float, gap: str, base: float) -> list[str]:
         return [
@@ -422,7 +439,7 @@ def _plan_table(
 
     rows = [["plan", "time (s)", "energy (J)", "saving", "slowdown", "gap"]]
     for key, label in _BASELINE_LABELS.items():
-        baseline = frontier.baselines[key]
+        baseline = baselines[key]
         rows.append(
             row(
                 f"{label}{_clocks_note(baseline.frequencies_mhz)}",

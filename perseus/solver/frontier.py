@@ -227,7 +227,7 @@ def compute_frontier(
     if not (math.isfinite(power) and power >= 0):
         raise ProfileError(f"{profile.source}: p_block_w: must be a finite number >= 0")
     if not (math.isfinite(resolution_s) and 0 < resolution_s <= 1e-3):
-        raise ProfileError(f"resolution: must be in (0, 0.001] seconds, got {resolution_s}")
+        raise PlanError(f"resolution: must be in (0, 0.001] seconds, got {resolution_s}")
     dag = build_dag(schedule)
     costs = build_costs(profile, schedule, power)
     planner = _Planner(dag, costs)

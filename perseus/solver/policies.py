@@ -91,8 +91,8 @@ def choose_point(frontier: Frontier, policy: Policy) -> int:
         power = float(frontier.energies_j[0] / times[0])
         cost = eta * frontier.energies_j + (1 - eta) * power * times
         return int(np.argmin(cost))
-    assert policy.value is not None  # checked in Policy.__post_init__
-    limit = policy.value * float(times[0]) if policy.kind == "max-slowdown" else policy.value
+    value = float(policy.value or 0.0)  # present: Policy checks it on construction
+    limit = value * float(times[0]) if policy.kind == "max-slowdown" else value
     return _latest_within(frontier, limit)
 
 
