@@ -360,8 +360,16 @@ class _Planner:
                 self.refill(rounded, deadlines),
             ]
             if lo == 0:
-                # The all-fastest plan, refilled, always meets the first deadline exactly.
+                # The all-fastest plan, refilled, always meets the first deadline exactly; and
+                # the no-slowdown point, the one most users take, gets a dive as well.
                 candidates.append(self.refill(np.zeros_like(rounded), deadlines))
+                dived = np.zeros_like(rounded)
+                dived[:, 0] = relaxation.dive(
+                    float(deadlines[0]),
+                    [self.class_times[c] for c in self.cls],
+                    0.05 if n <= 512 else 0.25,
+                )
+                candidates.append(self.refill(dived, deadlines))
             width = len(deadlines)
             chosen = candidates[0]
             chosen_time, chosen_energy = self.evaluate(chosen)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +169,8 @@ class Relaxation:
         lengths_arr = np.asarray(lengths)
         cost = np.concatenate([np.zeros(n), [costs.num_gpus * costs.p_block_w], np.asarray(slopes)])
         self._highs = _persistent_lp(matrix, b_ub, cost, lengths_arr, n)
+        self._lengths = lengths_arr
+        self._segment_start = np.searchsorted(np.asarray(segment_node), np.arange(n + 1))
         self._segment_node = np.asarray(segment_node, dtype=np.int64)
         self._base_time = base_time
         self._base_value = base_value
@@ -211,6 +214,63 @@ class Relaxation:
             iteration_time_s=float(x[self._tau_col]),
             basis=highs.getBasis(),
         )
+
+    def dive(
+        self, deadline_s: float, option_times: Sequence[FloatArray], fraction: float
+    ) -> IntArray:
+        """Round the relaxation to measured options by diving: fix, re-solve, repeat.
+
+        Each round fixes every instruction whose relaxed duration is a measured option, plus the
+        ``fraction`` of the rest closest to one (rounded down, so the deadline stays feasible),
+        and solves again so that the others adapt to what was fixed. Unlike rounding one
+        solution, this lets instructions trade slack where the measured options are far from
+        the convex hull. About ``1 / fraction`` warm-started solves.
+
+        Args:
+            deadline_s: The deadline.
+            option_times: Per node, its options' times, ascending.
+            fraction: Share of the unfixed instructions fixed per round beyond exact ones.
+
+        Returns:
+            The option index of every node.
+        """
+        n = self._n
+        highs = self._highs
+        choice = np.zeros(n, dtype=np.int64)
+        fixed = np.zeros(n, dtype=bool)
+        try:
+            solution = self.solve(deadline_s)
+            while not fixed.all():
+                free = np.flatnonzero(~fixed)
+                picks = np.empty(len(free), dtype=np.int64)
+                distance = np.empty(len(free))
+                for k, j in enumerate(free.tolist()):
+                    times = option_times[j]
+                    d = solution.durations_s[j]
+                    picks[k] = max(int(np.searchsorted(times, d * (1 + 1e-12), "right")) - 1, 0)
+                    distance[k] = max(d - times[picks[k]], 0.0)
+                exact = distance <= 1e-9 * max(deadline_s, 1.0)
+                count = max(1, math.ceil(fraction * len(free)))
+                chosen = exact.copy()
+                chosen[np.argsort(distance, kind="stable")[:count]] = True
+                for j, pick in zip(free[chosen].tolist(), picks[chosen].tolist(), strict=True):
+                    self._fix(j, float(option_times[j][pick]))
+                    choice[j] = pick
+                    fixed[j] = True
+                if not fixed.all():
+                    solution = self.solve(deadline_s)
+        finally:
+            for col, length in enumerate(self._lengths.tolist()):
+                highs.changeColBounds(n + 1 + col, 0.0, length)
+        return choice
+
+    def _fix(self, node: int, duration_s: float) -> None:
+        """Pin ``node``'s hull segments so that its duration is ``duration_s``."""
+        remaining = duration_s - self._base_time[node]
+        for col in range(int(self._segment_start[node]), int(self._segment_start[node + 1])):
+            value = min(max(remaining, 0.0), float(self._lengths[col]))
+            self._highs.changeColBounds(self._n + 1 + col, value, value)
+            remaining -= value
 
 
 def _persistent_lp(
