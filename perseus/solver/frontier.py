@@ -354,32 +354,28 @@ class _Planner:
             tau = np.minimum(tau_a + theta * (tau_b - tau_a), deadlines)
             rounded = self.round_down(mixed)
             rounded_time, _ = self.evaluate(rounded)
+            # Two ceilings: the relaxation's own iteration time, and what rounding left of it.
             candidates = [
                 self.refill(rounded, tau),
                 self.refill(rounded, np.minimum(rounded_time, tau)),
-                self.refill(rounded, deadlines),
             ]
+            chosen, chosen_time, chosen_energy = self._best_of(candidates, deadlines)
             if lo == 0:
                 # The all-fastest plan, refilled, always meets the first deadline exactly; and
                 # the no-slowdown point, the one most users take, gets a dive as well.
-                candidates.append(self.refill(np.zeros_like(rounded), deadlines))
-                dived = np.zeros_like(rounded)
-                dived[:, 0] = relaxation.dive(
-                    float(deadlines[0]),
+                first = deadlines[:1]
+                dived = relaxation.dive(
+                    float(first[0]),
                     [self.class_times[c] for c in self.cls],
                     0.05 if n <= 512 else 0.25,
                 )
-                candidates.append(self.refill(dived, deadlines))
+                extra = [
+                    chosen[:, :1],
+                    self.refill(np.zeros((n, 1), dtype=np.int64), first),
+                    self.refill(dived[:, None], first),
+                ]
+                chosen[:, :1], chosen_time[:1], chosen_energy[:1] = self._best_of(extra, first)
             width = len(deadlines)
-            chosen = candidates[0]
-            chosen_time, chosen_energy = self.evaluate(chosen)
-            chosen_energy = np.where(chosen_time <= deadlines * (1 + 1e-12), chosen_energy, np.inf)
-            for candidate in candidates[1:]:
-                time, energy = self.evaluate(candidate)
-                better = (time <= deadlines * (1 + 1e-12)) & (energy < chosen_energy)
-                chosen = np.where(better[None, :], candidate, chosen)
-                chosen_time = np.where(better, time, chosen_time)
-                chosen_energy = np.where(better, energy, chosen_energy)
             best_choice[:, lo : lo + width] = chosen
             best_time[lo : lo + width] = chosen_time
             best_energy[lo : lo + width] = chosen_energy
@@ -401,6 +397,22 @@ class _Planner:
         bound = bound * (1 - 1e-9)
         gaps = energies / bound - 1.0
         return times, energies, gaps, best_choice[:, keep].T.astype(np.int64)
+
+    def _best_of(
+        self, candidates: list[IntArray], deadlines: FloatArray
+    ) -> tuple[IntArray, FloatArray, FloatArray]:
+        """Per deadline, the least-energy candidate plan that meets it (energy inf if none)."""
+        limit = deadlines * (1 + 1e-12)
+        chosen = candidates[0].copy()
+        chosen_time, chosen_energy = self.evaluate(chosen)
+        chosen_energy = np.where(chosen_time <= limit, chosen_energy, np.inf)
+        for candidate in candidates[1:]:
+            time, energy = self.evaluate(candidate)
+            better = (time <= limit) & (energy < chosen_energy)
+            chosen = np.where(better[None, :], candidate, chosen)
+            chosen_time = np.where(better, time, chosen_time)
+            chosen_energy = np.where(better, energy, chosen_energy)
+        return chosen, chosen_time, chosen_energy
 
     def _knots(
         self,
