@@ -1,0 +1,450 @@
+"""Wire models shared by the planner server and its client, and the URL paths.
+
+Everything that crosses the network is one of these pydantic v2 models. Units are in the
+field names (``time_s``, ``energy_j``, ``frequency_mhz``, ``power_w``). Bounds here are the
+first line of input validation; checks that need the job (a stage within the job's stages,
+a rank within its world size) are done by the server's job logic.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "API_PREFIX",
+    "FRONTIER_PATH",
+    "HEALTHZ_PATH",
+    "INSTRUCTION_NAMES",
+    "ITERATIONS_PATH",
+    "JOBS_PATH",
+    "JOB_PATH",
+    "JOB_STATES",
+    "MAX_CLOCKS",
+    "MAX_INSTRUCTIONS",
+    "MAX_PROFILE_ROWS",
+    "MAX_WORLD_SIZE",
+    "METRICS_PATH",
+    "PLAN_COMPUTE_PATH",
+    "PLAN_PATH",
+    "POLICY_PATH",
+    "PROFILES_PATH",
+    "RANKS_PATH",
+    "SCHEDULE_NAMES",
+    "STRAGGLER_PATH",
+    "Baseline",
+    "ChosenPoint",
+    "DeadlinePolicy",
+    "ErrorBody",
+    "FrontierPoint",
+    "FrontierView",
+    "Health",
+    "IterationAccepted",
+    "IterationReport",
+    "JobCounts",
+    "JobCreate",
+    "JobCreated",
+    "JobList",
+    "JobState",
+    "JobSummary",
+    "JobView",
+    "MaxSlowdownPolicy",
+    "MinEnergyPolicy",
+    "NoSlowdownPolicy",
+    "PlanInstruction",
+    "PlanResponse",
+    "PlanVersion",
+    "PolicySpec",
+    "ProfileAccepted",
+    "ProfileReport",
+    "ProfileRow",
+    "RankRegistered",
+    "RankRegistration",
+    "ReplicaTelemetry",
+    "StragglerSpec",
+    "StragglerView",
+    "Telemetry",
+    "ZeusCostPolicy",
+]
+
+API_PREFIX = "/v1"
+JOBS_PATH = f"{API_PREFIX}/jobs"
+JOB_PATH = f"{JOBS_PATH}/{{job_id}}"
+RANKS_PATH = f"{JOB_PATH}/ranks"
+PROFILES_PATH = f"{JOB_PATH}/profiles"
+PLAN_COMPUTE_PATH = f"{JOB_PATH}/plan:compute"
+FRONTIER_PATH = f"{JOB_PATH}/frontier"
+POLICY_PATH = f"{JOB_PATH}/policy"
+STRAGGLER_PATH = f"{JOB_PATH}/straggler"
+PLAN_PATH = f"{JOB_PATH}/plan"
+ITERATIONS_PATH = f"{JOB_PATH}/iterations"
+HEALTHZ_PATH = "/healthz"
+METRICS_PATH = "/metrics"
+
+SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved-1f1b")
+INSTRUCTION_NAMES = ("forward", "backward")
+JOB_STATES = ("registering", "profiling", "planning", "ready", "failed")
+
+MAX_WORLD_SIZE = 131_072
+"""Most ranks (stages x data parallel x tensor parallel) one job may have."""
+MAX_INSTRUCTIONS = 262_144
+"""Most instructions (stages x microbatches x virtual stages x 2) in one iteration."""
+MAX_PROFILE_ROWS = 10_000
+MAX_CLOCKS = 1_000
+
+ScheduleName = Literal["1f1b", "gpipe", "interleaved-1f1b"]
+InstructionName = Literal["forward", "backward"]
+JobState = Literal["registering", "profiling", "planning", "ready", "failed"]
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+PositiveSeconds = Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
+PowerW = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
+FrequencyMhz = Annotated[int, Field(ge=1, le=100_000)]
+
+
+def _storable(text: str) -> str:
+    # Both databases store UTF-8 text; PostgreSQL refuses NUL characters outright.
+    if "\x00" in text:
+        raise ValueError("must not contain NUL characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text") from None
+    return text
+
+
+Name = Annotated[str, Field(max_length=200), AfterValidator(_storable)]
+GpuName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_storable)]
+
+
+class _Model(BaseModel):
+    """Base: unknown fields are errors, so a typo never passes silently."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+class NoSlowdownPolicy(_Model):
+    """Least energy at the all-fastest iteration time."""
+
+    kind: Literal["no-slowdown"]
+
+
+class MaxSlowdownPolicy(_Model):
+    """Least energy with iteration time at most ``factor`` times the fastest."""
+
+    kind: Literal["max-slowdown"]
+    factor: Annotated[float, Field(ge=1.0, le=100.0, allow_inf_nan=False)]
+
+
+class DeadlinePolicy(_Model):
+    """Least energy with iteration time at most ``seconds``."""
+
+    kind: Literal["deadline"]
+    seconds: PositiveSeconds
+
+
+class MinEnergyPolicy(_Model):
+    """The least-energy point, however slow."""
+
+    kind: Literal["min-energy"]
+
+
+class ZeusCostPolicy(_Model):
+    """Zeus's cost ``eta * energy + (1 - eta) * max_power * time``."""
+
+    kind: Literal["zeus-cost"]
+    eta: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+PolicySpec = Annotated[
+    NoSlowdownPolicy | MaxSlowdownPolicy | DeadlinePolicy | MinEnergyPolicy | ZeusCostPolicy,
+    Field(discriminator="kind"),
+]
+
+
+# ----------------------------------------------------------------------------- jobs
+
+
+class JobCreate(_Model):
+    """``POST /v1/jobs``: a pipeline-parallel training job to plan."""
+
+    name: Name | None = None
+    schedule: ScheduleName
+    stages: Annotated[int, Field(ge=1, le=1024)]
+    microbatches: Annotated[int, Field(ge=1, le=100_000)]
+    virtual_stages: Annotated[int, Field(ge=1, le=64)] = 1
+    data_parallel: Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]
+    tensor_parallel: Annotated[int, Field(ge=1, le=1024)]
+    p_block_w: PowerW | None = Field(
+        default=None,
+        description="Blocking power of one GPU while it waits; overrides the profiles' value.",
+    )
+    policy: PolicySpec = Field(default_factory=lambda: NoSlowdownPolicy(kind="no-slowdown"))
+    resolution_s: Annotated[float, Field(ge=1e-5, le=1e-3, allow_inf_nan=False)] | None = Field(
+        default=None, description="Time quantum of the frontier; the solver's default if unset."
+    )
+    auto_straggler: bool = Field(
+        default=False,
+        description="Switch other replicas to the straggler plan when one is consistently slower.",
+    )
+    straggler_threshold: Annotated[float, Field(gt=1.0, le=10.0, allow_inf_nan=False)] = 1.05
+    straggler_window: Annotated[int, Field(ge=2, le=1000)] = 5
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> JobCreate:
+        if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
+            raise ValueError("virtual_stages > 1 needs schedule 'interleaved-1f1b'")
+        world = self.stages * self.data_parallel * self.tensor_parallel
+        if world > MAX_WORLD_SIZE:
+            raise ValueError(
+                f"stages x data_parallel x tensor_parallel = {world} exceeds {MAX_WORLD_SIZE}"
+            )
+        instructions = 2 * self.stages * self.microbatches * self.virtual_stages
+        if instructions > MAX_INSTRUCTIONS:
+            raise ValueError(
+                f"2 x stages x microbatches x virtual_stages = {instructions} "
+                f"exceeds {MAX_INSTRUCTIONS}"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks: stages x data parallel x tensor parallel."""
+        return self.stages * self.data_parallel * self.tensor_parallel
+
+
+class JobCreated(_Model):
+    """Reply to ``POST /v1/jobs``. The token is shown once; the server keeps only its hash."""
+
+    job_id: str
+    token: str
+
+
+class JobCounts(_Model):
+    ranks_expected: int
+    ranks_registered: int
+    profiles_reported: int
+    stages_profiled: int
+    iterations_reported: int
+
+
+class ChosenPoint(_Model):
+    """The frontier point the plans follow now."""
+
+    index: int
+    time_s: float
+    energy_j: float
+    gap: float
+    expected_iteration_time_s: float = Field(
+        description="Iteration time once a straggler is accounted for."
+    )
+    expected_energy_j: float = Field(
+        description="Energy of one pipeline per iteration at the expected iteration time."
+    )
+
+
+class StragglerSpec(_Model):
+    """``PUT /v1/jobs/{id}/straggler``: exactly one of the two fields."""
+
+    iteration_time_s: PositiveSeconds | None = None
+    slowdown: Annotated[float, Field(ge=1.0, le=100.0, allow_inf_nan=False)] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StragglerSpec:
+        if (self.iteration_time_s is None) == (self.slowdown is None):
+            raise ValueError("give exactly one of iteration_time_s and slowdown")
+        return self
+
+
+class StragglerView(_Model):
+    iteration_time_s: float | None = None
+    slowdown: float | None = None
+    automatic: bool = False
+    data_parallel_ranks: list[int] = Field(
+        default_factory=list,
+        description="Replicas detected as stragglers; they keep the policy plan.",
+    )
+
+
+class ReplicaTelemetry(_Model):
+    data_parallel_rank: int
+    time_s: float
+    energy_j: float
+    predicted_time_s: float | None
+
+
+class Telemetry(_Model):
+    """Predicted against measured, per pipeline and iteration, over the recent window."""
+
+    predicted_time_s: float | None
+    predicted_energy_j: float | None
+    measured_time_s: float | None
+    measured_energy_j: float | None
+    replicas: list[ReplicaTelemetry]
+
+
+class JobView(_Model):
+    """``GET /v1/jobs/{id}``."""
+
+    job_id: str
+    name: str | None
+    state: JobState
+    reason: str | None = Field(description="Why the job failed; null unless state is 'failed'.")
+    spec: JobCreate
+    policy: PolicySpec
+    straggler: StragglerView | None
+    version: int = Field(description="Plan version; 0 until the first plan exists.")
+    counts: JobCounts
+    frontier_points: int | None
+    planning_s: float | None
+    chosen: ChosenPoint | None
+    telemetry: Telemetry | None
+
+
+class JobSummary(_Model):
+    job_id: str
+    name: str | None
+    state: JobState
+    version: int
+    created_at_s: float
+
+
+class JobList(_Model):
+    jobs: list[JobSummary]
+
+
+# ----------------------------------------------------------------------------- ranks
+
+
+class RankRegistration(_Model):
+    """``POST /v1/jobs/{id}/ranks``."""
+
+    rank: Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]
+    stage: Annotated[int, Field(ge=0, lt=1024)]
+    data_parallel_rank: Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]
+    tensor_parallel_rank: Annotated[int, Field(ge=0, lt=1024)]
+    gpu_name: GpuName
+    supported_clocks_mhz: Annotated[list[FrequencyMhz], Field(min_length=1, max_length=MAX_CLOCKS)]
+
+
+class RankRegistered(_Model):
+    rank: int
+    state: JobState
+    ranks_registered: int
+
+
+class ProfileRow(_Model):
+    instruction: InstructionName
+    frequency_mhz: FrequencyMhz
+    time_s: PositiveSeconds
+    energy_j: Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
+
+
+class ProfileReport(_Model):
+    """``POST /v1/jobs/{id}/profiles``: one rank's measured profile of its stage."""
+
+    rank: Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]
+    stage: Annotated[int, Field(ge=0, lt=1024)]
+    rows: Annotated[list[ProfileRow], Field(min_length=2, max_length=MAX_PROFILE_ROWS)]
+    p_block_w: PowerW | None = Field(default=None, description="Measured idle power of this GPU.")
+
+
+class ProfileAccepted(_Model):
+    rank: int
+    state: JobState
+    profiles_reported: int
+    planning: bool = Field(
+        description="True when this report completed the job and started planning."
+    )
+
+
+class IterationReport(_Model):
+    """``POST /v1/jobs/{id}/iterations``: one rank's measured iteration.
+
+    ``time_s`` is the rank's own pipeline time (its first instruction to its last), not
+    counting the wait at the data-parallel gradient synchronization.
+    """
+
+    rank: Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]
+    iteration: Annotated[int, Field(ge=0, le=2**62)]
+    time_s: PositiveSeconds
+    energy_j: Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]
+    plan_version: Annotated[int, Field(ge=0, le=2**62)] | None = Field(
+        default=None,
+        description="The plan version the iteration ran; samples of other versions are kept "
+        "out of the comparison with the current plan.",
+    )
+
+
+class IterationAccepted(_Model):
+    rank: int
+    iteration: int
+    version: int
+
+
+# ----------------------------------------------------------------------------- frontier and plans
+
+
+class FrontierPoint(_Model):
+    time_s: float
+    energy_j: float
+    gap: float
+
+
+class Baseline(_Model):
+    time_s: float
+    energy_j: float
+
+
+class FrontierView(_Model):
+    """``GET /v1/jobs/{id}/frontier``: energies are of one pipeline (one replica)."""
+
+    version: int
+    points: list[FrontierPoint]
+    baselines: dict[str, Baseline]
+    policy_index: int
+    chosen_index: int
+
+
+class PlanVersion(_Model):
+    """Reply to policy and straggler changes."""
+
+    version: int
+    state: JobState
+    chosen: ChosenPoint | None
+
+
+class PlanInstruction(_Model):
+    instruction: InstructionName
+    microbatch: int
+    chunk: int | None = None
+    frequency_mhz: int
+
+
+class PlanResponse(_Model):
+    """``GET /v1/jobs/{id}/plan?rank=R``: the rank's clocks in execution order.
+
+    ``time_s`` and ``energy_j`` are of the whole pipeline at the chosen point. ``chunk`` is
+    present only for interleaved schedules. The ``ETag`` header carries the version.
+    """
+
+    job_id: str
+    version: int
+    stage: int
+    time_s: float
+    energy_j: float
+    instructions: list[PlanInstruction]
+
+
+class Health(_Model):
+    status: Literal["ok"]
+
+
+class ErrorBody(_Model):
+    detail: str
+    error: str
+    state: JobState | None = None

@@ -1,0 +1,472 @@
+"""HTTP routes of the planner API (``/v1``), thin over :mod:`perseus.server.jobs`.
+
+Handlers are ``async``: database work runs in the thread pool, frontiers in worker
+processes, and plan fetches are answered from memory whenever the plan is cached.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from perseus.errors import (
+    AuthError,
+    InfeasibleDeadline,
+    JobNotFound,
+    JobStateError,
+    PerseusError,
+    PlanError,
+    PolicyError,
+    ProfileError,
+    ScheduleError,
+)
+from perseus.schemas import (
+    FRONTIER_PATH,
+    HEALTHZ_PATH,
+    ITERATIONS_PATH,
+    JOB_PATH,
+    JOBS_PATH,
+    MAX_WORLD_SIZE,
+    METRICS_PATH,
+    PLAN_COMPUTE_PATH,
+    PLAN_PATH,
+    POLICY_PATH,
+    PROFILES_PATH,
+    RANKS_PATH,
+    STRAGGLER_PATH,
+    ErrorBody,
+    FrontierView,
+    Health,
+    IterationAccepted,
+    IterationReport,
+    JobCreate,
+    JobCreated,
+    JobList,
+    JobView,
+    PlanResponse,
+    PlanVersion,
+    PolicySpec,
+    ProfileAccepted,
+    ProfileReport,
+    RankRegistered,
+    RankRegistration,
+    StragglerSpec,
+)
+from perseus.server.auth import bearer_token, check_admin, check_job_token
+from perseus.server.jobs import JobService, PlanNotReady, PolicyModel, RequestFieldError
+from perseus.server.metrics import Metrics
+from perseus.server.runtime import Coalescer, JobHeads, PlanningRunner, TelemetryBuffer
+from perseus.server.settings import Settings
+from perseus.server.store import JobRow
+
+__all__ = ["PlanFastPath", "ServerState", "error_response", "error_status", "router"]
+
+_JOB_ID = re.compile(r"[0-9a-f]{32}")
+
+
+_STATUS: tuple[tuple[type[PerseusError], int], ...] = (
+    (JobNotFound, 404),
+    (PlanNotReady, 409),
+    (JobStateError, 409),
+    (PlanError, 409),
+    (RequestFieldError, 422),
+    (ProfileError, 422),
+    (ScheduleError, 422),
+    (PolicyError, 422),
+    (InfeasibleDeadline, 422),
+)
+
+
+def error_status(exc: PerseusError) -> int:
+    """The HTTP status for one of our errors (400 for any not listed)."""
+    if isinstance(exc, AuthError):
+        return exc.status_code
+    for cls, code in _STATUS:
+        if isinstance(exc, cls):
+            return code
+    return 400
+
+
+def error_response(exc: PerseusError) -> JSONResponse:
+    """The JSON answer to one of our errors: ``{detail, error}`` (never a traceback)."""
+    code = error_status(exc)
+    if isinstance(exc, RequestFieldError):
+        # The shape FastAPI uses for validation errors, so clients read one format.
+        detail = [{"loc": list(exc.loc), "msg": exc.message, "type": "value_error"}]
+        return JSONResponse({"detail": detail, "error": type(exc).__name__}, status_code=code)
+    content: dict[str, object] = {"detail": str(exc), "error": type(exc).__name__}
+    headers: dict[str, str] = {}
+    if isinstance(exc, PlanNotReady):
+        content["state"] = exc.state
+        headers["Retry-After"] = "1"
+    if code == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(content, status_code=code, headers=headers)
+
+
+@dataclass
+class ServerState:
+    """What the lifespan opens, on ``app.state.perseus``."""
+
+    settings: Settings
+    service: JobService
+    heads: JobHeads
+    runner: PlanningRunner
+    metrics: Metrics
+    telemetry: TelemetryBuffer
+    admin_token_hash: str | None
+    # A new version makes every waiting rank of a stage miss the cache at once: render once.
+    renders: Coalescer = field(default_factory=Coalescer)
+
+
+async def server_state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.perseus
+    return state
+
+
+_bearer = HTTPBearer(auto_error=False, description="The admin token or the job's token.")
+
+State = Annotated[ServerState, Depends(server_state)]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+JobIdPath = Annotated[str, Path(description="The job id returned at creation.")]
+
+
+def _token(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    return None if credentials is None else credentials.credentials
+
+
+async def _job(state: ServerState, job_id: str, token: str | None) -> JobRow:
+    """The job, once ``token`` is checked against it (404, 401, 403)."""
+    if not _JOB_ID.fullmatch(job_id):
+        raise JobNotFound(f"no job {job_id!r}")
+    row = await state.heads.get(job_id)
+    check_job_token(token, row.token_hash, state.admin_token_hash)
+    return row
+
+
+async def authorized_job(state: State, job_id: JobIdPath, credentials: Credentials) -> JobRow:
+    """The job named in the path, once the caller's token is checked (404, 401, 403)."""
+    return await _job(state, job_id, _token(credentials))
+
+
+AuthorizedJob = Annotated[JobRow, Depends(authorized_job)]
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    401: {"model": ErrorBody, "description": "No token"},
+    403: {"model": ErrorBody, "description": "Wrong token"},
+    404: {"model": ErrorBody, "description": "Unknown job"},
+    409: {"model": ErrorBody, "description": "Not in a state that allows this (or not ready yet)"},
+    413: {"model": ErrorBody, "description": "Request body too large"},
+}
+
+router = APIRouter(responses=_ERRORS)
+
+
+@router.get(HEALTHZ_PATH, response_model=Health, tags=["server"])
+async def healthz() -> Health:
+    """Liveness."""
+    return Health(status="ok")
+
+
+@router.get(METRICS_PATH, tags=["server"], response_class=Response)
+async def metrics(state: State) -> Response:
+    """Prometheus text: requests, latencies, jobs by state, planning seconds."""
+    jobs_by_state = await run_in_threadpool(state.service.count_jobs_by_state)
+    return Response(state.metrics.render(jobs_by_state), media_type="text/plain; version=0.0.4")
+
+
+@router.post(
+    JOBS_PATH, status_code=status.HTTP_201_CREATED, response_model=JobCreated, tags=["jobs"]
+)
+async def create_job(spec: JobCreate, state: State, credentials: Credentials) -> JobCreated:
+    """Create a job; the reply's token is its secret (needs the admin token if one is set)."""
+    check_admin(_token(credentials), state.admin_token_hash)
+    created, row = await run_in_threadpool(state.service.create_job, spec)
+    state.heads.put(row)
+    return created
+
+
+@router.get(JOBS_PATH, response_model=JobList, tags=["jobs"])
+async def list_jobs(
+    state: State,
+    credentials: Credentials,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+) -> JobList:
+    """List jobs, oldest first (needs the admin token if one is set)."""
+    check_admin(_token(credentials), state.admin_token_hash)
+    return JobList(jobs=await run_in_threadpool(state.service.list_jobs, limit, offset))
+
+
+@router.get(JOB_PATH, response_model=JobView, tags=["jobs"])
+async def get_job(job: AuthorizedJob, state: State) -> JobView:
+    """State, counts, policy, straggler, the chosen point, predicted against measured."""
+    await state.telemetry.flush(job.id)
+    view = await run_in_threadpool(state.service.job_view, job.id)
+    return view
+
+
+@router.delete(JOB_PATH, status_code=status.HTTP_204_NO_CONTENT, tags=["jobs"])
+async def delete_job(state: State, job_id: JobIdPath, credentials: Credentials) -> Response:
+    """Delete a job (the admin token if one is set, else the job's token)."""
+    if state.admin_token_hash is not None:
+        check_admin(_token(credentials), state.admin_token_hash)
+    else:
+        await _job(state, job_id, _token(credentials))
+    if not _JOB_ID.fullmatch(job_id):
+        raise JobNotFound(f"no job {job_id!r}")
+    await run_in_threadpool(state.service.delete_job, job_id)
+    state.heads.forget(job_id)
+    state.telemetry.forget(job_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post(RANKS_PATH, response_model=RankRegistered, tags=["ranks"])
+async def register_rank(job: AuthorizedJob, body: RankRegistration, state: State) -> RankRegistered:
+    """Register a rank (again after a restart: same coordinates, nothing changes)."""
+    reply, row = await run_in_threadpool(state.service.register_rank, job.id, body)
+    state.heads.put(row)
+    state.heads.add_rank(job.id, body.rank, body.stage, body.data_parallel_rank)
+    return reply
+
+
+@router.post(PROFILES_PATH, response_model=ProfileAccepted, tags=["ranks"])
+async def report_profile(job: AuthorizedJob, body: ProfileReport, state: State) -> ProfileAccepted:
+    """A rank's measured profile; the last one missing starts planning."""
+    reply, row, claimed = await run_in_threadpool(state.service.add_profile, job.id, body)
+    state.heads.put(row)
+    if claimed:
+        state.runner.start(job.id)
+    return reply
+
+
+@router.post(
+    PLAN_COMPUTE_PATH,
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=PlanVersion,
+    tags=["plans"],
+)
+async def compute_plan(job: AuthorizedJob, state: State) -> PlanVersion:
+    """Plan now with the profiles in (each stage needs one from every tensor-parallel rank)."""
+    row = await run_in_threadpool(state.service.claim_planning, job.id)
+    state.heads.put(row)
+    state.runner.start(job.id)
+    return PlanVersion(version=row.version, state="planning", chosen=None)
+
+
+@router.get(FRONTIER_PATH, response_model=FrontierView, tags=["plans"])
+async def get_frontier(job: AuthorizedJob, state: State) -> FrontierView:
+    """The time-energy frontier and baselines; 409 with the state while not ready."""
+    view = await run_in_threadpool(state.service.frontier_view, job)
+    return view
+
+
+@router.put(POLICY_PATH, response_model=PlanVersion, tags=["plans"])
+async def set_policy(job: AuthorizedJob, body: PolicySpec, state: State) -> PlanVersion:
+    """Change the policy; with a frontier, a new plan version."""
+    policy: PolicyModel = body
+    reply, row = await run_in_threadpool(state.service.set_policy, job.id, policy)
+    state.heads.put(row)
+    return reply
+
+
+@router.put(STRAGGLER_PATH, response_model=PlanVersion, tags=["plans"])
+async def set_straggler(job: AuthorizedJob, body: StragglerSpec, state: State) -> PlanVersion:
+    """Another pipeline takes this long (or this much slower): plans move along the frontier."""
+    reply, row = await run_in_threadpool(state.service.set_straggler, job.id, body)
+    state.heads.put(row)
+    return reply
+
+
+@router.delete(STRAGGLER_PATH, response_model=PlanVersion, tags=["plans"])
+async def clear_straggler(job: AuthorizedJob, state: State) -> PlanVersion:
+    """No straggler any more: plans go back to the policy's point."""
+    reply, row = await run_in_threadpool(state.service.clear_straggler, job.id)
+    state.heads.put(row)
+    return reply
+
+
+def _etag_versions(if_none_match: str | None) -> tuple[bool, set[int]]:
+    """``(matches anything, versions)`` named by an If-None-Match header."""
+    if not if_none_match:
+        return False, set()
+    versions: set[int] = set()
+    for tag in if_none_match.split(","):
+        tag = tag.strip().removeprefix("W/").strip('"')
+        if tag == "*":
+            return True, set()
+        if tag.isdigit() and len(tag) < 19:
+            versions.add(int(tag))
+    return False, versions
+
+
+def _has_plan(row: JobRow) -> bool:
+    return bool(row.frontier_rev) and row.chosen_index is not None
+
+
+async def plan_reply(
+    state: ServerState,
+    job_id: str,
+    token: str | None,
+    rank: int,
+    wait_s: float,
+    if_none_match: str | None,
+) -> Response:
+    """The plan route's logic, shared by the FastAPI route and :class:`PlanFastPath`.
+
+    Raises:
+        PerseusError: unknown job (404), token (401/403), rank not registered or no plan (409).
+    """
+    row = await _job(state, job_id, token)
+    stage, dp_rank = await state.heads.rank_position(job_id, rank)
+    anything, known = _etag_versions(if_none_match)
+    wait_s = min(wait_s, state.settings.max_wait_s)
+    if wait_s > 0:
+        row = await state.heads.wait_until(
+            job_id,
+            lambda r: (
+                (_has_plan(r) and not anything and r.version not in known)
+                or (r.state == "failed" and not _has_plan(r))
+            ),
+            wait_s,
+        )
+    headers = {"Cache-Control": "no-cache"}
+    if _has_plan(row):
+        headers["ETag"] = f'"{row.version}"'
+        if anything or row.version in known:
+            return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
+    straggler = row.straggler is not None and dp_rank in row.straggler["data_parallel_ranks"]
+    body = state.service.cached_plan(row, stage, straggler)
+    if body is None:
+        body = await state.renders.run(
+            (job_id, row.version, stage, straggler),
+            lambda: run_in_threadpool(state.service.render_plan, row, stage, straggler),
+        )
+    return Response(body, media_type="application/json", headers=headers)
+
+
+@router.get(
+    PLAN_PATH,
+    response_class=Response,
+    responses={
+        200: {"model": PlanResponse, "description": "The plan; ETag is its version"},
+        304: {"description": "The plan is still the version named in If-None-Match"},
+    },
+    tags=["plans"],
+)
+async def get_plan(
+    state: State,
+    job_id: JobIdPath,
+    credentials: Credentials,
+    rank: Annotated[int, Query(ge=0, lt=MAX_WORLD_SIZE)],
+    wait_s: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=MAX_WAIT_QUERY_S,
+            allow_inf_nan=False,
+            description="Long poll: wait up to this long "
+            "for a plan newer than If-None-Match (capped by the server).",
+        ),
+    ] = 0.0,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """The rank's plan: clocks per instruction in execution order.
+
+    Well-formed requests are answered by :class:`PlanFastPath` before they reach this
+    route; this one serves the rest (and documents the API).
+    """
+    return await plan_reply(state, job_id, _token(credentials), rank, wait_s, if_none_match)
+
+
+class PlanFastPath:
+    """Answers well-formed plan fetches without FastAPI's per-request machinery.
+
+    Plan fetches are the one hot path (every rank, every iteration or long poll); routing
+    and dependency injection cost more than the answer itself, which is cached bytes. A
+    request this class cannot parse cleanly goes on to the FastAPI route, which validates
+    it and answers with the usual 422; both share :func:`plan_reply`.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET":
+            match = _PLAN_PATH.fullmatch(scope["path"])
+            if match is not None:
+                query = _plan_query(scope["query_string"])
+                if query is not None:
+                    await self._answer(scope, receive, send, match.group(1), *query)
+                    return
+        await self.app(scope, receive, send)
+
+    async def _answer(
+        self, scope: Scope, receive: Receive, send: Send, job_id: str, rank: int, wait_s: float
+    ) -> None:
+        headers = {name: value for name, value in scope["headers"]}
+        authorization = headers.get(b"authorization")
+        if_none_match = headers.get(b"if-none-match")
+        state: ServerState = scope["app"].state.perseus
+        scope["route"] = _FAST_ROUTE
+        try:
+            response = await plan_reply(
+                state,
+                job_id,
+                bearer_token(None if authorization is None else authorization.decode("latin-1")),
+                rank,
+                wait_s,
+                None if if_none_match is None else if_none_match.decode("latin-1"),
+            )
+        except PerseusError as exc:
+            response = error_response(exc)
+        await response(scope, receive, send)
+
+
+MAX_WAIT_QUERY_S = 3600.0
+_PLAN_PATH = re.compile(PLAN_PATH.replace("{job_id}", "([^/]+)"))
+_FAST_ROUTE = SimpleNamespace(path=PLAN_PATH)
+
+
+def _plan_query(query_string: bytes) -> tuple[int, float] | None:
+    """``(rank, wait_s)`` of a clean query string, else None (let FastAPI explain)."""
+    rank: int | None = None
+    wait_s = 0.0
+    for part in query_string.split(b"&"):
+        name, _, value = part.partition(b"=")
+        if name == b"rank" and rank is None and value.isdigit() and len(value) < 10:
+            rank = int(value)
+            if rank >= MAX_WORLD_SIZE:
+                return None
+        elif name == b"wait_s" and value:
+            try:
+                wait_s = float(value)
+            except ValueError:
+                return None
+            if not 0 <= wait_s <= MAX_WAIT_QUERY_S:  # also rejects NaN
+                return None
+        else:
+            return None
+    return None if rank is None else (rank, wait_s)
+
+
+@router.post(ITERATIONS_PATH, response_model=IterationAccepted, tags=["ranks"])
+async def report_iteration(
+    job: AuthorizedJob, body: IterationReport, state: State
+) -> IterationAccepted:
+    """A rank's measured iteration time and energy (predicted against measured).
+
+    Accepted reports are written in batches (every ``telemetry_flush_s``); the job's view
+    always includes them.
+    """
+    await state.heads.rank_position(job.id, body.rank)  # 409 unless registered
+    state.telemetry.add(job, body)
+    return IterationAccepted(rank=body.rank, iteration=body.iteration, version=job.version)

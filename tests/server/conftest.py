@@ -1,0 +1,216 @@
+"""Fixtures of the server tests: settings on a temporary database, a TestClient, profiles.
+
+Store tests run on SQLite always and on PostgreSQL when ``PERSEUS_TEST_POSTGRES_URL`` is set
+(``.ci/postgres.sh`` prints it); without it the PostgreSQL parameter skips.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from perseus.server.app import create_app
+from perseus.server.settings import Settings
+from perseus.server.store import Store
+
+SHARED = Path(__file__).parents[2] / ".." / "shared"
+REAL_PROFILE = SHARED / "data" / "profiles" / "bloom+a100_sxm_bf16.csv"
+REAL_P_BLOCK_W = 83.64
+POSTGRES_ENV = "PERSEUS_TEST_POSTGRES_URL"
+
+ProfileRows = dict[int, list[dict[str, Any]]]
+
+
+def read_profile_rows(path: Path) -> ProfileRows:
+    """Zeus CSV -> stage -> wire rows ``{instruction, frequency_mhz, time_s, energy_j}``."""
+    rows: ProfileRows = {}
+    with path.open(newline="") as f:
+        for r in csv.DictReader(f):
+            rows.setdefault(int(r["stage"]), []).append(
+                {
+                    "instruction": r["instruction"],
+                    "frequency_mhz": int(r["frequency"]),
+                    "time_s": float(r["time"]),
+                    "energy_j": float(r["energy"]),
+                }
+            )
+    return rows
+
+
+@pytest.fixture(scope="session")
+def example_rows() -> ProfileRows:
+    """The project's shipped example profile (4 stages), always present."""
+    with resources.as_file(resources.files("perseus") / "data" / "example_profile.csv") as path:
+        return read_profile_rows(path)
+
+
+@pytest.fixture(scope="session")
+def real_rows() -> ProfileRows:
+    """A real 8-stage profile from ../shared; skips when it is absent."""
+    if not REAL_PROFILE.is_file():
+        pytest.skip(f"shared profile {REAL_PROFILE} not present")
+    return read_profile_rows(REAL_PROFILE)
+
+
+def clocks_of(rows: ProfileRows) -> list[int]:
+    return sorted({r["frequency_mhz"] for stage_rows in rows.values() for r in stage_rows})
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database: an SQLite file, or the test PostgreSQL (tables dropped first)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'perseus.db'}"
+        return
+    url = os.environ.get(POSTGRES_ENV)
+    if not url:
+        pytest.skip(f"{POSTGRES_ENV} is not set")
+    store = Store(url)
+    store.drop_schema()
+    store.close()
+    yield url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'perseus.db'}"
+
+
+@pytest.fixture
+def settings(sqlite_url: str) -> Settings:
+    """Test settings: no admin token, no warm-up process, a short planning lease."""
+    return Settings(database=sqlite_url, warm_planner=False, planning_lease_s=3.0, cache_ttl_s=1.0)
+
+
+@pytest.fixture
+def make_client() -> Iterator[Callable[[Settings], TestClient]]:
+    """Build TestClients (lifespan entered) for given settings; closed at teardown."""
+    clients: list[TestClient] = []
+
+    def make(settings: Settings) -> TestClient:
+        client = TestClient(create_app(settings))
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in reversed(clients):
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(settings: Settings, make_client: Callable[[Settings], TestClient]) -> TestClient:
+    return make_client(settings)
+
+
+@dataclass
+class Job:
+    """A created job and helpers to drive it through the API."""
+
+    client: TestClient
+    job_id: str
+    token: str
+    stages: int
+    data_parallel: int
+    tensor_parallel: int
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def url(self, suffix: str = "") -> str:
+        return f"/v1/jobs/{self.job_id}{suffix}"
+
+    def rank_of(self, stage: int, dp: int, tp: int = 0) -> int:
+        return (dp * self.stages + stage) * self.tensor_parallel + tp
+
+    def register_all(self, clocks: list[int]) -> None:
+        for dp in range(self.data_parallel):
+            for stage in range(self.stages):
+                for tp in range(self.tensor_parallel):
+                    r = self.client.post(
+                        self.url("/ranks"),
+                        json={
+                            "rank": self.rank_of(stage, dp, tp),
+                            "stage": stage,
+                            "data_parallel_rank": dp,
+                            "tensor_parallel_rank": tp,
+                            "gpu_name": "NVIDIA H200",
+                            "supported_clocks_mhz": clocks,
+                        },
+                        headers=self.auth,
+                    )
+                    assert r.status_code == 200, r.text
+
+    def report_all(self, rows: ProfileRows, replicas: range | None = None) -> dict[str, Any]:
+        last: dict[str, Any] = {}
+        for dp in replicas if replicas is not None else range(self.data_parallel):
+            for stage in range(self.stages):
+                for tp in range(self.tensor_parallel):
+                    r = self.client.post(
+                        self.url("/profiles"),
+                        json={
+                            "rank": self.rank_of(stage, dp, tp),
+                            "stage": stage,
+                            "rows": rows[stage],
+                        },
+                        headers=self.auth,
+                    )
+                    assert r.status_code == 200, r.text
+                    last = r.json()
+        return last
+
+    def wait_plan(self, rank: int = 0, etag: str | None = None, wait_s: float = 60.0) -> Any:
+        headers = dict(self.auth)
+        if etag is not None:
+            headers["If-None-Match"] = etag
+        return self.client.get(
+            self.url("/plan"), params={"rank": rank, "wait_s": wait_s}, headers=headers
+        )
+
+    def view(self) -> dict[str, Any]:
+        r = self.client.get(self.url(), headers=self.auth)
+        assert r.status_code == 200, r.text
+        result: dict[str, Any] = r.json()
+        return result
+
+
+def create_job(client: TestClient, headers: dict[str, str] | None = None, **spec: Any) -> Job:
+    body: dict[str, Any] = {
+        "schedule": "1f1b",
+        "stages": 4,
+        "microbatches": 4,
+        "data_parallel": 2,
+        "tensor_parallel": 1,
+        "p_block_w": 100.0,
+    }
+    body.update(spec)
+    r = client.post("/v1/jobs", json=body, headers=headers or {})
+    assert r.status_code == 201, r.text
+    return Job(
+        client,
+        r.json()["job_id"],
+        r.json()["token"],
+        body["stages"],
+        body["data_parallel"],
+        body["tensor_parallel"],
+    )
+
+
+@pytest.fixture
+def ready_job(client: TestClient, example_rows: ProfileRows) -> Job:
+    """A 4-stage x 2-replica job planned on the example profile (version 1)."""
+    job = create_job(client)
+    job.register_all(clocks_of(example_rows))
+    job.report_all(example_rows)
+    r = job.wait_plan()
+    assert r.status_code == 200, r.text
+    return job

@@ -1,0 +1,690 @@
+"""The planner API through TestClient: the job life cycle, plans, policies, bad input, auth."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from perseus.server.settings import Settings
+
+from .conftest import Job, ProfileRows, clocks_of, create_job
+
+
+def _snapshot(job: Job) -> dict[str, Any]:
+    view = job.view()
+    view.pop("telemetry")
+    return view
+
+
+# ----------------------------------------------------------------------------- life cycle
+
+
+def test_job_goes_registering_profiling_planning_ready(
+    client: TestClient, example_rows: ProfileRows
+) -> None:
+    job = create_job(client, name="demo")
+    view = job.view()
+    assert view["state"] == "registering"
+    assert view["version"] == 0
+    assert view["counts"]["ranks_expected"] == 8
+    job.register_all(clocks_of(example_rows))
+    assert job.view()["state"] == "profiling"
+    job.report_all(example_rows, replicas=range(1))
+    assert job.view()["counts"]["stages_profiled"] == 4
+    assert job.view()["state"] == "profiling"  # waits for every rank's profile
+    last = job.report_all(example_rows, replicas=range(1, 2))
+    assert last["planning"] is True
+    r = job.wait_plan(rank=5)
+    assert r.status_code == 200
+    plan = r.json()
+    assert r.headers["etag"] == '"1"'
+    assert plan["version"] == 1
+    assert plan["stage"] == 1
+    assert [i["instruction"] for i in plan["instructions"]][:3] == ["forward"] * 3
+    assert all("chunk" not in i for i in plan["instructions"])
+    assert len(plan["instructions"]) == 2 * 4
+    view = job.view()
+    assert view["state"] == "ready"
+    assert view["frontier_points"] > 1
+    assert view["planning_s"] > 0
+    assert view["chosen"]["index"] == 0
+
+
+def test_plan_instructions_follow_the_chosen_point(ready_job: Job) -> None:
+    frontier = ready_job.client.get(ready_job.url("/frontier"), headers=ready_job.auth).json()
+    assert frontier["version"] == 1
+    times = [p["time_s"] for p in frontier["points"]]
+    energies = [p["energy_j"] for p in frontier["points"]]
+    assert times == sorted(times)
+    assert energies == sorted(energies, reverse=True)
+    assert set(frontier["baselines"]) >= {"all_fastest"}
+    plan = ready_job.wait_plan(rank=ready_job.rank_of(3, 1)).json()
+    assert plan["time_s"] == pytest.approx(times[frontier["chosen_index"]])
+    assert plan["energy_j"] == pytest.approx(energies[frontier["chosen_index"]])
+    # The last stage alternates F, B right away in 1F1B.
+    kinds = [i["instruction"][0] for i in plan["instructions"]]
+    assert "".join(kinds) == "FBFBFBFB".lower()
+    assert [i["microbatch"] for i in plan["instructions"]] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_plan_etag_gives_304_and_policy_makes_a_new_version(ready_job: Job) -> None:
+    r = ready_job.wait_plan(etag='"1"', wait_s=0)
+    assert r.status_code == 304
+    assert r.headers["etag"] == '"1"'
+    put = ready_job.client.put(
+        ready_job.url("/policy"), json={"kind": "min-energy"}, headers=ready_job.auth
+    )
+    assert put.status_code == 200, put.text
+    assert put.json()["version"] == 2
+    r = ready_job.wait_plan(etag='"1"', wait_s=0)
+    assert r.status_code == 200
+    assert r.headers["etag"] == '"2"'
+    frontier = ready_job.client.get(ready_job.url("/frontier"), headers=ready_job.auth).json()
+    assert frontier["chosen_index"] == len(frontier["points"]) - 1
+    assert ready_job.view()["policy"] == {"kind": "min-energy"}
+
+
+def test_long_poll_wakes_on_a_new_version(ready_job: Job) -> None:
+    result: dict[str, Any] = {}
+
+    def poll() -> None:
+        started = time.monotonic()
+        r = ready_job.wait_plan(etag='"1"', wait_s=30)
+        result["status"] = r.status_code
+        result["etag"] = r.headers.get("etag")
+        result["waited_s"] = time.monotonic() - started
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    time.sleep(0.5)
+    ready_job.client.put(
+        ready_job.url("/policy"),
+        json={"kind": "max-slowdown", "factor": 1.1},
+        headers=ready_job.auth,
+    )
+    thread.join(30)
+    assert result["status"] == 200
+    assert result["etag"] == '"2"'
+    assert result["waited_s"] < 20
+
+
+def test_long_poll_times_out_with_304(ready_job: Job) -> None:
+    started = time.monotonic()
+    r = ready_job.wait_plan(etag='"1"', wait_s=0.3)
+    assert r.status_code == 304
+    assert time.monotonic() - started >= 0.25
+
+
+@pytest.mark.parametrize(
+    ("policy", "moves"),
+    [
+        ({"kind": "no-slowdown"}, False),
+        ({"kind": "max-slowdown", "factor": 1.2}, True),
+        ({"kind": "deadline", "seconds": 1000.0}, True),
+        ({"kind": "min-energy"}, True),
+        ({"kind": "zeus-cost", "eta": 0.5}, None),
+    ],
+)
+def test_every_policy_kind(ready_job: Job, policy: dict[str, Any], moves: bool | None) -> None:
+    r = ready_job.client.put(ready_job.url("/policy"), json=policy, headers=ready_job.auth)
+    assert r.status_code == 200, r.text
+    assert r.json()["version"] == 2
+    if moves is not None:
+        assert (r.json()["chosen"]["index"] > 0) is moves
+
+
+def test_infeasible_deadline_is_rejected_and_changes_nothing(ready_job: Job) -> None:
+    before = _snapshot(ready_job)
+    r = ready_job.client.put(
+        ready_job.url("/policy"), json={"kind": "deadline", "seconds": 1e-6}, headers=ready_job.auth
+    )
+    assert r.status_code == 422
+    assert r.json()["error"] == "InfeasibleDeadline"
+    assert _snapshot(ready_job) == before
+
+
+def test_straggler_moves_plans_and_clearing_moves_them_back(ready_job: Job) -> None:
+    c, auth = ready_job.client, ready_job.auth
+    r = c.put(ready_job.url("/straggler"), json={"slowdown": 1.05}, headers=auth)
+    assert r.status_code == 200, r.text
+    slow = r.json()
+    assert slow["version"] == 2
+    assert slow["chosen"]["index"] > 0
+    assert slow["chosen"]["expected_iteration_time_s"] >= slow["chosen"]["time_s"]
+    view = ready_job.view()
+    assert view["straggler"]["slowdown"] == 1.05
+    assert view["straggler"]["automatic"] is False
+    r = c.put(ready_job.url("/straggler"), json={"iteration_time_s": 1e-3}, headers=auth)
+    assert r.json()["chosen"]["index"] == 0  # a "straggler" faster than us changes nothing
+    r = c.delete(ready_job.url("/straggler"), headers=auth)
+    assert r.status_code == 200
+    assert r.json()["version"] == 4
+    assert r.json()["chosen"]["index"] == 0
+    assert ready_job.view()["straggler"] is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{}, {"slowdown": 1.1, "iteration_time_s": 2.0}, {"slowdown": 0.5}, {"iteration_time_s": -1}],
+)
+def test_bad_straggler_is_422(ready_job: Job, body: dict[str, Any]) -> None:
+    r = ready_job.client.put(ready_job.url("/straggler"), json=body, headers=ready_job.auth)
+    assert r.status_code == 422
+
+
+def test_frontier_and_plan_say_not_ready_while_registering(client: TestClient) -> None:
+    job = create_job(client)
+    r = client.get(job.url("/frontier"), headers=job.auth)
+    assert r.status_code == 409
+    assert r.json()["state"] == "registering"
+    assert "not ready" in r.json()["detail"]
+    assert r.headers["retry-after"] == "1"
+    job_rank = client.post(
+        job.url("/ranks"),
+        json={
+            "rank": 0,
+            "stage": 0,
+            "data_parallel_rank": 0,
+            "tensor_parallel_rank": 0,
+            "gpu_name": "x",
+            "supported_clocks_mhz": [1000],
+        },
+        headers=job.auth,
+    )
+    assert job_rank.status_code == 200
+    r = client.get(job.url("/plan"), params={"rank": 0}, headers=job.auth)
+    assert r.status_code == 409
+    r = client.get(job.url("/plan"), params={"rank": 1}, headers=job.auth)
+    assert r.status_code == 409
+    assert "not registered" in r.json()["detail"]
+
+
+def test_policy_set_before_planning_applies_when_ready(
+    client: TestClient, example_rows: ProfileRows
+) -> None:
+    job = create_job(client, policy={"kind": "max-slowdown", "factor": 1.05})
+    r = client.put(job.url("/policy"), json={"kind": "min-energy"}, headers=job.auth)
+    assert r.status_code == 200
+    assert r.json() == {"version": 0, "state": "registering", "chosen": None}
+    job.register_all(clocks_of(example_rows))
+    job.report_all(example_rows)
+    assert job.wait_plan().status_code == 200
+    frontier = client.get(job.url("/frontier"), headers=job.auth).json()
+    assert frontier["chosen_index"] == len(frontier["points"]) - 1
+
+
+def test_plan_compute_with_one_replica_and_recompute(
+    client: TestClient, example_rows: ProfileRows
+) -> None:
+    job = create_job(client)
+    job.register_all(clocks_of(example_rows))
+    r = client.post(job.url("/plan:compute"), headers=job.auth)
+    assert r.status_code == 409
+    assert "lack a profile" in r.json()["detail"]
+    job.report_all(example_rows, replicas=range(1))
+    r = client.post(job.url("/plan:compute"), headers=job.auth)
+    assert r.status_code == 202, r.text
+    assert r.json()["state"] == "planning"
+    assert client.post(job.url("/plan:compute"), headers=job.auth).status_code == 409
+    assert job.wait_plan().headers["etag"] == '"1"'
+    # Recomputing keeps serving the old plan, then moves to a new version.
+    r = client.post(job.url("/plan:compute"), headers=job.auth)
+    assert r.status_code == 202
+    assert job.wait_plan(wait_s=0).headers["etag"] == '"1"'
+    assert job.wait_plan(etag='"1"').headers["etag"] == '"2"'
+    assert job.view()["state"] == "ready"
+
+
+def test_planning_failure_sets_failed_with_the_reason(
+    client: TestClient, example_rows: ProfileRows
+) -> None:
+    job = create_job(client, p_block_w=None)  # and no profile reports one
+    job.register_all(clocks_of(example_rows))
+    job.report_all(example_rows)
+    r = job.wait_plan(wait_s=60)
+    assert r.status_code == 409
+    assert r.json()["state"] == "failed"
+    view = job.view()
+    assert view["state"] == "failed"
+    assert "blocking power" in view["reason"]
+
+
+def test_profile_blocking_power_is_used(client: TestClient, example_rows: ProfileRows) -> None:
+    job = create_job(client, p_block_w=None, data_parallel=1)
+    job.register_all(clocks_of(example_rows))
+    for stage in range(4):
+        r = client.post(
+            job.url("/profiles"),
+            json={"rank": stage, "stage": stage, "rows": example_rows[stage], "p_block_w": 90.0},
+            headers=job.auth,
+        )
+        assert r.status_code == 200
+    assert job.wait_plan().status_code == 200
+
+
+def test_interleaved_plans_carry_chunks(client: TestClient, example_rows: ProfileRows) -> None:
+    job = create_job(
+        client, schedule="interleaved-1f1b", virtual_stages=2, data_parallel=1, microbatches=4
+    )
+    job.register_all(clocks_of(example_rows))
+    job.report_all(example_rows)
+    plan = job.wait_plan().json()
+    assert len(plan["instructions"]) == 2 * 4 * 2
+    assert {i["chunk"] for i in plan["instructions"]} == {0, 1}
+
+
+def test_tensor_parallel_ranks_share_their_stage_plan(
+    client: TestClient, example_rows: ProfileRows
+) -> None:
+    job = create_job(client, data_parallel=1, tensor_parallel=2)
+    job.register_all(clocks_of(example_rows))
+    job.report_all(example_rows)
+    a = job.wait_plan(rank=job.rank_of(2, 0, 0)).json()
+    b = job.wait_plan(rank=job.rank_of(2, 0, 1)).json()
+    assert a == b
+    assert a["stage"] == 2
+
+
+def test_job_list_and_delete(client: TestClient) -> None:
+    a = create_job(client, name="a")
+    b = create_job(client, name="b")
+    listed = client.get("/v1/jobs").json()["jobs"]
+    assert [j["job_id"] for j in listed] == [a.job_id, b.job_id]
+    assert a.job_id != b.job_id
+    assert client.delete(a.url(), headers=a.auth).status_code == 204
+    assert client.get(a.url(), headers=a.auth).status_code == 404
+    assert client.delete(a.url(), headers=a.auth).status_code == 404
+    assert [j["job_id"] for j in client.get("/v1/jobs").json()["jobs"]] == [b.job_id]
+
+
+# ----------------------------------------------------------------------------- telemetry
+
+
+def _report_iterations(
+    job: Job, iterations: range, time_of: Callable[[int], float], version: int | None = None
+) -> None:
+    for it in iterations:
+        for dp in range(job.data_parallel):
+            for stage in range(job.stages):
+                r = job.client.post(
+                    job.url("/iterations"),
+                    json={
+                        "rank": job.rank_of(stage, dp),
+                        "iteration": it,
+                        "time_s": time_of(dp),
+                        "energy_j": 100.0,
+                        "plan_version": version,
+                    },
+                    headers=job.auth,
+                )
+                assert r.status_code == 200, r.text
+
+
+def test_iterations_show_predicted_against_measured(ready_job: Job) -> None:
+    predicted = ready_job.view()["chosen"]["time_s"]
+    _report_iterations(ready_job, range(3), lambda dp: predicted * (1.0 + 0.1 * dp))
+    telemetry = ready_job.view()["telemetry"]
+    assert telemetry["predicted_time_s"] == pytest.approx(predicted)
+    assert telemetry["measured_time_s"] == pytest.approx(predicted * 1.05)
+    assert telemetry["measured_energy_j"] == pytest.approx(400.0)
+    assert [r["data_parallel_rank"] for r in telemetry["replicas"]] == [0, 1]
+    assert ready_job.view()["counts"]["iterations_reported"] == 24
+    assert ready_job.view()["version"] == 1  # auto_straggler is off
+
+
+def test_auto_straggler_switches_the_others_and_recovers(
+    client: TestClient, example_rows: ProfileRows
+) -> None:
+    job = create_job(client, data_parallel=3, auto_straggler=True, straggler_window=2)
+    job.register_all(clocks_of(example_rows))
+    job.report_all(example_rows)
+    assert job.wait_plan().status_code == 200
+    predicted = job.view()["chosen"]["time_s"]
+    _report_iterations(job, range(2), lambda dp: predicted * (1.2 if dp == 2 else 1.0), 1)
+    deadline = time.monotonic() + 10
+    view = job.view()
+    it = 2
+    while view["version"] == 1 and time.monotonic() < deadline:
+        time.sleep(0.3)  # detection runs at most once a second per job
+        _report_iterations(
+            job, range(it, it + 1), lambda dp: predicted * (1.2 if dp == 2 else 1.0), 1
+        )
+        it += 1
+        view = job.view()
+    assert view["version"] == 2
+    assert view["straggler"]["automatic"] is True
+    assert view["straggler"]["data_parallel_ranks"] == [2]
+    assert view["straggler"]["slowdown"] == pytest.approx(1.2, rel=1e-6)
+    fast = job.wait_plan(rank=job.rank_of(0, 0), wait_s=0).json()
+    slow = job.wait_plan(rank=job.rank_of(0, 2), wait_s=0).json()
+    assert fast["version"] == slow["version"] == 2
+    assert fast["time_s"] > slow["time_s"]  # the others slow down; the straggler does not
+    # The straggler recovers: every replica on time for its own plan.
+    slow_plan_s = fast["time_s"]
+    deadline = time.monotonic() + 10
+    while view["version"] == 2 and time.monotonic() < deadline:
+        time.sleep(0.3)
+        _report_iterations(
+            job, range(it, it + 1), lambda dp: predicted if dp == 2 else slow_plan_s, 2
+        )
+        it += 1
+        view = job.view()
+    assert view["version"] == 3
+    assert view["straggler"] is None
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_unknown_job_is_404_not_a_traceback(client: TestClient) -> None:
+    for path in ("/v1/jobs/0123456789abcdef0123456789abcdef", "/v1/jobs/nope", "/v1/jobs/%00"):
+        r = client.get(path, headers={"Authorization": "Bearer x"})
+        assert r.status_code == 404
+        assert r.json()["error"] == "JobNotFound"
+        assert "Traceback" not in r.text
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"stages": 0}, "stages"),
+        ({"stages": 2000}, "stages"),
+        ({"schedule": "zigzag"}, "schedule"),
+        ({"microbatches": -1}, "microbatches"),
+        ({"p_block_w": -5}, "p_block_w"),
+        ({"policy": {"kind": "deadline"}}, "policy"),
+        ({"policy": {"kind": "max-slowdown", "factor": 0.5}}, "policy"),
+        ({"unknown_field": 1}, "unknown_field"),
+        ({"name": "a" * 201}, "name"),
+        ({"name": "a\x00b"}, "name"),
+    ],
+)
+def test_bad_job_specs_name_the_field(
+    client: TestClient, change: dict[str, Any], field: str
+) -> None:
+    body = {
+        "schedule": "1f1b",
+        "stages": 4,
+        "microbatches": 4,
+        "data_parallel": 1,
+        "tensor_parallel": 1,
+    }
+    body.update(change)
+    r = client.post("/v1/jobs", json=body)
+    assert r.status_code == 422, r.text
+    assert any(field in err["loc"] for err in r.json()["detail"])
+    assert client.get("/v1/jobs").json()["jobs"] == []
+
+
+def test_too_many_instructions_or_ranks_is_422(client: TestClient) -> None:
+    body = {
+        "schedule": "1f1b",
+        "stages": 1024,
+        "microbatches": 100_000,
+        "data_parallel": 1,
+        "tensor_parallel": 1,
+    }
+    assert client.post("/v1/jobs", json=body).status_code == 422
+    body = {
+        "schedule": "1f1b",
+        "stages": 8,
+        "microbatches": 8,
+        "data_parallel": 100_000,
+        "tensor_parallel": 8,
+    }
+    assert client.post("/v1/jobs", json=body).status_code == 422
+    body = {
+        "schedule": "1f1b",
+        "stages": 8,
+        "microbatches": 8,
+        "virtual_stages": 2,
+        "data_parallel": 1,
+        "tensor_parallel": 1,
+    }
+    assert client.post("/v1/jobs", json=body).status_code == 422
+
+
+def _rank(rank: int = 0, **change: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "rank": rank,
+        "stage": 0,
+        "data_parallel_rank": 0,
+        "tensor_parallel_rank": 0,
+        "gpu_name": "NVIDIA H200",
+        "supported_clocks_mhz": [1980, 1000],
+    }
+    body.update(change)
+    return body
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        (_rank(stage=4), ["body", "stage"]),
+        (_rank(rank=8), ["body", "rank"]),
+        (_rank(data_parallel_rank=2), ["body", "data_parallel_rank"]),
+        (_rank(tensor_parallel_rank=1), ["body", "tensor_parallel_rank"]),
+        (_rank(supported_clocks_mhz=[0]), ["body", "supported_clocks_mhz", 0]),
+        (_rank(supported_clocks_mhz=[]), ["body", "supported_clocks_mhz"]),
+        (_rank(supported_clocks_mhz=list(range(1, 1100))), ["body", "supported_clocks_mhz"]),
+        (_rank(gpu_name=""), ["body", "gpu_name"]),
+    ],
+)
+def test_bad_rank_registrations_name_the_field(
+    client: TestClient, body: dict[str, Any], loc: list[Any]
+) -> None:
+    job = create_job(client)
+    before = _snapshot(job)
+    r = client.post(job.url("/ranks"), json=body, headers=job.auth)
+    assert r.status_code == 422, r.text
+    assert loc in [err["loc"] for err in r.json()["detail"]]
+    assert _snapshot(job) == before
+
+
+def test_rank_conflicts_are_409_and_reregistering_is_fine(client: TestClient) -> None:
+    job = create_job(client)
+    assert client.post(job.url("/ranks"), json=_rank(0), headers=job.auth).status_code == 200
+    again = client.post(job.url("/ranks"), json=_rank(0, gpu_name="other"), headers=job.auth)
+    assert again.status_code == 200
+    assert again.json()["ranks_registered"] == 1
+    taken = client.post(job.url("/ranks"), json=_rank(1), headers=job.auth)
+    assert taken.status_code == 409
+    moved = client.post(job.url("/ranks"), json=_rank(0, stage=1), headers=job.auth)
+    assert moved.status_code == 409
+    assert job.view()["counts"]["ranks_registered"] == 1
+
+
+def _profile_rows(**change: Any) -> list[dict[str, Any]]:
+    rows = [
+        {"instruction": "forward", "frequency_mhz": 1980, "time_s": 0.01, "energy_j": 5.0},
+        {"instruction": "backward", "frequency_mhz": 1980, "time_s": 0.02, "energy_j": 10.0},
+        {"instruction": "forward", "frequency_mhz": 1000, "time_s": 0.015, "energy_j": 4.0},
+        {"instruction": "backward", "frequency_mhz": 1000, "time_s": 0.03, "energy_j": 8.0},
+    ]
+    rows[1] = {**rows[1], **change}
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "loc"),
+    [
+        (
+            {"rank": 0, "stage": 0, "rows": _profile_rows(instruction="sideways")},
+            422,
+            ["body", "rows", 1, "instruction"],
+        ),
+        (
+            {"rank": 0, "stage": 0, "rows": _profile_rows(time_s=0)},
+            422,
+            ["body", "rows", 1, "time_s"],
+        ),
+        (
+            {"rank": 0, "stage": 0, "rows": _profile_rows(energy_j=-1.0)},
+            422,
+            ["body", "rows", 1, "energy_j"],
+        ),
+        (
+            {"rank": 0, "stage": 0, "rows": _profile_rows(frequency_mhz=1500)},
+            422,
+            ["body", "rows", 1, "frequency_mhz"],
+        ),
+        ({"rank": 0, "stage": 1, "rows": _profile_rows()}, 422, ["body", "stage"]),
+        ({"rank": 0, "stage": 0, "rows": _profile_rows()[:1]}, 422, ["body", "rows"]),
+        (
+            {
+                "rank": 0,
+                "stage": 0,
+                "rows": _profile_rows(frequency_mhz=1000, instruction="forward"),
+            },
+            422,
+            None,
+        ),
+        ({"rank": 0, "stage": 0, "rows": _profile_rows()[::2]}, 422, None),
+        ({"rank": 5, "stage": 1, "rows": _profile_rows()}, 409, None),
+    ],
+)
+def test_bad_profiles_are_rejected_and_change_nothing(
+    client: TestClient, body: dict[str, Any], status: int, loc: list[Any] | None
+) -> None:
+    job = create_job(client)
+    assert client.post(job.url("/ranks"), json=_rank(0), headers=job.auth).status_code == 200
+    before = _snapshot(job)
+    r = client.post(job.url("/profiles"), json=body, headers=job.auth)
+    assert r.status_code == status, r.text
+    if loc is not None:
+        assert loc in [err["loc"] for err in r.json()["detail"]]
+    assert _snapshot(job) == before
+
+
+def test_non_finite_numbers_are_422(client: TestClient) -> None:
+    job = create_job(client)
+    client.post(job.url("/ranks"), json=_rank(0), headers=job.auth)
+    raw = (
+        '{"rank": 0, "stage": 0, "rows": ['
+        '{"instruction": "forward", "frequency_mhz": 1980, "time_s": NaN, "energy_j": 1},'
+        '{"instruction": "backward", "frequency_mhz": 1980, "time_s": Infinity, "energy_j": 1}]}'
+    )
+    r = client.post(
+        job.url("/profiles"), content=raw, headers={**job.auth, "Content-Type": "application/json"}
+    )
+    assert r.status_code == 422
+    locs = [err["loc"] for err in r.json()["detail"]]
+    assert ["body", "rows", 0, "time_s"] in locs
+    assert ["body", "rows", 1, "time_s"] in locs
+
+
+def test_too_many_rows_is_422(client: TestClient) -> None:
+    job = create_job(client)
+    client.post(job.url("/ranks"), json=_rank(0), headers=job.auth)
+    rows = _profile_rows() * 2501
+    r = client.post(
+        job.url("/profiles"), json={"rank": 0, "stage": 0, "rows": rows}, headers=job.auth
+    )
+    assert r.status_code == 422
+
+
+def test_body_over_the_cap_is_413(
+    settings: Settings, make_client: Callable[[Settings], TestClient]
+) -> None:
+    client = make_client(settings.model_copy(update={"max_body_bytes": 4096}))
+    job = create_job(client)
+    big = {"rank": 0, "stage": 0, "rows": _profile_rows() * 40}
+    r = client.post(job.url("/profiles"), json=big, headers=job.auth)
+    assert r.status_code == 413
+    chunked = client.post(
+        job.url("/profiles"),
+        content=iter([b'{"rank": 0, ', b" " * 5000, b"}"]),
+        headers={**job.auth, "Content-Type": "application/json"},
+    )
+    assert chunked.status_code == 413
+    assert client.get("/healthz").status_code == 200
+
+
+def test_invalid_json_is_422(client: TestClient) -> None:
+    r = client.post("/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 422
+
+
+def test_bad_plan_query_is_422(ready_job: Job) -> None:
+    for params in ({"rank": -1}, {"rank": 0, "wait_s": -1}, {}, {"rank": 0, "wait_s": "inf"}):
+        r = ready_job.client.get(ready_job.url("/plan"), params=params, headers=ready_job.auth)
+        assert r.status_code == 422, params
+
+
+# ----------------------------------------------------------------------------- auth
+
+
+def test_job_token_is_required_and_scoped(client: TestClient) -> None:
+    a = create_job(client)
+    b = create_job(client)
+    assert client.get(a.url()).status_code == 401
+    assert client.get(a.url()).headers["www-authenticate"] == "Bearer"
+    assert client.get(a.url(), headers=b.auth).status_code == 403
+    assert client.get(a.url(), headers={"Authorization": "Bearer nonsense"}).status_code == 403
+    assert client.get(a.url(), headers={"Authorization": "Basic abc"}).status_code == 401
+    assert client.get(a.url(), headers=a.auth).status_code == 200
+    assert client.delete(a.url(), headers=b.auth).status_code == 403
+    for method, suffix in (("post", "/ranks"), ("put", "/policy"), ("get", "/plan?rank=0")):
+        r = client.request(method, a.url(suffix), headers=b.auth, json={})
+        assert r.status_code == 403, (method, suffix)
+
+
+def test_admin_token_guards_create_list_delete(
+    settings: Settings, make_client: Callable[[Settings], TestClient]
+) -> None:
+    client = make_client(settings.model_copy(update={"admin_token": SecretStr("s3cret")}))
+    admin = {"Authorization": "Bearer s3cret"}
+    body = {
+        "schedule": "1f1b",
+        "stages": 2,
+        "microbatches": 2,
+        "data_parallel": 1,
+        "tensor_parallel": 1,
+    }
+    assert client.post("/v1/jobs", json=body).status_code == 401
+    assert (
+        client.post("/v1/jobs", json=body, headers={"Authorization": "Bearer no"}).status_code
+        == 403
+    )
+    job = create_job(client, headers=admin, stages=2, microbatches=2, data_parallel=1)
+    assert client.get("/v1/jobs").status_code == 401
+    assert client.get("/v1/jobs", headers=job.auth).status_code == 403
+    assert len(client.get("/v1/jobs", headers=admin).json()["jobs"]) == 1
+    assert client.get(job.url(), headers=admin).status_code == 200  # admin may read any job
+    assert client.delete(job.url(), headers=job.auth).status_code == 403
+    assert client.delete(job.url(), headers=admin).status_code == 204
+
+
+def test_tokens_are_stored_hashed(client: TestClient, sqlite_url: str) -> None:
+    job = create_job(client)
+    path = sqlite_url.removeprefix("sqlite:///")
+    with open(path, "rb") as f:
+        assert job.token.encode() not in f.read()
+
+
+# ----------------------------------------------------------------------------- server
+
+
+def test_healthz_docs_openapi(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/docs").status_code == 200
+    spec = client.get("/openapi.json").json()
+    assert "/v1/jobs/{job_id}/plan" in spec["paths"]
+    assert "/v1/jobs/{job_id}/plan:compute" in spec["paths"]
+
+
+def test_metrics_count_requests_jobs_and_planning(ready_job: Job) -> None:
+    text = ready_job.client.get("/metrics").text
+    assert (
+        'perseus_http_requests_total{method="POST",route="/v1/jobs/{job_id}/ranks",status="200"} 8'
+        in text
+    )
+    assert 'perseus_jobs{state="ready"} 1' in text
+    assert 'perseus_planning_seconds_count{outcome="ok"} 1' in text
+    assert "perseus_http_request_duration_seconds_bucket" in text
