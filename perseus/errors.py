@@ -7,6 +7,7 @@
     ├── ScheduleError           a schedule cannot be built (bad sizes, unknown name, cyclic DAG)
     ├── PlanError               a plan does not fit its schedule or profile
     ├── InfeasibleDeadline      no plan meets the requested iteration time
+    ├── SolverTimeout           an exact solve ran out of its time
     ├── PolicyError             a policy name or parameter is invalid
     ├── GpuControlError         reading or setting GPU clocks failed
     │   ├── NvmlPermissionError     the process may not change clocks
@@ -33,6 +34,7 @@ __all__ = [
     "PolicyError",
     "ProfileError",
     "ScheduleError",
+    "SolverTimeout",
 ]
 
 
@@ -57,6 +59,10 @@ class PlanError(PerseusError):
 
 class InfeasibleDeadline(PerseusError):
     """No plan meets the requested iteration time."""
+
+
+class SolverTimeout(PerseusError):
+    """An exact (MILP) solve did not finish within its time limit."""
 
 
 class PolicyError(PerseusError):

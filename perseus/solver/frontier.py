@@ -23,12 +23,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from time import monotonic
 from typing import Any, TextIO
 
 import numpy as np
 import numpy.typing as npt
 
-from perseus.errors import InfeasibleDeadline, PerseusError, PlanError, ProfileError
+from perseus.errors import (
+    InfeasibleDeadline,
+    PerseusError,
+    PlanError,
+    ProfileError,
+    SolverTimeout,
+)
 from perseus.solver.costs import CostTable, build_costs
 from perseus.solver.dag import PipelineDag, build_dag
 from perseus.solver.profiles import Profile
@@ -56,6 +63,7 @@ _CHUNK = 1024
 # Problems with at most this many (instruction, option) pairs are solved exactly even in fast
 # mode: their MILPs take milliseconds, and rounding is weakest on them (few options, no averaging).
 _EXACT_UP_TO = 128
+_EXACT_SECONDS = 2.0  # ... unless their MILPs together take longer than this
 _BASELINE_KEYS = ("all_fastest", "global_clock", "per_stage_clock")
 
 
@@ -210,7 +218,8 @@ def compute_frontier(
         p_block_w: Blocking power in watts; defaults to ``profile.p_block_w``.
         resolution_s: Spacing of the deadline grid (at most 1 ms is allowed).
         exact: Solve an MILP per frontier point instead of the fast relaxation-and-rounding.
-            Small problems (at most 128 instruction-option pairs) are always solved exactly.
+            Small problems (at most 128 instruction-option pairs) are solved exactly anyway
+            when their MILPs finish within 2 s together.
         progress: Called as ``progress(done, total)`` while working.
 
     Returns:
@@ -232,10 +241,15 @@ def compute_frontier(
     costs = build_costs(profile, schedule, power)
     planner = _Planner(dag, costs)
     report = progress or (lambda done, total: None)
-    if exact or int((planner.last + 1).sum()) <= _EXACT_UP_TO:
-        times, energies, gaps, choices = planner.exact(resolution_s, report)
+    if exact:
+        times, energies, gaps, choices = planner.exact(resolution_s, report, None)
     else:
-        times, energies, gaps, choices = planner.fast(resolution_s, report)
+        try:
+            if int((planner.last + 1).sum()) > _EXACT_UP_TO:
+                raise SolverTimeout("too large for the exact mode")
+            times, energies, gaps, choices = planner.exact(resolution_s, report, _EXACT_SECONDS)
+        except SolverTimeout:
+            times, energies, gaps, choices = planner.fast(resolution_s, report)
     freqs = costs.frequency_mhz[planner.flat(choices)].astype(np.uint16)
     return Frontier(
         schedule=schedule,
@@ -450,8 +464,14 @@ class _Planner:
         return [*knots, free]
 
     def exact(
-        self, resolution_s: float, progress: Progress
+        self, resolution_s: float, progress: Progress, time_limit_s: float | None
     ) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
+        """One MILP per frontier point, deadlines swept downwards.
+
+        Raises:
+            SolverTimeout: All solves together took longer than ``time_limit_s``.
+        """
+        started = monotonic()
         n = self.dag.size
         program = ExactProgram(self.dag, self.costs)
         t_fast = float(self.dag.iteration_time(self.durations(np.zeros((n, 1), dtype=np.int64)))[0])
@@ -461,7 +481,10 @@ class _Planner:
         plans: list[tuple[float, float, float, IntArray]] = []
         g = len(grid) - 1
         while g >= 0:
-            solution = program.solve(float(grid[g]))
+            left = None if time_limit_s is None else time_limit_s - (monotonic() - started)
+            if left is not None and left <= 0:
+                raise SolverTimeout("the exact frontier ran out of time")
+            solution = program.solve(float(grid[g]), left)
             choice = solution.choice[:, None]
             time, energy = self.evaluate(choice)
             plans.append((float(time[0]), float(energy[0]), solution.bound_j, solution.choice))

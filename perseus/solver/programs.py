@@ -29,7 +29,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.optimize._highspy import _core as highspy
 from scipy.sparse import coo_matrix, csr_matrix
 
-from perseus.errors import InfeasibleDeadline, PerseusError
+from perseus.errors import InfeasibleDeadline, PerseusError, SolverTimeout
 from perseus.solver.costs import CostTable
 from perseus.solver.dag import PipelineDag
 
@@ -338,11 +338,12 @@ class ExactProgram:
         self._option_local = np.asarray(option_local, dtype=np.int64)
         self._width = width
 
-    def solve(self, deadline_s: float) -> ExactSolution:
+    def solve(self, deadline_s: float, time_limit_s: float | None = None) -> ExactSolution:
         """Least-energy plan with iteration time <= ``deadline_s``.
 
         Raises:
             InfeasibleDeadline: No plan meets the deadline.
+            SolverTimeout: Optimality was not proven within ``time_limit_s``.
         """
         n = self._n
         upper = np.concatenate([np.full(n + 1, np.inf), np.ones(self._width - n - 1)])
@@ -352,8 +353,11 @@ class ExactProgram:
             integrality=self._integrality,
             bounds=Bounds(np.zeros(self._width), upper),
             constraints=self._constraints,
-            options={"mip_rel_gap": 1e-12},
+            options={"mip_rel_gap": 1e-10}
+            | ({} if time_limit_s is None else {"time_limit": max(time_limit_s, 1e-3)}),
         )
+        if result.status == 1:
+            raise SolverTimeout(f"the MILP at {deadline_s} s ran out of time")
         if result.status == 2 or result.x is None:
             raise InfeasibleDeadline(f"no plan finishes within {deadline_s} s")
         if result.status != 0:
