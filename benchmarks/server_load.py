@@ -583,6 +583,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.seconds,
                 rate,
             )
+        except BaseException:
+            print(f"server log:\n{(Path(tmp) / 'log').read_text()[-3000:]}", file=sys.stderr)
+            raise
         finally:
             server.send_signal(signal.SIGTERM)
             try:

@@ -25,6 +25,7 @@ from perseus.errors import (
     PerseusError,
     PlanError,
     PolicyError,
+    SolverTimeout,
     ProfileError,
     ScheduleError,
 )
@@ -82,6 +83,7 @@ _STATUS: tuple[tuple[type[PerseusError], int], ...] = (
     (ScheduleError, 422),
     (PolicyError, 422),
     (InfeasibleDeadline, 422),
+    (SolverTimeout, 503),
 )
 
 
