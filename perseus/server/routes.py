@@ -25,9 +25,9 @@ from perseus.errors import (
     PerseusError,
     PlanError,
     PolicyError,
-    SolverTimeout,
     ProfileError,
     ScheduleError,
+    SolverTimeout,
 )
 from perseus.schemas import (
     FRONTIER_PATH,
