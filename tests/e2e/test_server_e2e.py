@@ -8,7 +8,6 @@ the plan versions as the policy and a straggler change.
 from __future__ import annotations
 
 import asyncio
-import csv
 import os
 import random
 from collections.abc import Callable
@@ -17,6 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from perseus.solver import load_profile, profile_to_json
 
 from .conftest import SHARED, LiveServer
 
@@ -29,16 +30,8 @@ MICROBATCHES = 12
 
 def _stage_rows(path: Path) -> dict[int, list[dict[str, Any]]]:
     rows: dict[int, list[dict[str, Any]]] = {}
-    with path.open(newline="") as f:
-        for r in csv.DictReader(f):
-            rows.setdefault(int(r["stage"]), []).append(
-                {
-                    "instruction": r["instruction"],
-                    "frequency_mhz": int(r["frequency"]),
-                    "time_s": float(r["time"]),
-                    "energy_j": float(r["energy"]),
-                }
-            )
+    for row in profile_to_json(load_profile(path))["rows"]:
+        rows.setdefault(row.pop("stage"), []).append(row)
     return rows
 
 
