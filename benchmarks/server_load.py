@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import gc
 import multiprocessing
 import os
@@ -256,31 +255,19 @@ def run_phase(spec: PhaseSpec) -> tuple[float, float, list[tuple[str, float]]]:
 
 def load_rows() -> tuple[dict[int, list[dict[str, Any]]], float, str]:
     """stage -> wire profile rows, blocking power, where they came from."""
-    rows: dict[int, list[dict[str, Any]]] = {}
-    if SHARED_PROFILE.is_file():
-        with SHARED_PROFILE.open(newline="") as f:
-            for r in csv.DictReader(f):
-                rows.setdefault(int(r["stage"]), []).append(
-                    {
-                        "instruction": r["instruction"],
-                        "frequency_mhz": int(r["frequency"]),
-                        "time_s": float(r["time"]),
-                        "energy_j": float(r["energy"]),
-                    }
-                )
-        return rows, SHARED_P_BLOCK_W, "bloom+a100 (shared)"
+    from perseus.solver import load_profile, profile_from_rows, profile_to_json
     from perseus.solver.synthetic import EXAMPLE_P_BLOCK_W, synthetic_profile
 
-    for stage, instruction, frequency, time_s, energy_j in synthetic_profile(STAGES, seed=SEED):
-        rows.setdefault(int(stage), []).append(
-            {
-                "instruction": instruction,
-                "frequency_mhz": int(frequency),
-                "time_s": float(time_s),
-                "energy_j": float(energy_j),
-            }
-        )
-    return rows, EXAMPLE_P_BLOCK_W, "synthetic H200"
+    if SHARED_PROFILE.is_file():
+        profile = load_profile(SHARED_PROFILE)
+        p_block_w, source = SHARED_P_BLOCK_W, "bloom+a100 (shared)"
+    else:
+        profile = profile_from_rows(synthetic_profile(STAGES, seed=SEED))
+        p_block_w, source = EXAMPLE_P_BLOCK_W, "synthetic H200"
+    rows: dict[int, list[dict[str, Any]]] = {}
+    for row in profile_to_json(profile)["rows"]:
+        rows.setdefault(row.pop("stage"), []).append(row)
+    return rows, p_block_w, source
 
 
 def free_port() -> int:

@@ -136,7 +136,6 @@ class Relaxation:
     def __init__(self, dag: PipelineDag, costs: CostTable) -> None:
         n = dag.size
         self._n = n
-        self._dag = dag
         segment_node: list[int] = []
         slopes: list[float] = []
         lengths: list[float] = []

@@ -6,7 +6,6 @@ Store tests run on SQLite always and on PostgreSQL when ``PERSEUS_TEST_POSTGRES_
 
 from __future__ import annotations
 
-import csv
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from fastapi.testclient import TestClient
 from perseus.server.app import create_app
 from perseus.server.settings import Settings
 from perseus.server.store import Store
+from perseus.solver import load_profile, profile_to_json
 
 SHARED = Path(__file__).parents[2] / ".." / "shared"
 REAL_PROFILE = SHARED / "data" / "profiles" / "bloom+a100_sxm_bf16.csv"
@@ -32,16 +32,8 @@ ProfileRows = dict[int, list[dict[str, Any]]]
 def read_profile_rows(path: Path) -> ProfileRows:
     """Zeus CSV -> stage -> wire rows ``{instruction, frequency_mhz, time_s, energy_j}``."""
     rows: ProfileRows = {}
-    with path.open(newline="") as f:
-        for r in csv.DictReader(f):
-            rows.setdefault(int(r["stage"]), []).append(
-                {
-                    "instruction": r["instruction"],
-                    "frequency_mhz": int(r["frequency"]),
-                    "time_s": float(r["time"]),
-                    "energy_j": float(r["energy"]),
-                }
-            )
+    for row in profile_to_json(load_profile(path))["rows"]:
+        rows.setdefault(row.pop("stage"), []).append(row)
     return rows
 
 

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from perseus.errors import InfeasibleDeadline, PolicyError
 from perseus.solver import POLICY_KINDS, Policy, choose_point, compute_frontier, straggler_point
 
-from . import reference as ref
 from .cases import RTOL, Case, cases, examples, frequencies, rel
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
