@@ -45,6 +45,7 @@ __all__ = ["PLAN_FORMAT", "main"]
 PLAN_FORMAT = "perseus.plan/1"
 EXIT_ERROR = 2
 DEMO_MICROBATCHES = 8
+DEFAULT_POLISH_S = 10.0  # seconds the no-slowdown plan may be improved by a branch and bound
 _BASELINE_LABELS = {
     "all_fastest": "all-fastest (default)",
     "global_clock": "global clock",
@@ -191,6 +192,14 @@ def _add_planning_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exact", action="store_true", help="solve every deadline exactly (MILP; small cases)"
     )
+    parser.add_argument(
+        "--polish",
+        metavar="SECONDS",
+        type=_nonnegative_float,
+        default=DEFAULT_POLISH_S,
+        help="time to spend improving the no-slowdown plan with a branch and bound "
+        f"(default {DEFAULT_POLISH_S:g}; 0: off; it stops early once the plan is optimal)",
+    )
 
 
 def _no_command(_args: argparse.Namespace) -> int:
@@ -215,6 +224,16 @@ def _integer_at_least(minimum: int) -> Callable[[str], int]:
 
 _positive_int = _integer_at_least(1)
 _index = _integer_at_least(0)
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
 
 
 def _positive_float(text: str) -> float:
@@ -247,6 +266,7 @@ class _PlanRequest:
     policy: Policy
     resolution_s: float
     exact: bool
+    polish_s: float = 0.0
     straggler_s: float | None = None
     output: str | None = None
     plan_output: str | None = None
@@ -264,6 +284,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         policy=args.policy,
         resolution_s=args.resolution,
         exact=args.exact,
+        polish_s=args.polish,
         straggler_s=args.straggler,
         output=args.output,
         plan_output=args.plan_output,
@@ -288,6 +309,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             policy=Policy.parse("no-slowdown"),
             resolution_s=1e-3,
             exact=False,
+            polish_s=DEFAULT_POLISH_S,
             output=str(outdir / "frontier.json"),
             plot=str(outdir / "frontier.png"),
             timeline=str(outdir / "timeline.png"),
@@ -318,6 +340,7 @@ def _plan(request: _PlanRequest, out: TextIO) -> int:
             p_block_w=p_block_w,
             resolution_s=request.resolution_s,
             exact=request.exact,
+            polish_s=request.polish_s,
             progress=bar,
         )
     finally:

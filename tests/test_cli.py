@@ -176,6 +176,7 @@ def _csv(tmp_path: Path, example: Path, edit: tuple[int, str, str] | None = None
         (None, ["--p-block", "-5"], ["--p-block"]),
         (None, ["--schedule", "zigzag"], ["--schedule"]),
         (None, ["--resolution", "inf"], ["--resolution"]),
+        (None, ["--polish", "-1"], ["--polish"]),
         (None, ["--schedule", "interleaved-1f1b", "--microbatches", "6"], ["multiple"]),
         (None, ["--schedule", "gpipe", "--virtual-stages", "2"], ["virtual"]),
         (None, ["--policy", "deadline:0.001"], ["--policy deadline:0.001", "fastest"]),

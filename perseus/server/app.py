@@ -76,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             metrics,
             workers=settings.planning_workers,
             lease_s=settings.planning_lease_s,
+            polish_s=settings.polish_s,
             warm=settings.warm_planner,
         )
         telemetry = TelemetryBuffer(service, heads, settings.telemetry_flush_s)

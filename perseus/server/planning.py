@@ -95,6 +95,7 @@ class PlanningInput:
     p_block_w: float | None
     resolution_s: float | None
     profiles: tuple[StoredProfile, ...]
+    polish_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -201,12 +202,13 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
     p_block_w = stage_p_block_w(inp.p_block_w, profiles, inp.tensor_parallel)
     profile = profile_from_rows(rows, source=f"job {inp.job_id}", p_block_w=p_block_w)
     schedule = make_schedule(inp.schedule, inp.stages, inp.microbatches, inp.virtual_stages)
-    if inp.resolution_s is None:
-        frontier = compute_frontier(profile, schedule, p_block_w=p_block_w)
-    else:
-        frontier = compute_frontier(
-            profile, schedule, p_block_w=p_block_w, resolution_s=inp.resolution_s
-        )
+    frontier = compute_frontier(
+        profile,
+        schedule,
+        p_block_w=p_block_w,
+        resolution_s=1e-3 if inp.resolution_s is None else inp.resolution_s,
+        polish_s=inp.polish_s,
+    )
     return PlanningResult(json.dumps(frontier.to_json(), separators=(",", ":")), frontier)
 
 

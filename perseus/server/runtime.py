@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import multiprocessing
 import time
@@ -177,6 +178,7 @@ class PlanningRunner:
         workers: worker processes.
         lease_s: a job whose planning heartbeat is older than this is taken over.
         warm: start a worker process (and import the solver) right away.
+        polish_s: seconds each frontier may spend improving its no-slowdown point.
     """
 
     def __init__(
@@ -188,12 +190,14 @@ class PlanningRunner:
         workers: int,
         lease_s: float,
         warm: bool,
+        polish_s: float = 0.0,
     ) -> None:
         self._service = service
         self._heads = heads
         self._metrics = metrics
         self._workers = workers
         self._lease_s = lease_s
+        self._polish_s = polish_s
         self._executor = self._new_executor()
         self._tasks: set[asyncio.Task[None]] = set()
         self._computing: set[str] = set()
@@ -240,6 +244,7 @@ class PlanningRunner:
         loop = asyncio.get_running_loop()
         try:
             planning = await run_in_threadpool(self._service.planning_input, job_id)
+            planning = dataclasses.replace(planning, polish_s=self._polish_s)
             result = await loop.run_in_executor(self._executor, plan_frontier, planning)
             planning_s = time.perf_counter() - started_s
             row = await run_in_threadpool(

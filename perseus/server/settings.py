@@ -36,6 +36,13 @@ class Settings(BaseSettings):
         description="A planning job whose server stops sending heartbeats for this long "
         "is taken over by another server (or by the same one after a restart).",
     )
+    polish_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        description="Seconds a frontier computation may spend improving the no-slowdown "
+        "point with a branch and bound (0: off).",
+    )
     warm_planner: bool = Field(
         default=True, description="Start a planning process at startup, not at the first job."
     )

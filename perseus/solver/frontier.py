@@ -20,10 +20,10 @@ The exact mode replaces 1-2 with one MILP per frontier point, sweeping deadlines
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from time import monotonic
 from typing import Any, TextIO
 
 import numpy as np
@@ -39,7 +39,7 @@ from perseus.errors import (
 from perseus.solver.costs import CostTable, build_costs
 from perseus.solver.dag import PipelineDag, build_dag
 from perseus.solver.profiles import Profile
-from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution
+from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution, _hull
 from perseus.solver.schedules import BACKWARD, FORWARD, Schedule, make_schedule
 
 __all__ = [
@@ -63,7 +63,11 @@ _CHUNK = 1024
 # Problems with at most this many (instruction, option) pairs are solved exactly even in fast
 # mode: their MILPs take milliseconds, and rounding is weakest on them (few options, no averaging).
 _EXACT_UP_TO = 128
-_EXACT_SECONDS = 2.0  # ... unless their MILPs together take longer than this
+# ... unless their MILPs together need more work than this, counted in branch-and-bound nodes
+# plus a fixed charge per solve (its root: presolve, cuts): a budget that, unlike a time limit,
+# decides the same way on a busy machine as on an idle one. About 3 s on an idle core.
+_EXACT_WORK = 2_000
+_SOLVE_CHARGE = 20
 _BASELINE_KEYS = ("all_fastest", "global_clock", "per_stage_clock")
 
 
@@ -208,6 +212,7 @@ def compute_frontier(
     p_block_w: float | None = None,
     resolution_s: float = 1e-3,
     exact: bool = False,
+    polish_s: float = 0.0,
     progress: Progress | None = None,
 ) -> Frontier:
     """Compute the time-energy frontier of ``schedule`` on ``profile``.
@@ -219,7 +224,12 @@ def compute_frontier(
         resolution_s: Spacing of the deadline grid (at most 1 ms is allowed).
         exact: Solve an MILP per frontier point instead of the fast relaxation-and-rounding.
             Small problems (at most 128 instruction-option pairs) are solved exactly anyway
-            when their MILPs finish within 2 s together.
+            when their MILPs need little work (a fixed budget of branch-and-bound nodes).
+        polish_s: Fast mode: spend up to this many seconds improving the no-slowdown point
+            (the least energy at the all-fastest iteration time) with a branch and bound
+            over the measured clocks on each instruction's convex hull, started from the
+            rounded plan, so it never gets worse. Worth it where the profile's energies are
+            far from convex; the result then depends on the machine's speed.
         progress: Called as ``progress(done, total)`` while working.
 
     Returns:
@@ -237,6 +247,8 @@ def compute_frontier(
         raise ProfileError(f"{profile.source}: p_block_w: must be a finite number >= 0")
     if not (math.isfinite(resolution_s) and 0 < resolution_s <= 1e-3):
         raise PlanError(f"resolution: must be in (0, 0.001] seconds, got {resolution_s}")
+    if not (math.isfinite(polish_s) and polish_s >= 0):
+        raise PlanError(f"polish: must be a number of seconds >= 0, got {polish_s}")
     dag = build_dag(schedule)
     costs = build_costs(profile, schedule, power)
     planner = _Planner(dag, costs)
@@ -247,9 +259,9 @@ def compute_frontier(
         try:
             if int((planner.last + 1).sum()) > _EXACT_UP_TO:
                 raise SolverTimeout("too large for the exact mode")
-            times, energies, gaps, choices = planner.exact(resolution_s, report, _EXACT_SECONDS)
+            times, energies, gaps, choices = planner.exact(resolution_s, report, _EXACT_WORK)
         except SolverTimeout:
-            times, energies, gaps, choices = planner.fast(resolution_s, report)
+            times, energies, gaps, choices = planner.fast(resolution_s, report, polish_s)
     freqs = costs.frequency_mhz[planner.flat(choices)].astype(np.uint16)
     return Frontier(
         schedule=schedule,
@@ -290,6 +302,15 @@ class _Planner:
             self.costs.num_gpus * total - times.sum(axis=0)
         )
         return total, np.asarray(energy)
+
+    def on_hull(self) -> npt.NDArray[np.bool_]:
+        """Per cost-table entry: is it a vertex of its class's lower convex hull?"""
+        costs = self.costs
+        mask = np.zeros(len(costs.time_s), dtype=bool)
+        effective = costs.effective_j
+        for lo, hi in itertools.pairwise(costs.start.tolist()):
+            mask[lo + np.asarray(_hull(costs.time_s[lo:hi], effective[lo:hi]))] = True
+        return mask
 
     def fit(self, node: int, room: FloatArray) -> IntArray:
         """Slowest option of ``node`` that takes at most ``room`` (the fastest if none does)."""
@@ -334,7 +355,7 @@ class _Planner:
         return choices
 
     def fast(
-        self, resolution_s: float, progress: Progress
+        self, resolution_s: float, progress: Progress, polish_s: float = 0.0
     ) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
         n = self.dag.size
         fastest = np.zeros((n, 1), dtype=np.int64)
@@ -389,6 +410,12 @@ class _Planner:
                     self.refill(dived[:, None], first),
                 ]
                 chosen[:, :1], chosen_time[:1], chosen_energy[:1] = self._best_of(extra, first)
+                if polish_s > 0:
+                    polished = ExactProgram(self.dag, self.costs).improve(
+                        float(first[0]), chosen[:, 0].copy(), self.on_hull(), polish_s
+                    )
+                    extra = [chosen[:, :1], self.refill(polished[:, None], first)]
+                    chosen[:, :1], chosen_time[:1], chosen_energy[:1] = self._best_of(extra, first)
             width = len(deadlines)
             best_choice[:, lo : lo + width] = chosen
             best_time[lo : lo + width] = chosen_time
@@ -464,14 +491,14 @@ class _Planner:
         return [*knots, free]
 
     def exact(
-        self, resolution_s: float, progress: Progress, time_limit_s: float | None
+        self, resolution_s: float, progress: Progress, work_budget: int | None
     ) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
         """One MILP per frontier point, deadlines swept downwards.
 
         Raises:
-            SolverTimeout: All solves together took longer than ``time_limit_s``.
+            SolverTimeout: All solves together needed more than ``work_budget`` (nodes plus
+                ``_SOLVE_CHARGE`` per solve).
         """
-        started = monotonic()
         n = self.dag.size
         program = ExactProgram(self.dag, self.costs)
         t_fast = float(self.dag.iteration_time(self.durations(np.zeros((n, 1), dtype=np.int64)))[0])
@@ -481,10 +508,11 @@ class _Planner:
         plans: list[tuple[float, float, float, IntArray]] = []
         g = len(grid) - 1
         while g >= 0:
-            left = None if time_limit_s is None else time_limit_s - (monotonic() - started)
-            if left is not None and left <= 0:
-                raise SolverTimeout("the exact frontier ran out of time")
-            solution = program.solve(float(grid[g]), left)
+            if work_budget is not None:
+                work_budget -= _SOLVE_CHARGE
+            solution = program.solve(float(grid[g]), node_limit=work_budget)
+            if work_budget is not None:
+                work_budget -= solution.nodes
             choice = solution.choice[:, None]
             time, energy = self.evaluate(choice)
             plans.append((float(time[0]), float(energy[0]), solution.bound_j, solution.choice))

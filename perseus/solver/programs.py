@@ -27,7 +27,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 # scipy ships HiGHS with a persistent-model binding; linprog rebuilds the model on every call,
 # while keeping it lets each deadline start from the previous optimal basis (10-50x faster).
 from scipy.optimize._highspy import _core as highspy
-from scipy.sparse import coo_matrix, csr_matrix
+from scipy.sparse import coo_matrix, csr_matrix, vstack
 
 from perseus.errors import InfeasibleDeadline, PerseusError, SolverTimeout
 from perseus.solver.costs import CostTable
@@ -37,6 +37,11 @@ __all__ = ["ExactProgram", "ExactSolution", "Relaxation", "RelaxedSolution"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+
+
+# The polishing branch and bound stops once its plan is proven this close to the best one.
+_POLISH_GAP = 1e-3
+_SOLUTION_LIMIT = f"HiGHS Status {int(highspy.HighsModelStatus.kSolutionLimit)}:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,7 @@ class ExactSolution:
 
     choice: IntArray
     bound_j: float
+    nodes: int  # branch-and-bound nodes the solve took
 
 
 def _hull(times: FloatArray, effective: FloatArray) -> list[int]:
@@ -297,15 +303,21 @@ def _persistent_lp(
 
 
 class ExactProgram:
-    """The exact problem as an MILP: one binary per (node, option)."""
+    """The exact problem as an MILP: one binary per (node, option).
+
+    Before every solve, options that cannot fit the deadline are removed: an option is kept
+    only if the node's earliest start plus the option plus the longest path after the node,
+    all other instructions at their fastest, meets the deadline. No plan that meets the
+    deadline is lost, and the relaxation gets tighter (no mixing with options that never fit).
+    """
 
     def __init__(self, dag: PipelineDag, costs: CostTable) -> None:
         n = dag.size
         self._n = n
+        self._dag = dag
         option_node: list[int] = []
         option_local: list[int] = []
-        option_time: list[float] = []
-        option_cost: list[float] = []
+        option_flat: list[int] = []
         effective = costs.effective_j
         for j in range(n):
             c = int(dag.cost_class[j])
@@ -313,11 +325,13 @@ class ExactProgram:
             for k in range(lo, hi):
                 option_node.append(j)
                 option_local.append(k - lo)
-                option_time.append(float(costs.time_s[k]))
-                option_cost.append(float(effective[k]))
+                option_flat.append(k)
+        flat = np.asarray(option_flat, dtype=np.int64)
+        option_time = costs.time_s[flat]
+        option_cost = effective[flat]
         first = n + 1
         columns: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-        for col, (j, t) in enumerate(zip(option_node, option_time, strict=True)):
+        for col, (j, t) in enumerate(zip(option_node, option_time.tolist(), strict=True)):
             columns[j].append((first + col, t))
         width = first + len(option_node)
         precedence, _ = _precedence_rows(dag, columns, width)
@@ -325,6 +339,8 @@ class ExactProgram:
             (np.ones(len(option_node)), (option_node, first + np.arange(len(option_node)))),
             shape=(n, width),
         ).tocsr()
+        self._precedence = precedence
+        self._pick = pick
         self._constraints = [
             LinearConstraint(precedence, -np.inf, np.zeros(precedence.shape[0])),
             LinearConstraint(pick, 1.0, 1.0),
@@ -335,28 +351,72 @@ class ExactProgram:
         self._integrality = np.concatenate([np.zeros(n + 1), np.ones(len(option_node))])
         self._option_node = np.asarray(option_node, dtype=np.int64)
         self._option_local = np.asarray(option_local, dtype=np.int64)
+        self._option_flat = flat
+        self._option_time = option_time
+        self._fastest = costs.time_s[costs.start[dag.cost_class]]
         self._width = width
 
-    def solve(self, deadline_s: float, time_limit_s: float | None = None) -> ExactSolution:
+    def fits(self, deadline_s: float) -> npt.NDArray[np.bool_]:
+        """Per (node, option) column: can the option be part of a plan meeting the deadline?"""
+        fastest = self._fastest
+        begin = self._dag.finish_times(fastest) - fastest
+        room = self._dag.latest_starts(fastest, deadline_s) + fastest - begin
+        node = self._option_node
+        return np.asarray(self._option_time <= room[node] + 1e-9 * max(deadline_s, 1.0))
+
+    def milp_arguments(self, deadline_s: float) -> dict[str, Any]:
+        """``scipy.optimize.milp`` arguments of the problem at ``deadline_s`` (for benchmarks).
+
+        Columns: finish times of the ``n`` nodes, the iteration time, then one binary per
+        (node, option); the objective is the energy less a constant (the options' energies,
+        blocking power counted, minus what idling would have drawn).
+        """
+        return {
+            "c": self._cost,
+            "integrality": self._integrality,
+            "bounds": Bounds(np.zeros(self._width), self._upper(deadline_s)),
+            "constraints": self._constraints,
+        }
+
+    def _upper(self, deadline_s: float) -> FloatArray:
+        n = self._n
+        upper = np.concatenate([np.full(n + 1, np.inf), self.fits(deadline_s).astype(float)])
+        upper[n] = deadline_s
+        return upper
+
+    def solve(
+        self,
+        deadline_s: float,
+        time_limit_s: float | None = None,
+        node_limit: int | None = None,
+    ) -> ExactSolution:
         """Least-energy plan with iteration time <= ``deadline_s``.
+
+        ``node_limit`` caps the branch-and-bound nodes: a budget of work that, unlike a time
+        limit, gives the same answer on a busy machine as on an idle one.
 
         Raises:
             InfeasibleDeadline: No plan meets the deadline.
-            SolverTimeout: Optimality was not proven within ``time_limit_s``.
+            SolverTimeout: Optimality was not proven within ``time_limit_s`` or ``node_limit``.
         """
         n = self._n
-        upper = np.concatenate([np.full(n + 1, np.inf), np.ones(self._width - n - 1)])
-        upper[n] = deadline_s
-        result = milp(
-            self._cost,
-            integrality=self._integrality,
-            bounds=Bounds(np.zeros(self._width), upper),
-            constraints=self._constraints,
-            options={"mip_rel_gap": 1e-10}
-            | ({} if time_limit_s is None else {"time_limit": max(time_limit_s, 1e-3)}),
-        )
-        if result.status == 1:
-            raise SolverTimeout(f"the MILP at {deadline_s} s ran out of time")
+        options: dict[str, Any] = {"mip_rel_gap": 1e-10}
+        if time_limit_s is not None:
+            options["time_limit"] = max(time_limit_s, 1e-3)
+        if node_limit is not None:
+            if node_limit < 1:
+                raise SolverTimeout(f"the MILP at {deadline_s} s has no nodes left to explore")
+            options["node_limit"] = node_limit
+        arguments = self.milp_arguments(deadline_s)
+        # copies: scipy pops entries (node_limit) from the options it is given
+        result = milp(**arguments, options=dict(options))
+        if result.status == 2:
+            # HiGHS's presolve has been seen to call a feasible deadline infeasible (found by the
+            # property tests); a second opinion without presolve settles it.
+            result = milp(**arguments, options=options | {"presolve": False})
+        # scipy reports HiGHS's "solution limit" (where a node limit ends) as an unknown status
+        if result.status == 1 or _SOLUTION_LIMIT in str(result.message):
+            raise SolverTimeout(f"the MILP at {deadline_s} s ran out of time or nodes")
         if result.status == 2 or result.x is None:
             raise InfeasibleDeadline(f"no plan finishes within {deadline_s} s")
         if result.status != 0:
@@ -365,4 +425,71 @@ class ExactProgram:
         choice = np.zeros(n, dtype=np.int64)
         choice[self._option_node[chosen]] = self._option_local[chosen]
         bound = getattr(result, "mip_dual_bound", None)
-        return ExactSolution(choice, float(bound if bound is not None else result.fun))
+        nodes = int(getattr(result, "mip_node_count", None) or 0)
+        return ExactSolution(choice, float(bound if bound is not None else result.fun), nodes)
+
+    def improve(
+        self,
+        deadline_s: float,
+        incumbent: IntArray,
+        allowed: npt.NDArray[np.bool_],
+        time_limit_s: float,
+    ) -> IntArray:
+        """Search for a better plan than ``incumbent`` among the ``allowed`` options.
+
+        A branch and bound that starts from the incumbent (so it never returns worse) over a
+        restricted set of options per node, for at most ``time_limit_s``.
+
+        Args:
+            deadline_s: The deadline; ``incumbent`` must meet it.
+            incumbent: Option index (within its class) of every node.
+            allowed: Per cost-table entry (option of a class), whether the search may use
+                it; the incumbent's own options are always allowed.
+            time_limit_s: Wall-clock budget.
+
+        Returns:
+            The best plan found (the incumbent if nothing better).
+        """
+        n = self._n
+        own = self._option_local == incumbent[self._option_node]
+        usable = (allowed[self._option_flat] & self.fits(deadline_s)) | own
+        upper = np.concatenate([np.full(n + 1, highspy.kHighsInf), usable.astype(float)])
+        upper[n] = deadline_s
+        lp = highspy.HighsLp()
+        lp.num_col_ = self._width
+        lp.num_row_ = self._precedence.shape[0] + n
+        lp.col_cost_ = self._cost
+        lp.col_lower_ = np.zeros(self._width)
+        lp.col_upper_ = upper
+        lp.row_lower_ = np.concatenate([np.full(self._precedence.shape[0], -highspy.kHighsInf),
+                                        np.ones(n)])  # fmt: skip
+        lp.row_upper_ = np.concatenate([np.zeros(self._precedence.shape[0]), np.ones(n)])
+        matrix = vstack([self._precedence, self._pick]).tocsr()
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+        lp.a_matrix_.start_ = matrix.indptr
+        lp.a_matrix_.index_ = matrix.indices
+        lp.a_matrix_.value_ = matrix.data
+        lp.integrality_ = [
+            highspy.HighsVarType.kInteger if v else highspy.HighsVarType.kContinuous
+            for v in self._integrality
+        ]
+        highs = highspy._Highs()
+        highs.setOptionValue("output_flag", False)
+        highs.setOptionValue("threads", 1)
+        highs.setOptionValue("time_limit", max(time_limit_s, 1e-3))
+        highs.setOptionValue("mip_rel_gap", _POLISH_GAP)
+        highs.passModel(lp)
+        columns = np.flatnonzero(usable) + n + 1
+        highs.setSolution(
+            len(columns), columns.astype(np.int32), own[columns - n - 1].astype(np.float64)
+        )
+        highs.run()
+        x = np.asarray(highs.getSolution().col_value)
+        if x.shape != (self._width,) or not np.isfinite(x).all():
+            return incumbent
+        chosen = x[n + 1 :] > 0.5
+        if chosen.sum() != n or np.bincount(self._option_node[chosen], minlength=n).max() != 1:
+            return incumbent
+        choice = np.zeros(n, dtype=np.int64)
+        choice[self._option_node[chosen]] = self._option_local[chosen]
+        return choice

@@ -114,6 +114,73 @@ MISSED_MIN_ENERGY = Case(
     stages=2, microbatches=3, p_block_w=34.0,
 )  # fmt: skip
 
+# HiGHS's presolve calls one of this case's deadlines (the slowest plan's) infeasible.
+PRESOLVE_SAYS_INFEASIBLE = Case(
+    rows=(
+        (0, "forward", 1980, 0.12052103935598169, 40.43866123297266),
+        (0, "forward", 1965, 0.09131997477924102, 2.499493393188052),
+        (0, "forward", 1710, 0.019094917338102785, 7.284860327768798),
+        (0, "forward", 1275, 0.1910811941802139, 4.012705077784492),
+        (0, "backward", 1980, 0.1181131246689397, 33.44871072741521),
+        (0, "backward", 1965, 0.15732565502414728, 37.0327191089665),
+        (0, "backward", 1710, 0.12531115893097883, 11.029977972124758),
+        (0, "backward", 1275, 0.13988904038170566, 39.702600391815174),
+        (1, "forward", 1980, 0.10779894875639967, 10.885619477642662),
+        (1, "forward", 1965, 0.05, 6.395450509027293),
+        (1, "forward", 1710, 0.08189336378276169, 4.920646085652726),
+        (1, "forward", 1275, 0.19542071749959658, 30.68621363851283),
+        (1, "backward", 1980, 0.05, 1.0),
+        (1, "backward", 1965, 0.05, 1.0),
+        (1, "backward", 1710, 0.2, 17.86677733649342),
+        (1, "backward", 1275, 0.05097390081753913, 16.628518382785288),
+        (2, "forward", 1980, 0.19999999999999998, 36.01430561203415),
+        (2, "forward", 1965, 0.010000000000000002, 0.20000000000000004),
+        (2, "forward", 1710, 0.13619481451105223, 2.7238962902210444),
+        (2, "forward", 1275, 0.06120720237851377, 4.581811025950117),
+        (2, "backward", 1980, 0.10193345717057645, 2.038669143411529),
+        (2, "backward", 1965, 0.13846847558667522, 50.3002728417357),
+        (2, "backward", 1710, 0.09099335300847675, 36.397341203390695),
+        (2, "backward", 1275, 0.027364137776421882, 2.0415590296710553),
+        (3, "forward", 1980, 0.05, 14.289253304980779),
+        (3, "forward", 1965, 0.010000000000000002, 0.20000000000000004),
+        (3, "forward", 1710, 0.1311552734501123, 26.387642837646215),
+        (3, "forward", 1275, 0.16046172494314329, 12.115664290006158),
+        (3, "backward", 1980, 0.05, 1.0),
+        (3, "backward", 1965, 0.11830123250815637, 35.22216854376656),
+        (3, "backward", 1710, 0.05, 1.0),
+        (3, "backward", 1275, 0.10245084746875216, 35.01157489643319),
+    ),
+    stages=4, microbatches=4, p_block_w=29.528992440605613,
+    schedule_name="interleaved-1f1b", chunks=2,
+)  # fmt: skip
+
+
+def test_exact_mode_survives_a_presolve_that_says_infeasible() -> None:
+    case = PRESOLVE_SAYS_INFEASIBLE
+    frontier = compute_frontier(
+        case.profile(), case.schedule(), p_block_w=case.p_block_w, exact=True
+    )
+    check_frontier(case, frontier, replay_all=True)
+
+
+@examples(12)
+@given(cases(schedules=ALL_SCHEDULES))
+def test_polish_keeps_the_frontier_truthful_and_never_worse(case: Case) -> None:
+    note(repr(case))  # hypothesis prints composite values blank
+    plain = compute_frontier(case.profile(), case.schedule(), p_block_w=case.p_block_w)
+    polished = compute_frontier(
+        case.profile(), case.schedule(), p_block_w=case.p_block_w, polish_s=0.5
+    )
+    check_frontier(case, polished)
+    assert polished.energies_j[0] <= plain.energies_j[0] * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("polish", [-1.0, math.inf, math.nan])
+def test_polish_must_be_a_finite_number_of_seconds(polish: float) -> None:
+    case = NEAR_MISS_INTERLEAVED
+    with pytest.raises(PlanError, match="polish"):
+        compute_frontier(case.profile(), case.schedule(), p_block_w=10.0, polish_s=polish)
+
 
 def served(frontier, i: int, deadlines: list[float]) -> list[float]:
     """Grid deadlines for which a query answers point i."""

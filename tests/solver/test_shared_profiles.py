@@ -110,3 +110,20 @@ def test_real_global_clock_meets_no_slowdown_when_some_clock_does(
         pytest.skip("no single clock reaches the all-fastest time on this profile")
     assert glob.time_s <= deadline * (1 + RTOL)
     assert rel(glob.energy_j, best) <= RTOL
+
+
+def test_polish_never_worsens_the_no_slowdown_point(real_profile: tuple[Path, float]) -> None:
+    """The branch and bound starts from the rounded plan: at worst it returns it unchanged."""
+    path, p_block = real_profile
+    profile = load_profile(path)
+    table = ref.read_csv_table(path)
+    base = frontier_1f1b(path, p_block)
+    schedule = make_schedule("1f1b", STAGES, MICROBATCHES)
+    polished = compute_frontier(profile, schedule, p_block_w=p_block, polish_s=3.0)
+    assert polished.times_s[0] == base.times_s[0]
+    assert polished.energies_j[0] <= base.energies_j[0] * (1 + 1e-12)
+    assert (np.diff(polished.times_s) > 0).all() and (np.diff(polished.energies_j) < 0).all()
+    dag = ref.build_dag(ref.reference_order("1f1b", STAGES, MICROBATCHES, 1), 1)
+    point = polished.point(0)
+    t, e = ref.replay(table, dag, p_block, point.frequencies_mhz)
+    assert rel(point.time_s, t) <= RTOL and rel(point.energy_j, e) <= RTOL
