@@ -3,9 +3,12 @@
     python benchmarks/server_load.py                     # one server process, 2 client processes
     python benchmarks/server_load.py --workers 2         # two uvicorn workers sharing SQLite (WAL)
     python benchmarks/server_load.py --seconds 5         # shorter timed phases
+    python benchmarks/server_load.py --http httpx        # clients on httpx (about 1 ms CPU/req)
 
 Starts a real server (``python -m perseus.server``, loopback, a fresh SQLite file) and drives it
-with httpx (async) from ``--clients`` processes on the same machine, ranks split between them:
+from ``--clients`` asyncio processes on the same machine, ranks split between them; phases 1-5
+use a lean keep-alive HTTP/1.1 client (or httpx with ``--http httpx``), phase 6 httpx. Any
+response but a success, 304, or 409 "no plan yet" stops the run:
 
 1. ``register``: every rank registers (``POST /ranks``).
 2. ``profile``: every rank reports its stage's profile with its own measurement noise; the last
@@ -25,7 +28,7 @@ Phases 1, 2, 4 and 5 are closed loops with ``--concurrency`` requests in flight 
 connection each): they measure throughput. Latencies are per request, measured in the
 clients. "server ms/req" is the CPU time of the server process(es) during the phase divided
 by its requests (planning processes not counted): the server's own cost, apart from the
-clients', which on a small machine is several times larger (httpx). "server p99 ms" is the
+clients' ("client ms/req"; with httpx several times the server's). "server p99 ms" is the
 bucket of the server's own latency histogram (``/metrics``: from the request reaching the
 app to the response sent) that holds the 99th percentile.
 Fixed seed.
@@ -35,7 +38,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
+import json as jsonlib
 import multiprocessing
 import os
 import random
@@ -47,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -88,6 +94,7 @@ class PhaseSpec:
     rows: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     version: int = 0
     seed: int = SEED
+    http: str = "raw"
 
 
 @dataclass
@@ -134,6 +141,87 @@ class Phase:
 # ----------------------------------------------------------------------------- client side
 
 
+@dataclass(frozen=True, slots=True)
+class _RawResponse:
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(errors="replace")
+
+
+class _RawClient:
+    """HTTP/1.1 over one keep-alive connection, with the least client CPU per request.
+
+    The clients stand for ranks on other machines; here they share the server's two cores,
+    and httpx spends several times the server's own CPU per request (see "client ms/req"),
+    which shows up as latency. This client only writes a request and reads a
+    ``Content-Length`` response (what the server sends).
+    """
+
+    def __init__(self, base_url: str) -> None:
+        parts = urllib.parse.urlsplit(base_url)
+        self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def get(
+        self,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> _RawResponse:
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        return await self._request("GET", path + query, None, headers or {})
+
+    async def post(self, path: str, *, json: Any, headers: dict[str, str]) -> _RawResponse:
+        body = jsonlib.dumps(json, separators=(",", ":")).encode()
+        return await self._request("POST", path, body, headers)
+
+    async def _request(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str]
+    ) -> _RawResponse:
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {self._host}:{self._port}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        if body is not None:
+            lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+        data = ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
+        for attempt in (0, 1):
+            if self._writer is None:
+                self._reader, self._writer = await asyncio.open_connection(self._host, self._port)
+            assert self._reader is not None
+            try:
+                self._writer.write(data)
+                status = await self._reader.readline()
+                if not status:
+                    raise ConnectionResetError("closed by the server")
+                length, close = 0, False
+                while (line := await self._reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.decode("latin-1").partition(":")
+                    if name.lower() == "content-length":
+                        length = int(value)
+                    elif name.lower() == "connection":
+                        close = value.strip().lower() == "close"
+                content = await self._reader.readexactly(length) if length else b""
+                if close:
+                    await self.aclose()
+                return _RawResponse(int(status.split()[1]), content)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                await self.aclose()
+                if attempt:  # an idle connection the server had closed gets one retry
+                    raise
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(OSError):
+                await self._writer.wait_closed()
+        self._reader = self._writer = None
+
+
 def _registration(rank: Rank, clocks: Sequence[int]) -> dict[str, Any]:
     return {
         "rank": rank[0],
@@ -155,16 +243,21 @@ async def _run_phase(spec: PhaseSpec) -> tuple[float, float, list[tuple[str, flo
     # In the open loop, many: ranks each have their own connection, and a request must not
     # wait here for a free one.
     connections = spec.concurrency if spec.kind != "training" else _OPEN_LOOP_CONNECTIONS
-    tls = ssl.create_default_context()  # one for all clients (each would load the CA file)
-    clients = [
-        httpx.AsyncClient(base_url=spec.url, timeout=120, verify=tls) for _ in range(connections)
-    ]
+    clients: list[Any]
+    if spec.http == "raw":
+        clients = [_RawClient(spec.url) for _ in range(connections)]
+    else:
+        tls = ssl.create_default_context()  # one for all clients (each would load the CA file)
+        clients = [
+            httpx.AsyncClient(base_url=spec.url, timeout=120, verify=tls)
+            for _ in range(connections)
+        ]
     latencies: list[tuple[str, float]] = []
 
     def kind_of(i: int) -> str:
         return _TRAINING_MIX[i % len(_TRAINING_MIX)] if spec.kind == "training" else spec.kind
 
-    def request(client: httpx.AsyncClient, i: int) -> Awaitable[httpx.Response]:
+    def request(client: Any, i: int) -> Awaitable[Any]:
         rank = spec.ranks[i % len(spec.ranks)]
         kind = kind_of(i)
         if kind == "register":
@@ -188,10 +281,12 @@ async def _run_phase(spec: PhaseSpec) -> tuple[float, float, list[tuple[str, flo
         headers = etag if kind in ("poll", "plan poll") else auth
         return client.get(f"{job}/plan", params={"rank": rank[0]}, headers=headers)
 
-    async def call(client: httpx.AsyncClient, i: int, since: float) -> None:
+    async def call(client: Any, i: int, since: float) -> None:
         response = await request(client, i)
         latencies.append((kind_of(i), time.perf_counter() - since))
-        if response.status_code >= 500:
+        # Anything but success, 304, or "no plan yet" (409 while the first frontier is
+        # computed) means the request measured is not the one meant.
+        if response.status_code >= 400 and response.status_code != 409:
             raise SystemExit(f"{spec.kind}: HTTP {response.status_code}: {response.text[:300]}")
 
     if spec.kind == "training":
@@ -204,7 +299,7 @@ async def _run_phase(spec: PhaseSpec) -> tuple[float, float, list[tuple[str, flo
         # Open loop: requests at a fixed rate, as ranks send them, whether or not the
         # server keeps up; latency counts from when a request was due, so a stalled
         # server shows as waiting here too.
-        idle: asyncio.Queue[httpx.AsyncClient] = asyncio.Queue()
+        idle: asyncio.Queue[Any] = asyncio.Queue()
         for client in clients:
             idle.put_nowait(client)
         tasks: list[asyncio.Task[None]] = []
@@ -226,7 +321,7 @@ async def _run_phase(spec: PhaseSpec) -> tuple[float, float, list[tuple[str, flo
         # Closed loop: each connection sends its next request when the last one returns.
         counter = iter(range(len(spec.ranks) if spec.kind in ("register", "profile") else 2**62))
 
-        async def worker(client: httpx.AsyncClient) -> None:
+        async def worker(client: Any) -> None:
             for i in counter:
                 if spec.seconds and time.perf_counter() > deadline:
                     return
@@ -349,7 +444,14 @@ def server_cpu_s(pid: int, workers: int) -> float:
 
 
 def drive(
-    url: str, pid: int, workers: int, clients: int, concurrency: int, seconds: float, rate: float
+    url: str,
+    pid: int,
+    workers: int,
+    clients: int,
+    concurrency: int,
+    seconds: float,
+    rate: float,
+    http: str = "raw",
 ) -> tuple[list[Phase], dict[str, Any]]:
     rows, p_block_w, source = load_rows()
     clocks = tuple(sorted({r["frequency_mhz"] for r in rows[0]}))
@@ -394,6 +496,7 @@ def drive(
                     rows,
                     version,
                     SEED + c,
+                    http,
                 )
                 for c in range(clients)
             ]
@@ -554,6 +657,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=3.0,
         help="training iteration time: sets the open-loop rate while planning",
     )
+    parser.add_argument(
+        "--http",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="client of phases 1-5: a lean keep-alive HTTP/1.1 client (default) or httpx",
+    )
     args = parser.parse_args(argv)
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
@@ -569,6 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.concurrency,
                 args.seconds,
                 rate,
+                args.http,
             )
         except BaseException:
             print(f"server log:\n{(Path(tmp) / 'log').read_text()[-3000:]}", file=sys.stderr)
@@ -589,7 +699,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"perseus server load: {STAGES} stages x {REPLICAS} replicas = {STAGES * REPLICAS} ranks, "
         f"1F1B x {MICROBATCHES} microbatches, profile {info['profile']}\n"
         f"server: {args.workers} process(es), SQLite, uvicorn with {parser_name}; clients: "
-        f"{args.clients} processes of httpx, {args.concurrency} requests in flight; "
+        f"{args.clients} processes ({args.http}; long polls: httpx), "
+        f"{args.concurrency} requests in flight; "
         f"{os.cpu_count()} CPUs shared by both\n"
         f"frontier: {info['frontier_points']} points in {info['server_planning_s']:.1f} s "
         f"(worker process); while planning: {info['frontiers']} frontiers back to back, "
