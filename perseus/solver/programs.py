@@ -461,9 +461,9 @@ class ExactProgram:
         lp.col_cost_ = self._cost
         lp.col_lower_ = np.zeros(self._width)
         lp.col_upper_ = upper
-        lp.row_lower_ = np.concatenate([np.full(self._precedence.shape[0], -highspy.kHighsInf),
-                                        np.ones(n)])  # fmt: skip
-        lp.row_upper_ = np.concatenate([np.zeros(self._precedence.shape[0]), np.ones(n)])
+        edges = self._precedence.shape[0]
+        lp.row_lower_ = np.concatenate([np.full(edges, -highspy.kHighsInf), np.ones(n)])
+        lp.row_upper_ = np.concatenate([np.zeros(edges), np.ones(n)])
         matrix = vstack([self._precedence, self._pick]).tocsr()
         lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
         lp.a_matrix_.start_ = matrix.indptr
