@@ -188,31 +188,24 @@ class _RawClient:
         if body is not None:
             lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
         data = ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
-        for attempt in (0, 1):
-            if self._writer is None:
-                self._reader, self._writer = await asyncio.open_connection(self._host, self._port)
-            assert self._reader is not None
-            try:
-                self._writer.write(data)
-                status = await self._reader.readline()
-                if not status:
-                    raise ConnectionResetError("closed by the server")
-                length, close = 0, False
-                while (line := await self._reader.readline()) not in (b"\r\n", b""):
-                    name, _, value = line.decode("latin-1").partition(":")
-                    if name.lower() == "content-length":
-                        length = int(value)
-                    elif name.lower() == "connection":
-                        close = value.strip().lower() == "close"
-                content = await self._reader.readexactly(length) if length else b""
-                if close:
-                    await self.aclose()
-                return _RawResponse(int(status.split()[1]), content)
-            except (ConnectionError, asyncio.IncompleteReadError):
-                await self.aclose()
-                if attempt:  # an idle connection the server had closed gets one retry
-                    raise
-        raise AssertionError("unreachable")
+        if self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(self._host, self._port)
+        assert self._reader is not None
+        self._writer.write(data)
+        status = await self._reader.readline()
+        if not status:  # no retry: a dropped connection is a finding, not noise
+            raise ConnectionResetError(f"{method} {path}: connection closed by the server")
+        length, close = 0, False
+        while (line := await self._reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+            elif name.lower() == "connection":
+                close = value.strip().lower() == "close"
+        content = await self._reader.readexactly(length) if length else b""
+        if close:
+            await self.aclose()
+        return _RawResponse(int(status.split()[1]), content)
 
     async def aclose(self) -> None:
         if self._writer is not None:
