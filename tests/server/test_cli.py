@@ -48,3 +48,13 @@ def test_environment_then_flags(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_serve(_parse("--workers", "0")) == 2
     assert "workers" in capsys.readouterr().err
+
+
+def test_polish_seconds_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PERSEUS_POLISH_S", raising=False)
+    assert Settings().polish_s == 10.0
+    monkeypatch.setenv("PERSEUS_POLISH_S", "2.5")
+    assert Settings().polish_s == 2.5
+    monkeypatch.setenv("PERSEUS_POLISH_S", "-1")
+    with pytest.raises(ValueError, match="polish_s"):
+        Settings()
