@@ -226,24 +226,23 @@ _positive_int = _integer_at_least(1)
 _index = _integer_at_least(0)
 
 
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+def _finite_number(*, zero_allowed: bool) -> Callable[[str], float]:
+    bound = ">= 0" if zero_allowed else "> 0"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number {bound}, got {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_allowed):
+            raise argparse.ArgumentTypeError(f"expected a finite number {bound}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
+_positive_float = _finite_number(zero_allowed=False)
+_nonnegative_float = _finite_number(zero_allowed=True)
 
 
 def _policy(text: str) -> Policy:

@@ -196,6 +196,7 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
         ProfileError, ScheduleError: the profiles or schedule are unusable.
     """
     from perseus.solver import compute_frontier, make_schedule, profile_from_rows
+    from perseus.solver.frontier import RESOLUTION_S
 
     profiles = [stored.decode() for stored in inp.profiles]
     rows = combine_profiles(profiles, inp.stages, inp.tensor_parallel)
@@ -206,7 +207,7 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
         profile,
         schedule,
         p_block_w=p_block_w,
-        resolution_s=1e-3 if inp.resolution_s is None else inp.resolution_s,
+        resolution_s=RESOLUTION_S if inp.resolution_s is None else inp.resolution_s,
         polish_s=inp.polish_s,
     )
     return PlanningResult(json.dumps(frontier.to_json(), separators=(",", ":")), frontier)

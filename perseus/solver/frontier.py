@@ -20,7 +20,6 @@ The exact mode replaces 1-2 with one MILP per frontier point, sweeping deadlines
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from perseus.errors import (
 from perseus.solver.costs import CostTable, build_costs
 from perseus.solver.dag import PipelineDag, build_dag
 from perseus.solver.profiles import Profile
-from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution, _hull
+from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution
 from perseus.solver.schedules import BACKWARD, FORWARD, Schedule, make_schedule
 
 __all__ = [
@@ -63,6 +62,7 @@ _CHUNK = 1024
 # Problems with at most this many (instruction, option) pairs are solved exactly even in fast
 # mode: their MILPs take milliseconds, and rounding is weakest on them (few options, no averaging).
 _EXACT_UP_TO = 128
+RESOLUTION_S = 1e-3  # the default and coarsest spacing of frontier deadlines
 # ... unless their MILPs together need more work than this, counted in branch-and-bound nodes
 # plus a fixed charge per solve (its root: presolve, cuts): a budget that, unlike a time limit,
 # decides the same way on a busy machine as on an idle one. About 3 s on an idle core.
@@ -210,7 +210,7 @@ def compute_frontier(
     schedule: Schedule,
     *,
     p_block_w: float | None = None,
-    resolution_s: float = 1e-3,
+    resolution_s: float = RESOLUTION_S,
     exact: bool = False,
     polish_s: float = 0.0,
     progress: Progress | None = None,
@@ -245,7 +245,7 @@ def compute_frontier(
         raise ProfileError(f"{profile.source}: p_block_w: the blocking power is required")
     if not (math.isfinite(power) and power >= 0):
         raise ProfileError(f"{profile.source}: p_block_w: must be a finite number >= 0")
-    if not (math.isfinite(resolution_s) and 0 < resolution_s <= 1e-3):
+    if not (math.isfinite(resolution_s) and 0 < resolution_s <= RESOLUTION_S):
         raise PlanError(f"resolution: must be in (0, 0.001] seconds, got {resolution_s}")
     if not (math.isfinite(polish_s) and polish_s >= 0):
         raise PlanError(f"polish: must be a number of seconds >= 0, got {polish_s}")
@@ -302,15 +302,6 @@ class _Planner:
             self.costs.num_gpus * total - times.sum(axis=0)
         )
         return total, np.asarray(energy)
-
-    def on_hull(self) -> npt.NDArray[np.bool_]:
-        """Per cost-table entry: is it a vertex of its class's lower convex hull?"""
-        costs = self.costs
-        mask = np.zeros(len(costs.time_s), dtype=bool)
-        effective = costs.effective_j
-        for lo, hi in itertools.pairwise(costs.start.tolist()):
-            mask[lo + np.asarray(_hull(costs.time_s[lo:hi], effective[lo:hi]))] = True
-        return mask
 
     def fit(self, node: int, room: FloatArray) -> IntArray:
         """Slowest option of ``node`` that takes at most ``room`` (the fastest if none does)."""
@@ -412,7 +403,7 @@ class _Planner:
                 chosen[:, :1], chosen_time[:1], chosen_energy[:1] = self._best_of(extra, first)
                 if polish_s > 0:
                     polished = ExactProgram(self.dag, self.costs).improve(
-                        float(first[0]), chosen[:, 0].copy(), self.on_hull(), polish_s
+                        float(first[0]), chosen[:, 0].copy(), polish_s
                     )
                     extra = [chosen[:, :1], self.refill(polished[:, None], first)]
                     chosen[:, :1], chosen_time[:1], chosen_energy[:1] = self._best_of(extra, first)

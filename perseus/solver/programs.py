@@ -73,6 +73,15 @@ class ExactSolution:
     nodes: int  # branch-and-bound nodes the solve took
 
 
+def _hull_mask(costs: CostTable) -> npt.NDArray[np.bool_]:
+    """Per cost-table entry: is it a vertex of its class's lower convex hull?"""
+    mask = np.zeros(len(costs.time_s), dtype=bool)
+    effective = costs.effective_j
+    for lo, hi in itertools.pairwise(costs.start.tolist()):
+        mask[lo + np.asarray(_hull(costs.time_s[lo:hi], effective[lo:hi]), dtype=np.int64)] = True
+    return mask
+
+
 def _hull(times: FloatArray, effective: FloatArray) -> list[int]:
     """Indices of the lower convex hull of points sorted by time (Andrew's monotone chain)."""
     hull: list[int] = []
@@ -173,7 +182,13 @@ class Relaxation:
         b_ub = np.where(row_node >= 0, -base_time[np.maximum(row_node, 0)], 0.0)
         lengths_arr = np.asarray(lengths)
         cost = np.concatenate([np.zeros(n), [costs.num_gpus * costs.p_block_w], np.asarray(slopes)])
-        self._highs = _persistent_lp(matrix, b_ub, cost, lengths_arr, n)
+        self._highs = _highs_model(
+            matrix,
+            np.full(matrix.shape[0], -np.inf),
+            b_ub,
+            cost,
+            np.concatenate([np.full(n + 1, np.inf), lengths_arr]),
+        )
         self._lengths = lengths_arr
         self._segment_start = np.searchsorted(np.asarray(segment_node), np.arange(n + 1))
         self._segment_node = np.asarray(segment_node, dtype=np.int64)
@@ -278,23 +293,33 @@ class Relaxation:
             remaining -= value
 
 
-def _persistent_lp(
-    matrix: csr_matrix, b_ub: FloatArray, cost: FloatArray, lengths: FloatArray, n: int
+def _highs_model(
+    matrix: csr_matrix,
+    row_lower: FloatArray,
+    row_upper: FloatArray,
+    cost: FloatArray,
+    col_upper: FloatArray,
+    integer: npt.NDArray[np.bool_] | None = None,
 ) -> Any:
-    """A HiGHS model of ``min cost @ x`` s.t. ``matrix @ x <= b_ub``, ``0 <= x <= upper``."""
+    """A quiet, single-threaded HiGHS model: ``min cost @ x`` s.t.
+    ``row_lower <= matrix @ x <= row_upper``, ``0 <= x <= col_upper``, ``integer`` columns
+    integral."""
     rows, cols = matrix.shape
     lp = highspy.HighsLp()
     lp.num_col_ = cols
     lp.num_row_ = rows
     lp.col_cost_ = cost
     lp.col_lower_ = np.zeros(cols)
-    lp.col_upper_ = np.concatenate([np.full(n + 1, highspy.kHighsInf), lengths])
-    lp.row_lower_ = np.full(rows, -highspy.kHighsInf)
-    lp.row_upper_ = b_ub
+    lp.col_upper_ = col_upper  # HiGHS's infinity is IEEE inf
+    lp.row_lower_ = row_lower
+    lp.row_upper_ = row_upper
     lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
     lp.a_matrix_.start_ = matrix.indptr
     lp.a_matrix_.index_ = matrix.indices
     lp.a_matrix_.value_ = matrix.data
+    if integer is not None:
+        kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
+        lp.integrality_ = [kinds[int(v)] for v in integer]
     highs = highspy._Highs()
     highs.setOptionValue("output_flag", False)
     highs.setOptionValue("threads", 1)
@@ -314,7 +339,6 @@ class ExactProgram:
     def __init__(self, dag: PipelineDag, costs: CostTable) -> None:
         n = dag.size
         self._n = n
-        self._dag = dag
         option_node: list[int] = []
         option_local: list[int] = []
         option_flat: list[int] = []
@@ -351,25 +375,28 @@ class ExactProgram:
         self._integrality = np.concatenate([np.zeros(n + 1), np.ones(len(option_node))])
         self._option_node = np.asarray(option_node, dtype=np.int64)
         self._option_local = np.asarray(option_local, dtype=np.int64)
-        self._option_flat = flat
+        # Longest path through each node with everything at its fastest, less the node itself:
+        # an option fits a deadline when its time plus this is within it (a path's length
+        # before a node does not depend on the deadline, nor does the length after it).
+        fastest = costs.time_s[costs.start[dag.cost_class]]
+        before = dag.finish_times(fastest) - fastest
+        after = -dag.latest_starts(fastest, 0.0) - fastest
+        self._elsewhere = (before + after)[self._option_node]
         self._option_time = option_time
-        self._fastest = costs.time_s[costs.start[dag.cost_class]]
+        self._on_hull = _hull_mask(costs)[flat]
         self._width = width
 
     def fits(self, deadline_s: float) -> npt.NDArray[np.bool_]:
         """Per (node, option) column: can the option be part of a plan meeting the deadline?"""
-        fastest = self._fastest
-        begin = self._dag.finish_times(fastest) - fastest
-        room = self._dag.latest_starts(fastest, deadline_s) + fastest - begin
-        node = self._option_node
-        return np.asarray(self._option_time <= room[node] + 1e-9 * max(deadline_s, 1.0))
+        room = deadline_s - self._elsewhere
+        return np.asarray(self._option_time <= room + 1e-9 * max(deadline_s, 1.0))
 
     def milp_arguments(self, deadline_s: float) -> dict[str, Any]:
         """``scipy.optimize.milp`` arguments of the problem at ``deadline_s`` (for benchmarks).
 
         Columns: finish times of the ``n`` nodes, the iteration time, then one binary per
-        (node, option); the objective is the energy less a constant (the options' energies,
-        blocking power counted, minus what idling would have drawn).
+        (node, option); the objective is the plan's energy (each option's energy less the
+        blocking power over its time, plus the blocking power of every GPU over ``T``).
         """
         return {
             "c": self._cost,
@@ -399,7 +426,6 @@ class ExactProgram:
             InfeasibleDeadline: No plan meets the deadline.
             SolverTimeout: Optimality was not proven within ``time_limit_s`` or ``node_limit``.
         """
-        n = self._n
         options: dict[str, Any] = {"mip_rel_gap": 1e-10}
         if time_limit_s is not None:
             options["time_limit"] = max(time_limit_s, 1e-3)
@@ -421,9 +447,7 @@ class ExactProgram:
             raise InfeasibleDeadline(f"no plan finishes within {deadline_s} s")
         if result.status != 0:
             raise PerseusError(f"the MILP failed: {result.message}")
-        chosen = result.x[n + 1 :] > 0.5
-        choice = np.zeros(n, dtype=np.int64)
-        choice[self._option_node[chosen]] = self._option_local[chosen]
+        choice = self._choice(result.x)
         bound = getattr(result, "mip_dual_bound", None)
         nodes = int(getattr(result, "mip_node_count", None) or 0)
         return ExactSolution(choice, float(bound if bound is not None else result.fun), nodes)
@@ -432,19 +456,17 @@ class ExactProgram:
         self,
         deadline_s: float,
         incumbent: IntArray,
-        allowed: npt.NDArray[np.bool_],
         time_limit_s: float,
     ) -> IntArray:
-        """Search for a better plan than ``incumbent`` among the ``allowed`` options.
+        """Search for a better plan than ``incumbent``.
 
-        A branch and bound that starts from the incumbent (so it never returns worse) over a
-        restricted set of options per node, for at most ``time_limit_s``.
+        A branch and bound that starts from the incumbent (so it never returns worse) over the
+        options on each node's lower convex hull (plus the incumbent's own), for at most
+        ``time_limit_s``.
 
         Args:
             deadline_s: The deadline; ``incumbent`` must meet it.
             incumbent: Option index (within its class) of every node.
-            allowed: Per cost-table entry (option of a class), whether the search may use
-                it; the incumbent's own options are always allowed.
             time_limit_s: Wall-clock budget.
 
         Returns:
@@ -452,34 +474,20 @@ class ExactProgram:
         """
         n = self._n
         own = self._option_local == incumbent[self._option_node]
-        usable = (allowed[self._option_flat] & self.fits(deadline_s)) | own
-        upper = np.concatenate([np.full(n + 1, highspy.kHighsInf), usable.astype(float)])
-        upper[n] = deadline_s
-        lp = highspy.HighsLp()
-        lp.num_col_ = self._width
-        lp.num_row_ = self._precedence.shape[0] + n
-        lp.col_cost_ = self._cost
-        lp.col_lower_ = np.zeros(self._width)
-        lp.col_upper_ = upper
+        upper = self._upper(deadline_s)
+        upper[n + 1 :] = (upper[n + 1 :] > 0) & self._on_hull | own
         edges = self._precedence.shape[0]
-        lp.row_lower_ = np.concatenate([np.full(edges, -highspy.kHighsInf), np.ones(n)])
-        lp.row_upper_ = np.concatenate([np.zeros(edges), np.ones(n)])
-        matrix = vstack([self._precedence, self._pick]).tocsr()
-        lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-        lp.a_matrix_.start_ = matrix.indptr
-        lp.a_matrix_.index_ = matrix.indices
-        lp.a_matrix_.value_ = matrix.data
-        lp.integrality_ = [
-            highspy.HighsVarType.kInteger if v else highspy.HighsVarType.kContinuous
-            for v in self._integrality
-        ]
-        highs = highspy._Highs()
-        highs.setOptionValue("output_flag", False)
-        highs.setOptionValue("threads", 1)
+        highs = _highs_model(
+            vstack([self._precedence, self._pick]).tocsr(),
+            np.concatenate([np.full(edges, -np.inf), np.ones(n)]),
+            np.concatenate([np.zeros(edges), np.ones(n)]),
+            self._cost,
+            upper,
+            self._integrality > 0,
+        )
         highs.setOptionValue("time_limit", max(time_limit_s, 1e-3))
         highs.setOptionValue("mip_rel_gap", _POLISH_GAP)
-        highs.passModel(lp)
-        columns = np.flatnonzero(usable) + n + 1
+        columns = np.flatnonzero(upper[n + 1 :] > 0) + n + 1
         highs.setSolution(
             len(columns), columns.astype(np.int32), own[columns - n - 1].astype(np.float64)
         )
@@ -490,6 +498,11 @@ class ExactProgram:
         chosen = x[n + 1 :] > 0.5
         if chosen.sum() != n or np.bincount(self._option_node[chosen], minlength=n).max() != 1:
             return incumbent
-        choice = np.zeros(n, dtype=np.int64)
+        return self._choice(x)
+
+    def _choice(self, x: FloatArray) -> IntArray:
+        """Option index of every node in a solution ``x`` of the MILP."""
+        chosen = x[self._n + 1 :] > 0.5
+        choice = np.zeros(self._n, dtype=np.int64)
         choice[self._option_node[chosen]] = self._option_local[chosen]
         return choice
