@@ -1,6 +1,6 @@
 """Quality at no slowdown: perseus's saving against the exact optimum (MILP) and its bounds.
 
-    python benchmarks/quality.py [--time-limit 120] [--polish 10] [--microbatches 12 24]
+    python benchmarks/quality.py [--time-limit 120] [--polish 30] [--microbatches 12 24]
 
 For every shared profile (../shared/data/profiles) and microbatch count, 8-stage 1F1B, at the
 all-fastest iteration time: the saving of perseus's no-slowdown point in fast mode (no
@@ -72,7 +72,7 @@ def _case(
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--time-limit", type=float, default=120.0, help="MILP seconds per case")
-    parser.add_argument("--polish", type=float, default=10.0, help="polish seconds per case")
+    parser.add_argument("--polish", type=float, default=30.0, help="polish seconds per case")
     parser.add_argument("--microbatches", type=int, nargs="+", default=[12, 24])
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
     args = parser.parse_args()

@@ -45,7 +45,7 @@ __all__ = ["PLAN_FORMAT", "main"]
 PLAN_FORMAT = "perseus.plan/1"
 EXIT_ERROR = 2
 DEMO_MICROBATCHES = 8
-DEFAULT_POLISH_S = 10.0  # seconds the no-slowdown plan may be improved by a branch and bound
+DEFAULT_POLISH_S = 30.0  # seconds the no-slowdown plan may be improved by a branch and bound
 _BASELINE_LABELS = {
     "all_fastest": "all-fastest (default)",
     "global_clock": "global clock",

@@ -37,7 +37,7 @@ class Settings(BaseSettings):
         "is taken over by another server (or by the same one after a restart).",
     )
     polish_s: float = Field(
-        default=10.0,
+        default=30.0,
         ge=0,
         le=3600,
         description="Seconds a frontier computation may spend improving the no-slowdown "

@@ -52,7 +52,7 @@ def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_polish_seconds_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PERSEUS_POLISH_S", raising=False)
-    assert Settings().polish_s == 10.0
+    assert Settings().polish_s == 30.0
     monkeypatch.setenv("PERSEUS_POLISH_S", "2.5")
     assert Settings().polish_s == 2.5
     monkeypatch.setenv("PERSEUS_POLISH_S", "-1")
