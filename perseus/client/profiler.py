@@ -1,0 +1,336 @@
+"""Online profiling of one pipeline stage: time and energy per instruction and clock.
+
+Why loops, not the training stream. The energy counter moves every ~100 ms and lags, so an
+instruction's energy cannot be read per instruction; and regressing counter intervals of a
+real pipeline stream on the time spent in forwards, backwards and waits was 10-15 % off on an
+H200, partly because an unlocked GPU near its power limit runs faster and hotter when its work
+has gaps (BACKGROUND.md). Steady back-to-back loops of one kind of work are additive within
+0.14 % on the same GPU. So, at each clock, the profiler runs the stage's own forward on a
+real microbatch back to back for ``settle_s + window_s`` seconds, then forward+backward the
+same way, and reads the average power of each loop from the counter updates inside its
+window (:class:`~perseus.client.meter.EnergyMeter` in precise mode, off the training thread).
+Then, per instruction::
+
+    t_F = loop time / forwards             e_F = P_F-loop * t_F
+    t_B = t_FB - t_F                        e_B = P_FB-loop * t_FB - e_F
+
+Time is taken around whole loops between two device synchronizations, so it needs no CUDA
+events and the same code times the CPU. The clocks are swept from high to low; the sweep
+stops early once the energy of a microbatch (``e_F + e_B``) rose at ``rising_stop`` clocks in
+a row (below the most efficient clock, slower is only costlier), or when its time budget is
+spent. A caller can run one clock per call (:meth:`ClockSweep.step`) so that training goes on
+between clocks.
+
+The blocking power (what a GPU draws while it waits on a peer) is measured separately by the
+caller, while the rank really waits in a collective (see :mod:`perseus.client.rank`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from perseus.client.gpu import GpuControl
+from perseus.client.meter import EnergyMeter
+from perseus.client.settings import ProfileBudget
+from perseus.errors import ProfileError
+from perseus.schemas import ProfileRow
+
+__all__ = [
+    "ClockMeasurement",
+    "ClockSweep",
+    "DeviceWork",
+    "StageProfile",
+    "Workload",
+    "measure_idle_power",
+    "profile_csv",
+]
+
+_log = logging.getLogger("perseus.client")
+
+DeviceWork = Callable[[str], AbstractContextManager[object]]
+"""Brackets one unit of device work of a kind (``"forward"``, ``"backward"``); the fake GPU
+uses it to model the work, a real GPU needs nothing."""
+
+
+class Workload(Protocol):
+    """The stage's real work on a captured microbatch, for profiling loops.
+
+    Implementations must leave training unchanged: no gradients accumulated into
+    parameters, random state and buffers restored.
+    """
+
+    def forward(self) -> object:
+        """Run one forward; return what :meth:`backward` needs."""
+        ...
+
+    def backward(self, handle: object) -> None:
+        """Run the backward of a forward's result."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait until the device has finished all queued work."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClockMeasurement:
+    """Time and energy of one forward and one backward at one clock."""
+
+    frequency_mhz: int
+    forward_time_s: float
+    forward_energy_j: float
+    backward_time_s: float
+    backward_energy_j: float
+    forward_loop_power_w: float
+    forward_backward_loop_power_w: float
+
+    @property
+    def microbatch_energy_j(self) -> float:
+        """Energy of one forward and its backward."""
+        return self.forward_energy_j + self.backward_energy_j
+
+
+@dataclass(frozen=True, slots=True)
+class StageProfile:
+    """What one rank measured: clocks high to low, and why the sweep ended."""
+
+    measurements: tuple[ClockMeasurement, ...]
+    stopped: str
+
+    def rows(self) -> list[ProfileRow]:
+        """The measurements as wire rows (forward and backward per clock)."""
+        rows: list[ProfileRow] = []
+        for m in self.measurements:
+            rows.append(
+                ProfileRow(
+                    instruction="forward",
+                    frequency_mhz=m.frequency_mhz,
+                    time_s=m.forward_time_s,
+                    energy_j=m.forward_energy_j,
+                )
+            )
+            rows.append(
+                ProfileRow(
+                    instruction="backward",
+                    frequency_mhz=m.frequency_mhz,
+                    time_s=m.backward_time_s,
+                    energy_j=m.backward_energy_j,
+                )
+            )
+        return rows
+
+
+def profile_csv(profiles: dict[int, StageProfile]) -> str:
+    """Zeus-compatible CSV (``stage,instruction,frequency,time,energy``) of stage profiles."""
+    lines = ["stage,instruction,frequency,time,energy"]
+    for stage in sorted(profiles):
+        for row in profiles[stage].rows():
+            lines.append(
+                f"{stage},{row.instruction},{row.frequency_mhz},{row.time_s:.9g},{row.energy_j:.9g}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+class ClockSweep:
+    """Measures a stage clock by clock, from the highest down.
+
+    Args:
+        gpu: The GPU; its clock is locked for each measurement and reset after each step.
+        meter: A started meter on the same GPU.
+        workload: The stage's work.
+        budget: Window, settling time, clocks, time budget and early stop.
+        device_work: Brackets each unit of work (the fake GPU models it; else a no-op).
+        clock: Time base shared with ``meter``.
+        lock: When False (a GPU whose clocks may not be changed), only the current clock
+            is measured.
+    """
+
+    def __init__(
+        self,
+        gpu: GpuControl,
+        meter: EnergyMeter,
+        workload: Workload,
+        budget: ProfileBudget,
+        device_work: DeviceWork,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        lock: bool = True,
+    ) -> None:
+        self._gpu = gpu
+        self._meter = meter
+        self._workload = workload
+        self._budget = budget
+        self._work = device_work
+        self._clock = clock
+        self._lock = lock
+        if lock:
+            self.clocks = budget.select(gpu.supported_clocks_mhz())
+        else:
+            self.clocks = (gpu.current_clock_mhz(),)
+        self._next = 0
+        self._measured: list[ClockMeasurement] = []
+        self._rising = 0
+        self._started_s: float | None = None
+        self._stopped: str | None = None
+
+    @property
+    def done(self) -> bool:
+        """True once the sweep has ended (all clocks, early stop, or budget)."""
+        return self._stopped is not None
+
+    def run(self) -> StageProfile:
+        """Measure every remaining clock now."""
+        while not self.done:
+            self.step()
+        return self.result()
+
+    def step(self) -> ClockMeasurement | None:
+        """Measure the next clock; None when the sweep is over.
+
+        Raises:
+            GpuControlError: Locking or resetting the clock failed.
+            ProfileError: The counter gave no usable reading (see the message).
+        """
+        if self._stopped is not None:
+            return None
+        now = self._clock()
+        if self._started_s is None:
+            self._started_s = now
+        elif now - self._started_s > self._budget.max_s:
+            self._stopped = f"time budget of {self._budget.max_s:g} s spent"
+            return None
+        frequency = self.clocks[self._next]
+        self._next += 1
+        try:
+            if self._lock:
+                self._gpu.lock_clock(frequency)
+            measured = self._measure(frequency)
+        finally:
+            if self._lock:
+                self._gpu.reset_clock()
+        self._note(measured)
+        return measured
+
+    def result(self) -> StageProfile:
+        """The measurements so far (sorted high to low)."""
+        return StageProfile(
+            measurements=tuple(sorted(self._measured, key=lambda m: -m.frequency_mhz)),
+            stopped=self._stopped or "not finished",
+        )
+
+    def _note(self, measured: ClockMeasurement) -> None:
+        if self._measured and (
+            measured.microbatch_energy_j > self._measured[-1].microbatch_energy_j
+        ):
+            self._rising += 1
+        else:
+            self._rising = 0
+        self._measured.append(measured)
+        if self._rising >= self._budget.rising_stop:
+            self._stopped = (
+                f"energy rose at {self._rising} clocks in a row (down to {measured.frequency_mhz} MHz)"
+            )
+        elif self._next >= len(self.clocks):
+            self._stopped = f"all {len(self.clocks)} clocks measured"
+
+    def _measure(self, frequency_mhz: int) -> ClockMeasurement:
+        def forward() -> None:
+            with self._work("forward"):
+                self._workload.forward()
+
+        def forward_backward() -> None:
+            with self._work("forward"):
+                handle = self._workload.forward()
+            with self._work("backward"):
+                self._workload.backward(handle)
+
+        with self._meter.precise():
+            t_f, p_f = self._loop(forward, frequency_mhz, "forward")
+            t_fb, p_fb = self._loop(forward_backward, frequency_mhz, "forward+backward")
+        e_f = p_f * t_f
+        t_b = t_fb - t_f
+        e_b = p_fb * t_fb - e_f
+        if not (t_b > 0 and e_b > 0 and e_f > 0):
+            raise ProfileError(
+                f"{frequency_mhz} MHz: backward came out as {t_b:.6g} s and {e_b:.6g} J "
+                f"(forward {t_f:.6g} s at {p_f:.1f} W, forward+backward {t_fb:.6g} s at "
+                f"{p_fb:.1f} W); the measurement is too noisy: raise PERSEUS_PROFILE_WINDOW_S"
+            )
+        return ClockMeasurement(
+            frequency_mhz=frequency_mhz,
+            forward_time_s=t_f,
+            forward_energy_j=e_f,
+            backward_time_s=t_b,
+            backward_energy_j=e_b,
+            forward_loop_power_w=p_f,
+            forward_backward_loop_power_w=p_fb,
+        )
+
+    def _loop(self, body: Callable[[], None], frequency_mhz: int, what: str) -> tuple[float, float]:
+        """``(seconds per body, average watts)`` of ``body`` run back to back."""
+        budget = self._budget
+        workload = self._workload
+        workload.synchronize()
+        start = self._clock()
+        mark_s: float | None = None
+        mark_n = 0
+        n = 0
+        # Give up waiting for counter updates after a generous grace (a dead counter).
+        deadline = start + budget.settle_s + budget.window_s + 5.0
+        while True:
+            body()
+            n += 1
+            now = self._clock()
+            if mark_s is None:
+                if now - start >= budget.settle_s:
+                    workload.synchronize()
+                    mark_s = self._clock()
+                    mark_n = n
+                continue
+            if now - mark_s >= budget.window_s and self._meter.updates_between(mark_s, now) >= 3:
+                break
+            if now > deadline:
+                break
+        workload.synchronize()
+        end = self._clock()
+        assert mark_s is not None  # the loop sets it before it can break
+        runs = n - mark_n
+        if runs < 1:
+            raise ProfileError(
+                f"{frequency_mhz} MHz {what}: one instruction took longer than the whole "
+                f"window of {budget.window_s:g} s; raise PERSEUS_PROFILE_WINDOW_S"
+            )
+        reading = self._meter.power(mark_s, end)
+        if reading is None:
+            failed = self._meter.failed
+            raise ProfileError(
+                f"{frequency_mhz} MHz {what}: the energy counter did not move within "
+                f"{end - mark_s:.2f} s" + (f" ({failed})" if failed else "")
+            )
+        seconds = (end - mark_s) / runs
+        if not math.isfinite(reading.power_w) or reading.power_w <= 0:
+            raise ProfileError(
+                f"{frequency_mhz} MHz {what}: the energy counter gave {reading.power_w} W"
+            )
+        return seconds, reading.power_w
+
+
+def measure_idle_power(
+    meter: EnergyMeter, wait: Callable[[float], None], seconds: float, clock: Callable[[], float]
+) -> float | None:
+    """Average power while ``wait(seconds)`` runs (the GPU waiting), skipping the first 0.2 s.
+
+    Returns None when the counter gave no usable reading.
+    """
+    with meter.precise():
+        start = clock()
+        wait(seconds)
+        end = clock()
+    reading = meter.power(start + min(0.2, seconds / 4), end)
+    return None if reading is None else reading.power_w

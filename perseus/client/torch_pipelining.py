@@ -1,0 +1,245 @@
+"""perseus for ``torch.distributed.pipelining``: one call per rank.
+
+::
+
+    rank = perseus.client.connect()
+    perseus.client.torch_pipelining.instrument(rank, stage, schedule)   # or a list of stages
+    for batch in data:
+        with rank.iteration():
+            schedule.step(...)
+
+The schedules call ``stage.forward_one_chunk(chunk_id, ...)`` and
+``stage.backward_one_chunk(chunk_id, ...)`` through the stage object, in execution order, so
+wrapping them on the instance sees every instruction with its microbatch id (``Schedule1F1B``,
+``ScheduleGPipe``, ``ScheduleInterleaved1F1B``). The model chunk of an interleaved stage is
+``stage_index // pipeline size`` (the stage-to-rank assignment these schedules use, "loop"
+style); for single-stage schedules it is None. Schedules that split the backward
+(``backward_weight_one_chunk``, zero-bubble) are refused: perseus does not plan them.
+
+For online profiling the first iteration captures one real microbatch of every local stage
+(its inputs, detached); the profiling loops rerun the stage's module on it, forward and
+forward+backward, with ``torch.autograd.grad`` so no gradient reaches the parameters, and
+with the random-number state and the module's buffers restored afterwards: training after
+profiling computes exactly what it would have without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import (
+    PipelineScheduleMulti,
+    PipelineScheduleSingle,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+
+from perseus.client.rank import Rank
+from perseus.errors import ScheduleError
+
+__all__ = ["StageWorkload", "instrument", "schedule_name"]
+
+
+def schedule_name(schedule: object) -> str:
+    """perseus's name for a torch schedule object.
+
+    Raises:
+        ScheduleError: perseus does not plan this schedule.
+    """
+    # Subclasses first: the interleaved schedule is not a 1F1B subclass, but be exact.
+    if type(schedule) is ScheduleInterleaved1F1B:
+        return "interleaved-1f1b"
+    if type(schedule) is Schedule1F1B:
+        return "1f1b"
+    if type(schedule) is ScheduleGPipe:
+        return "gpipe"
+    raise ScheduleError(
+        f"perseus plans Schedule1F1B, ScheduleGPipe and ScheduleInterleaved1F1B, not "
+        f"{type(schedule).__name__}"
+    )
+
+
+def instrument(
+    rank: Rank,
+    stages: PipelineStage | Sequence[PipelineStage],
+    schedule: PipelineScheduleSingle | PipelineScheduleMulti | None = None,
+    *,
+    microbatches: int | None = None,
+) -> None:
+    """Make every forward and backward of ``stages`` a perseus instruction.
+
+    Args:
+        rank: From :func:`perseus.client.connect`; a rank that is off leaves the stages alone.
+        stages: This process's stage, or its stages (interleaved schedules).
+        schedule: The schedule that drives them; its kind is checked against the job.
+        microbatches: Microbatches per step, checked against the job when given.
+
+    Raises:
+        ScheduleError: The schedule is one perseus does not plan, or stages do not belong
+            to one pipeline rank.
+    """
+    local = [stages] if isinstance(stages, PipelineStage) else list(stages)
+    if not local:
+        raise ScheduleError("instrument: no stages given")
+    name = schedule_name(schedule) if schedule is not None else None
+    if not rank.active:
+        return
+    size = local[0].group_size
+    group_rank = local[0].group_rank
+    if any(s.group_rank != group_rank for s in local):
+        raise ScheduleError("instrument: the stages belong to different pipeline ranks")
+    chunks = len(local)
+    interleaved = chunks > 1 or name == "interleaved-1f1b"
+    workload = StageWorkload(local)
+    for stage in local:
+        chunk = stage.stage_index // size if interleaved else None
+        _wrap(rank, stage, chunk)
+        stage.submod.register_forward_pre_hook(workload.capture_hook(stage), with_kwargs=True)
+    rank.bind(
+        stage=group_rank,
+        stages=size,
+        schedule=name,
+        microbatches=microbatches,
+        virtual_stages=chunks if interleaved else None,
+        workload=workload.ready,
+    )
+
+
+def _wrap(rank: Rank, stage: PipelineStage, chunk: int | None) -> None:
+    forward = stage.forward_one_chunk
+    backward = stage.backward_one_chunk
+
+    def forward_one_chunk(fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        with rank.instruction("forward", fwd_chunk_id, chunk):
+            return forward(fwd_chunk_id, *args, **kwargs)
+
+    def backward_one_chunk(bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+        if not full:
+            raise ScheduleError(
+                "perseus does not plan split backward passes (zero-bubble schedules)"
+            )
+        with rank.instruction("backward", bwd_chunk_id, chunk):
+            return backward(bwd_chunk_id, *args, **kwargs)
+
+    stage.forward_one_chunk = forward_one_chunk  # type: ignore[method-assign]
+    stage.backward_one_chunk = backward_one_chunk  # type: ignore[method-assign]
+
+
+class StageWorkload:
+    """The local stages' forward and backward on one captured microbatch.
+
+    A forward runs every local stage's module (an interleaved rank's instruction cost is
+    the whole stage divided by its chunks, as the planner models it).
+    """
+
+    def __init__(self, stages: list[PipelineStage]) -> None:
+        self._stages = stages
+        self._inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+
+    def capture_hook(self, stage: PipelineStage) -> Any:
+        index = stage.stage_index
+
+        def hook(
+            module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> None:
+            if index not in self._inputs:
+                self._inputs[index] = (_detached(args), _detached(kwargs))
+
+        return hook
+
+    def ready(self) -> StageWorkload | None:
+        """Self once every local stage has seen a microbatch, else None."""
+        return self if len(self._inputs) == len(self._stages) else None
+
+    def forward(self) -> object:
+        outputs = []
+        with _preserved(self._stages):
+            for stage in self._stages:
+                args, kwargs = self._inputs[stage.stage_index]
+                inputs = _with_grad(args)
+                out = stage.submod(*inputs, **kwargs)
+                outputs.append((inputs, out, stage))
+        return outputs
+
+    def backward(self, handle: object) -> None:
+        with _preserved(self._stages):
+            for inputs, out, stage in handle:  # type: ignore[attr-defined]
+                tensors = [t for t in _flatten(out) if t.requires_grad]
+                if not tensors:
+                    continue
+                wrt = [p for p in stage.submod.parameters() if p.requires_grad]
+                wrt += [t for t in _flatten(inputs) if t.requires_grad]
+                grads = [torch.ones_like(t) for t in tensors]
+                torch.autograd.grad(tensors, wrt, grads, allow_unused=True)
+
+    def synchronize(self) -> None:
+        device = _device(self._stages[0])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+
+class _preserved:
+    """Restores the random-number state and module buffers (running stats) on exit."""
+
+    def __init__(self, stages: list[PipelineStage]) -> None:
+        self._stages = stages
+
+    def __enter__(self) -> None:
+        self._cpu = torch.random.get_rng_state()
+        self._cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self._buffers = [
+            [(b, b.detach().clone()) for b in s.submod.buffers()] for s in self._stages
+        ]
+
+    def __exit__(self, *exc: object) -> None:
+        torch.random.set_rng_state(self._cpu)
+        if self._cuda is not None:
+            torch.cuda.set_rng_state_all(self._cuda)
+        with torch.no_grad():
+            for pairs in self._buffers:
+                for buffer, saved in pairs:
+                    buffer.copy_(saved)
+
+
+def _device(stage: PipelineStage) -> torch.device:
+    for p in stage.submod.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _detached(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        out = value.detach().clone()
+        out.requires_grad_(value.requires_grad and value.is_floating_point())
+        return out
+    if isinstance(value, tuple):
+        return tuple(_detached(v) for v in value)
+    if isinstance(value, list):
+        return [_detached(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _detached(v) for k, v in value.items()}
+    return value
+
+
+def _with_grad(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    # Stages after the first receive activations that need gradients (their backward
+    # computes the input gradient sent upstream); the capture kept that flag.
+    return tuple(
+        a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+        for a in args
+    )
+
+
+def _flatten(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _flatten(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _flatten(v)]
+    return []
