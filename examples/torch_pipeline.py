@@ -4,7 +4,8 @@ Run on CPU (gloo) with the fake GPU, against a planner started with ``perseus se
 
     eval "$(perseus job create --server http://127.0.0.1:7787 --stages 4 --microbatches 8)"
     PERSEUS_GPU=fake PERSEUS_CLOCK_LOG=clocks \\
-        torchrun --nproc-per-node 4 examples/torch_pipeline.py --schedule 1f1b --microbatches 8 --steps 200
+        torchrun --nproc-per-node 4 examples/torch_pipeline.py \\
+            --schedule 1f1b --microbatches 8 --steps 200
 
 On GPUs the same command uses NCCL and ``PERSEUS_GPU=nvml`` (or ``dry-run`` to change
 nothing). Without ``PERSEUS_SERVER`` it trains without perseus. ``--schedule
@@ -42,7 +43,9 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(hidden)
         self.attention = nn.MultiheadAttention(hidden, heads, batch_first=True)
         self.norm2 = nn.LayerNorm(hidden)
-        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+        self.mlp = nn.Sequential(
+            nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[1]
@@ -117,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.schedule == "gpipe":
         schedule = ScheduleGPipe(stages[0], n_microbatches=args.microbatches, loss_fn=loss_fn)
     else:
-        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=args.microbatches, loss_fn=loss_fn)
+        schedule = ScheduleInterleaved1F1B(
+            stages, n_microbatches=args.microbatches, loss_fn=loss_fn
+        )
 
     rank = perseus.client.connect()
     instrument(rank, stages, schedule, microbatches=args.microbatches)

@@ -1,4 +1,4 @@
-"""The ``perseus`` command: plan, simulate, demo, serve.
+"""The ``perseus`` command: plan, simulate, demo, serve, job, profile, reset-clocks.
 
 Every subcommand computes everything first and writes its files last, each through a temporary
 file renamed into place, so a bad input leaves nothing behind. Errors print one line,
@@ -66,6 +66,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args_list[:1] == ["serve"]:
             return _serve(args_list[1:])
+        if args_list[:1] == ["job"]:
+            return _job(args_list[1:])
+        if args_list[:1] == ["profile"]:
+            return _profile(args_list[1:])
+        if args_list[:1] == ["reset-clocks"]:
+            return _reset_clocks(args_list[1:])
         args = _build_parser().parse_args(args_list)
         run: Callable[[argparse.Namespace], int] = args.run
         return run(args)
@@ -149,9 +155,25 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--outdir", metavar="DIR", default=".", help="where to write (default .)")
     demo.set_defaults(run=_run_demo)
 
+    # Built in full only when run (below), so that their imports cost nothing here.
     commands.add_parser(
         "serve",
         help="run the planner server (needs perseus[server]; see 'perseus serve --help')",
+        add_help=False,
+    )
+    commands.add_parser(
+        "job",
+        help="create, inspect and steer jobs on a planner server (see 'perseus job --help')",
+        add_help=False,
+    )
+    commands.add_parser(
+        "profile",
+        help="profile this machine's GPU without a server (see 'perseus profile --help')",
+        add_help=False,
+    )
+    commands.add_parser(
+        "reset-clocks",
+        help="restore default SM clocks, e.g. after a training process was killed",
         add_help=False,
     )
     return parser
@@ -203,7 +225,10 @@ def _add_planning_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _no_command(_args: argparse.Namespace) -> int:
-    raise _UsageError("a command is required: plan, simulate, demo or serve (see perseus --help)")
+    raise _UsageError(
+        "a command is required: plan, simulate, demo, serve, job, profile or reset-clocks "
+        "(see perseus --help)"
+    )
 
 
 # Argument types: argparse turns ArgumentTypeError into "argument --x: message".
@@ -685,6 +710,54 @@ def _serve(argv: list[str]) -> int:
     add_serve_arguments(parser)
     status: int = run_serve(parser.parse_args(argv))
     return status
+
+
+# job, profile, reset-clocks: the client side, imported only when one of them runs
+
+
+def _job(argv: list[str]) -> int:
+    from perseus.client.jobcli import CommandError, add_job_arguments, run_job
+
+    parser = _Parser(
+        prog="perseus job",
+        description="Create, inspect and steer jobs on a planner server. The server, job and "
+        "token default to $PERSEUS_SERVER, $PERSEUS_JOB and $PERSEUS_TOKEN, as "
+        'eval "$(perseus job create ...)" sets them.',
+    )
+    add_job_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_job(args)
+    except (CommandError, PerseusError) as err:
+        raise _UsageError(f"job {argv[0]}: {err}") from err
+
+
+def _profile(argv: list[str]) -> int:
+    try:
+        from perseus.client.standalone import add_profile_arguments, run_profile
+    except ImportError as err:
+        raise _UsageError(
+            f"profile: the client is not installed ({err}); install perseus[client]"
+        ) from err
+    parser = _Parser(
+        prog="perseus profile",
+        description="Profile this machine's GPU: time and energy per instruction and clock.",
+    )
+    add_profile_arguments(parser)
+    status: int = run_profile(parser.parse_args(argv))
+    return status
+
+
+def _reset_clocks(argv: list[str]) -> int:
+    from perseus.client.jobcli import add_reset_clocks_arguments, run_reset_clocks
+
+    parser = _Parser(
+        prog="perseus reset-clocks",
+        description="Restore the default SM clocks of GPUs, e.g. after a training process "
+        "that locked them was killed with -9. Usually needs root.",
+    )
+    add_reset_clocks_arguments(parser)
+    return run_reset_clocks(parser.parse_args(argv))
 
 
 # output files and progress

@@ -13,8 +13,10 @@
     │   ├── NvmlPermissionError     the process may not change clocks
     │   └── NvmlNotSupported        the GPU or driver lacks the call
     ├── PlannerUnavailable      the planner server cannot be reached
+    ├── RequestRejected         the planner refused a request as malformed (400, 413, 422)
     ├── JobNotFound             no job with that id
     ├── JobStateError           the job is not in a state that allows the request
+    │   └── PlanNotReady            no plan or frontier yet; ``state`` says where the job stands
     └── AuthError               a token is missing (401) or wrong (403)
 """
 
@@ -30,9 +32,11 @@ __all__ = [
     "NvmlPermissionError",
     "PerseusError",
     "PlanError",
+    "PlanNotReady",
     "PlannerUnavailable",
     "PolicyError",
     "ProfileError",
+    "RequestRejected",
     "ScheduleError",
     "SolverTimeout",
 ]
@@ -85,12 +89,44 @@ class PlannerUnavailable(PerseusError):
     """The planner server cannot be reached or answered with an error."""
 
 
+class RequestRejected(PerseusError):
+    """The planner refused a request as malformed; retrying it unchanged cannot help.
+
+    The message names each rejected field by its path (``body.rows.3.time_s: ...``).
+
+    Attributes:
+        status_code: the HTTP status the planner answered (400, 413 or 422).
+    """
+
+    def __init__(self, message: str, status_code: int = 422) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
 class JobNotFound(PerseusError):
     """No job with the given id exists."""
 
 
 class JobStateError(PerseusError):
     """The job is not in a state that allows the request."""
+
+
+class PlanNotReady(JobStateError):
+    """The job has no plan (or frontier) yet.
+
+    The server answers 409 with ``state`` in the body and ``Retry-After``; the client raises
+    this same class, so a rank can tell "wait and ask again" from any other refusal.
+
+    Attributes:
+        state: where the job stands (``registering``, ``profiling``, ``planning``, ``failed``).
+        retry_after_s: how long the server asked the client to wait (``Retry-After``), when
+            the error came over the wire with one.
+    """
+
+    def __init__(self, message: str, state: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.state = state
+        self.retry_after_s = retry_after_s
 
 
 class AuthError(PerseusError):

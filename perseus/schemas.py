@@ -30,6 +30,7 @@ __all__ = [
     "PLAN_PATH",
     "POLICY_PATH",
     "PROFILES_PATH",
+    "PROFILE_CSV_PATH",
     "RANKS_PATH",
     "SCHEDULE_NAMES",
     "STRAGGLER_PATH",
@@ -37,6 +38,7 @@ __all__ = [
     "ChosenPoint",
     "DeadlinePolicy",
     "ErrorBody",
+    "FieldError",
     "FrontierPoint",
     "FrontierView",
     "Health",
@@ -65,6 +67,7 @@ __all__ = [
     "StragglerSpec",
     "StragglerView",
     "Telemetry",
+    "ValidationErrorBody",
     "ZeusCostPolicy",
 ]
 
@@ -79,6 +82,7 @@ POLICY_PATH = f"{JOB_PATH}/policy"
 STRAGGLER_PATH = f"{JOB_PATH}/straggler"
 PLAN_PATH = f"{JOB_PATH}/plan"
 ITERATIONS_PATH = f"{JOB_PATH}/iterations"
+PROFILE_CSV_PATH = f"{JOB_PATH}/profile.csv"
 HEALTHZ_PATH = "/healthz"
 METRICS_PATH = "/metrics"
 
@@ -448,3 +452,18 @@ class ErrorBody(_Model):
     detail: str
     error: str
     state: JobState | None = None
+
+
+class FieldError(_Model):
+    """One rejected field of a request: its path (``["body", "rows", 3, "time_s"]``) and why."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ValidationErrorBody(_Model):
+    """A 422 answer: every rejected field, in the shape FastAPI uses for validation errors."""
+
+    detail: list[FieldError]
+    error: str

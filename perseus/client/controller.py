@@ -38,9 +38,6 @@ class BoundaryEvent(Protocol):
         ...
 
 
-_STOP = object()
-
-
 class ClockController:
     """Sets one GPU's SM clock at instruction boundaries.
 
@@ -58,15 +55,16 @@ class ClockController:
         self._current: int | None = None  # what the training thread last asked for
         self._enabled = True
         self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        # (boundary, clock) pairs; None stops the thread.
+        self._queue: queue.SimpleQueue[tuple[BoundaryEvent, int | None] | None] = (
+            queue.SimpleQueue()
+        )
         self._thread: threading.Thread | None = None
         self.applied = 0
         """Clock changes handed to the GPU (skipped unchanged ones are not counted)."""
         self.failure: str | None = None
         if record_event is not None:
-            self._thread = threading.Thread(
-                target=self._run, name="perseus-clocks", daemon=True
-            )
+            self._thread = threading.Thread(target=self._run, name="perseus-clocks", daemon=True)
             self._thread.start()
 
     @property
@@ -99,7 +97,7 @@ class ClockController:
     def close(self, reason: str = "exit") -> None:
         """Stop the controller thread and reset the GPU."""
         if self._thread is not None:
-            self._queue.put(_STOP)
+            self._queue.put(None)
             self._thread.join(timeout=5.0)
             self._thread = None
         self.reset(reason)
@@ -107,9 +105,9 @@ class ClockController:
     def _run(self) -> None:
         while True:
             item = self._queue.get()
-            if item is _STOP:
+            if item is None:
                 return
-            event, frequency = item  # type: ignore[misc]
+            event, frequency = item
             try:
                 event.synchronize()
             except Exception as err:  # a CUDA error here must not kill the thread silently

@@ -234,7 +234,8 @@ class ClockSweep:
         self._measured.append(measured)
         if self._rising >= self._budget.rising_stop:
             self._stopped = (
-                f"energy rose at {self._rising} clocks in a row (down to {measured.frequency_mhz} MHz)"
+                f"energy rose at {self._rising} clocks in a row "
+                f"(down to {measured.frequency_mhz} MHz)"
             )
         elif self._next >= len(self.clocks):
             self._stopped = f"all {len(self.clocks)} clocks measured"

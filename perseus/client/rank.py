@@ -22,6 +22,7 @@ the plan arrives, and whenever anything fails, the GPU runs at its default clock
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -224,9 +225,9 @@ class Rank:
         self._reports: deque[tuple[int, float, float, int | None]] = deque(
             maxlen=settings.telemetry_queue
         )
-        self._logs: deque[
-            tuple[int, int | None, list[tuple[str, int, int | None, int | None]]]
-        ] = deque()
+        self._logs: deque[tuple[int, int | None, list[tuple[str, int, int | None, int | None]]]] = (
+            deque()
+        )
         self._wake_reporter = threading.Event()
         if not self.active:
             return
@@ -248,7 +249,10 @@ class Rank:
         if settings.stage is not None:
             self._position_ready.set()
         self._meter.start()
-        for target, name in ((self._session, "perseus-session"), (self._reporter, "perseus-report")):
+        for target, name in (
+            (self._session, "perseus-session"),
+            (self._reporter, "perseus-report"),
+        ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -342,10 +346,8 @@ class Rank:
         if self._log_file is not None:
             with self._log_lock:
                 self._log_file.close()
-        try:
+        with contextlib.suppress(Exception):  # closing a pool must not fail a shutdown
             self._planner.close()
-        except Exception:  # closing a connection pool must not fail a shutdown
-            pass
 
     def _emergency_reset(self, reason: str) -> None:
         # From a signal handler: no joins, no locks that the interrupted code may hold.
@@ -480,7 +482,7 @@ class Rank:
     def _start_profiling(self) -> None:
         workload = self._workload
         if workload is not None and not hasattr(workload, "forward"):
-            workload = workload()  # type: ignore[operator]
+            workload = workload()
         self.p_block_w = self._measure_blocking_power()
         if workload is None:
             self._profile_state = "failed"
@@ -554,7 +556,9 @@ class Rank:
                 time.sleep(seconds)
                 dist.barrier()
             else:
-                reading = measure_idle_power(self._meter, lambda _s: dist.barrier(), seconds, self._clock)
+                reading = measure_idle_power(
+                    self._meter, lambda _s: dist.barrier(), seconds, self._clock
+                )
                 if reading is not None:
                     readings.append(reading)
         return sum(readings) / len(readings) if readings else None
@@ -601,7 +605,9 @@ class Rank:
                 return
             call(
                 lambda: self._planner.report_profile(
-                    ProfileReport(rank=self.settings.rank, stage=stage, rows=rows, p_block_w=p_block)
+                    ProfileReport(
+                        rank=self.settings.rank, stage=stage, rows=rows, p_block_w=p_block
+                    )
                 )
             )
             _log.info("perseus: rank %d profile reported", self.settings.rank)
@@ -715,10 +721,12 @@ class Rank:
         profile = load_profile(path)
         stage = self.settings.stage or 0
         if stage >= profile.num_stages:
-            raise ProfileError(f"{path}: has {profile.num_stages} stages, this rank is stage {stage}")
+            raise ProfileError(
+                f"{path}: has {profile.num_stages} stages, this rank is stage {stage}"
+            )
         rows = [
             ProfileRow(
-                instruction=o_kind,
+                instruction="forward" if o_kind == "forward" else "backward",
                 frequency_mhz=option.frequency_mhz,
                 time_s=option.time_s,
                 energy_j=option.energy_j,
@@ -845,13 +853,15 @@ def connect(
         dist = _distributed()
         if dist is not None and not os.environ.get("PERSEUS_RANK") and not os.environ.get("RANK"):
             settings["rank"] = dist.get_rank()
-    resolved = load_settings(**settings)
+    resolved = load_settings(None, **settings)
     if resolved.server is None:
         if not _said_off:
             _log.warning("perseus: PERSEUS_SERVER is not set; perseus does nothing in this run")
             _said_off = True
         return Rank(resolved)
-    rank = Rank(resolved, gpu=gpu, planner=planner, workload=workload, record_event=_cuda_events(resolved))
+    rank = Rank(
+        resolved, gpu=gpu, planner=planner, workload=workload, record_event=_cuda_events(resolved)
+    )
     _ranks.append(rank)
     _install_exit_hooks(install_signal_handlers)
     return rank
@@ -868,9 +878,10 @@ def _cuda_events(settings: ClientSettings) -> Callable[[], BoundaryEvent] | None
         return None
 
     def record() -> BoundaryEvent:
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record()
-        return event
+        boundary: BoundaryEvent = event
+        return boundary
 
     return record
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal, cast
+from typing import Literal
 
 from perseus.errors import PerseusError
 
@@ -146,9 +146,7 @@ class ClientSettings:
         )
 
 
-def load_settings(
-    environ: Mapping[str, str] | None = None, **arguments: object
-) -> ClientSettings:
+def load_settings(environ: Mapping[str, str] | None = None, **arguments: object) -> ClientSettings:
     """Settings from keyword arguments, then ``PERSEUS_*`` variables, then defaults.
 
     Args:
@@ -203,7 +201,9 @@ def load_settings(
     if server is not None:
         if not server.startswith(("http://", "https://")):
             raise SettingsError(f"PERSEUS_SERVER: expected http://host:port, got {server!r}")
-        missing = [var for var, value in (("PERSEUS_JOB", job), ("PERSEUS_TOKEN", token)) if not value]
+        missing = [
+            var for var, value in (("PERSEUS_JOB", job), ("PERSEUS_TOKEN", token)) if not value
+        ]
         if missing:
             raise SettingsError(
                 f"{' and '.join(missing)} not set: create the job with `perseus job create` "
@@ -233,7 +233,7 @@ def load_settings(
         data_parallel_rank=integer("data_parallel_rank", "PERSEUS_DATA_PARALLEL_RANK"),
         tensor_parallel_rank=integer("tensor_parallel_rank", "PERSEUS_TENSOR_PARALLEL_RANK"),
         gpu_index=integer("gpu_index", "PERSEUS_GPU_INDEX", "LOCAL_RANK") or 0,
-        gpu=cast(GpuMode, gpu),
+        gpu=gpu,
         profile_path=pick("profile_path", "PERSEUS_PROFILE"),
         budget=budget,
         clock_log_dir=pick("clock_log_dir", "PERSEUS_CLOCK_LOG"),

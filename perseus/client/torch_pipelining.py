@@ -144,9 +144,7 @@ class StageWorkload:
     def capture_hook(self, stage: PipelineStage) -> Any:
         index = stage.stage_index
 
-        def hook(
-            module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-        ) -> None:
+        def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if index not in self._inputs:
                 self._inputs[index] = (_detached(args), _detached(kwargs))
 

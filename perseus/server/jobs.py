@@ -37,6 +37,7 @@ from perseus.errors import (
     JobStateError,
     PerseusError,
     PlanError,
+    PlanNotReady,
 )
 from perseus.schemas import Baseline as BaselineModel
 from perseus.schemas import (
@@ -89,7 +90,6 @@ from perseus.solver import (
 
 __all__ = [
     "JobService",
-    "PlanNotReady",
     "RequestFieldError",
     "policy_to_solver",
 ]
@@ -114,14 +114,6 @@ class RequestFieldError(PerseusError):
         super().__init__(f"{'.'.join(str(p) for p in loc)}: {message}")
         self.loc = loc
         self.message = message
-
-
-class PlanNotReady(JobStateError):
-    """The job has no plan (or frontier) yet; ``state`` says where it stands."""
-
-    def __init__(self, message: str, state: str) -> None:
-        super().__init__(message)
-        self.state = state
 
 
 def _state(job: JobRow) -> JobState:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from perseus.errors import ProfileError
 
 if TYPE_CHECKING:
-    from perseus.solver import Frontier
+    from perseus.solver import Frontier, Profile
 
 __all__ = [
     "PlanningInput",
@@ -40,12 +40,15 @@ __all__ = [
     "StoredProfile",
     "combine_profiles",
     "init_worker",
+    "merged_profile",
     "plan_frontier",
     "stage_p_block_w",
+    "unprofiled_stages",
     "warm_up",
 ]
 
 ProfileRowTuple = tuple[str, int, float, float]
+_NO_P_BLOCK = "no blocking power: set p_block_w on the job or report it with the profiles"
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,16 +177,54 @@ def stage_p_block_w(
     Raises:
         ProfileError: neither the job nor any profile gives a blocking power.
     """
+    stage_w = _stage_p_block_w(p_block_w, profiles, tensor_parallel)
+    if stage_w is None:
+        raise ProfileError(_NO_P_BLOCK)
+    return stage_w
+
+
+def _stage_p_block_w(
+    p_block_w: float | None, profiles: Sequence[RankProfile], tensor_parallel: int
+) -> float | None:
     if p_block_w is not None:
-        per_gpu_w = p_block_w
-    else:
-        reported = [p.p_block_w for p in profiles if p.p_block_w is not None]
-        if not reported:
-            raise ProfileError(
-                "no blocking power: set p_block_w on the job or report it with the profiles"
-            )
-        per_gpu_w = sum(reported) / len(reported)
-    return per_gpu_w * tensor_parallel
+        return p_block_w * tensor_parallel
+    reported = [p.p_block_w for p in profiles if p.p_block_w is not None]
+    if not reported:
+        return None
+    return sum(reported) / len(reported) * tensor_parallel
+
+
+def unprofiled_stages(inp: PlanningInput) -> list[int]:
+    """Stages that lack a profile from some tensor-parallel rank, ascending.
+
+    Complexity: O(ranks + stages x tensor_parallel).
+    """
+    covered = {(p.stage, p.tensor_parallel_rank) for p in inp.profiles}
+    return [
+        stage
+        for stage in range(inp.stages)
+        if not all((stage, tp) in covered for tp in range(inp.tensor_parallel))
+    ]
+
+
+def merged_profile(inp: PlanningInput) -> Profile:
+    """The job's profile as planning sees it: every stage's ranks combined.
+
+    See :func:`combine_profiles` for how ranks combine. The result's ``p_block_w`` is the
+    blocking power of one stage (:func:`stage_p_block_w`), or None when neither the job nor
+    any rank gives one.
+
+    Raises:
+        ProfileError: a stage lacks profiles, or its ranks share no clock.
+
+    Complexity: O(total rows).
+    """
+    from perseus.solver import profile_from_rows
+
+    profiles = [stored.decode() for stored in inp.profiles]
+    rows = combine_profiles(profiles, inp.stages, inp.tensor_parallel)
+    p_block_w = _stage_p_block_w(inp.p_block_w, profiles, inp.tensor_parallel)
+    return profile_from_rows(rows, source=f"job {inp.job_id}", p_block_w=p_block_w)
 
 
 def plan_frontier(inp: PlanningInput) -> PlanningResult:
@@ -195,13 +236,13 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
     Raises:
         ProfileError, ScheduleError: the profiles or schedule are unusable.
     """
-    from perseus.solver import compute_frontier, make_schedule, profile_from_rows
+    from perseus.solver import compute_frontier, make_schedule
     from perseus.solver.frontier import RESOLUTION_S
 
-    profiles = [stored.decode() for stored in inp.profiles]
-    rows = combine_profiles(profiles, inp.stages, inp.tensor_parallel)
-    p_block_w = stage_p_block_w(inp.p_block_w, profiles, inp.tensor_parallel)
-    profile = profile_from_rows(rows, source=f"job {inp.job_id}", p_block_w=p_block_w)
+    profile = merged_profile(inp)
+    p_block_w = profile.p_block_w
+    if p_block_w is None:
+        raise ProfileError(_NO_P_BLOCK)
     schedule = make_schedule(inp.schedule, inp.stages, inp.microbatches, inp.virtual_stages)
     frontier = compute_frontier(
         profile,

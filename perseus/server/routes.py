@@ -24,6 +24,7 @@ from perseus.errors import (
     JobStateError,
     PerseusError,
     PlanError,
+    PlanNotReady,
     PolicyError,
     ProfileError,
     ScheduleError,
@@ -40,6 +41,7 @@ from perseus.schemas import (
     PLAN_COMPUTE_PATH,
     PLAN_PATH,
     POLICY_PATH,
+    PROFILE_CSV_PATH,
     PROFILES_PATH,
     RANKS_PATH,
     STRAGGLER_PATH,
@@ -62,15 +64,27 @@ from perseus.schemas import (
     StragglerSpec,
 )
 from perseus.server.auth import bearer_token, check_admin, check_job_token
-from perseus.server.jobs import JobService, PlanNotReady, PolicyModel, RequestFieldError
+from perseus.server.jobs import JobService, PolicyModel, RequestFieldError
 from perseus.server.metrics import Metrics
+from perseus.server.planning import PlanningInput, merged_profile, unprofiled_stages
 from perseus.server.runtime import Coalescer, JobHeads, PlanningRunner, TelemetryBuffer
 from perseus.server.settings import Settings
 from perseus.server.store import JobRow
+from perseus.solver.profiles import profile_to_csv
 
-__all__ = ["PlanFastPath", "ServerState", "error_response", "error_status", "router"]
+__all__ = [
+    "P_BLOCK_HEADER",
+    "PlanFastPath",
+    "ServerState",
+    "error_response",
+    "error_status",
+    "router",
+]
 
 _JOB_ID = re.compile(r"[0-9a-f]{32}")
+
+P_BLOCK_HEADER = "X-Perseus-P-Block-W"
+"""Header of the profile CSV: blocking power of one stage, when the job or its ranks give one."""
 
 
 _STATUS: tuple[tuple[type[PerseusError], int], ...] = (
@@ -294,6 +308,56 @@ async def clear_straggler(job: AuthorizedJob, state: State) -> PlanVersion:
     reply, row = await run_in_threadpool(state.service.clear_straggler, job.id)
     state.heads.put(row)
     return reply
+
+
+def _profile_csv(inp: PlanningInput) -> tuple[str, float | None]:
+    """The merged profile as Zeus CSV and the stage blocking power (runs in a thread).
+
+    Raises:
+        JobStateError: some stage lacks a profile, or the profiles cannot be merged.
+    """
+    missing = unprofiled_stages(inp)
+    if missing:
+        shown = ", ".join(str(s) for s in missing[:16])
+        raise JobStateError(
+            f"no merged profile yet: stages {shown}{' ...' if len(missing) > 16 else ''} "
+            "lack a profile from some tensor-parallel rank"
+        )
+    try:
+        profile = merged_profile(inp)
+    except ProfileError as err:
+        # The request is fine; what the ranks reported is not (planning would fail alike).
+        raise JobStateError(f"the stage profiles cannot be merged: {err}") from err
+    return profile_to_csv(profile), profile.p_block_w
+
+
+@router.get(
+    PROFILE_CSV_PATH,
+    response_class=Response,
+    responses={
+        200: {
+            "content": {"text/csv": {}},
+            "description": "Zeus CSV stage,instruction,frequency,time,energy",
+        }
+    },
+    tags=["plans"],
+)
+async def get_profile_csv(job: AuthorizedJob, state: State) -> Response:
+    """The job's profile merged as for planning, as the Zeus CSV ``perseus plan`` reads.
+
+    Each stage's ranks are combined exactly as planning combines them (the slowest rank's
+    time; energy summed over the tensor-parallel group and averaged over replicas; only
+    clocks every rank measured). Answers 409 until every stage has a profile from each of
+    its tensor-parallel ranks: a partial profile is never sent. The CSV has no column for
+    blocking power; the ``X-Perseus-P-Block-W`` header carries the stage's (the job's
+    ``p_block_w``, else the ranks' mean, times the tensor-parallel size) when known.
+    """
+    inp = await run_in_threadpool(state.service.planning_input, job.id)
+    text, p_block_w = await run_in_threadpool(_profile_csv, inp)
+    headers = {"Cache-Control": "no-cache"}
+    if p_block_w is not None:
+        headers[P_BLOCK_HEADER] = repr(p_block_w)
+    return Response(text, media_type="text/csv", headers=headers)
 
 
 def _etag_versions(if_none_match: str | None) -> tuple[bool, set[int]]:

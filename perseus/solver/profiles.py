@@ -16,6 +16,7 @@ spreadsheet shows them (the header is row 1); JSON and in-memory rows by their 1
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -33,6 +34,7 @@ __all__ = [
     "effective_options",
     "load_profile",
     "profile_from_rows",
+    "profile_to_csv",
     "profile_to_json",
 ]
 
@@ -181,6 +183,25 @@ def profile_to_json(profile: Profile) -> dict[str, Any]:
         data["p_block_w"] = profile.p_block_w
     data["rows"] = rows
     return data
+
+
+def profile_to_csv(profile: Profile) -> str:
+    """Return the Zeus CSV form of ``profile`` (what :func:`load_profile` reads back).
+
+    Rows go by stage, then ``forward`` before ``backward``, then clock descending. Numbers are
+    written in Python's shortest round-trip form, so reading the text back gives equal floats.
+    The CSV has no column for blocking power: ``profile.p_block_w`` is not written.
+    """
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(_CSV_COLUMNS)
+    for stage, per_instruction in enumerate(profile.stages):
+        for instruction in INSTRUCTIONS:
+            for opt in per_instruction[instruction]:
+                writer.writerow(
+                    (stage, instruction, opt.frequency_mhz, repr(opt.time_s), repr(opt.energy_j))
+                )
+    return out.getvalue()
 
 
 def _load_csv(text: str, name: str) -> Profile:

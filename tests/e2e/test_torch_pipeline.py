@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import REPO, LiveServer, free_port
+from .conftest import REPO, LiveServer, free_port
 
 torch = pytest.importorskip("torch")
 

@@ -1,0 +1,499 @@
+"""A fake H200 for tests and CPU runs: clocks, power limit and an energy counter, in a model.
+
+Nothing here is measured; the model is small enough to read in one go and shaped like the
+H200 facts in ``docs/BACKGROUND.md`` (and like :mod:`perseus.solver.synthetic`, whose example
+profile uses the same knee and voltage). A unit of work (:class:`FakeWork`) is described by its
+time and its power at the top clock ``F_MAX``. At SM clock ``f`` (MHz):
+
+    time_s(f)  = time_at_max_s * (c * F_MAX / f + (1 - c))        c = compute_fraction
+
+    v(f)       = v_min                                              f <= knee
+               = v_min + (1 - v_min) * (f - knee) / (F_MAX - knee)  above the knee
+    power_w(f) = P_idle + (power_at_max_w - P_idle) * (f / F_MAX) * v(f)**2
+
+    energy_j(f) = time_s(f) * power_w(f)
+
+``c`` is the compute-bound share of the time at ``F_MAX`` (it scales with the clock; the rest is
+memory-bound and does not). ``v`` is the voltage relative to its value at ``F_MAX``: flat below
+the knee, rising linearly above it, so dynamic power ``~ f V^2`` falls steeply from ``F_MAX`` to
+the knee and only linearly below it. Energy per instruction therefore falls from ``F_MAX`` down to
+about the knee and rises again below it, where the idle (static) power is paid over an ever
+longer time. With the defaults, :func:`default_work`'s forward and backward both use the least
+energy at 1200 MHz (27 % and 32 % less than at 1980 MHz) and take 1.55 times as long there.
+
+Power limit: the clock a work runs at is the locked clock when a lock is in effect (the fake
+lets a lock override the limit, a simplification), else the highest supported clock whose busy
+power stays within ``power_limit_w`` (the lowest clock if none does). With the defaults,
+:func:`default_work`'s forward (620 W at ``F_MAX``) runs unlocked at 1980 MHz and its backward
+(760 W at ``F_MAX``) throttles to 1890 MHz.
+
+Defaults (:class:`FakeGpuModel`):
+
+=========================  ===============================  =====================================
+field                      default                          why
+=========================  ===============================  =====================================
+``clocks_mhz``             1980 down to 345, step 15 (110)  the H200's supported SM clocks
+``power_limit_w``          700                              the H200's top power limit
+``idle_power_w``           150                              drawn outside work (idle, blocking)
+``knee_clock_mhz``         1200                             voltage flat below this clock
+``min_voltage``            0.70                             voltage at the knee, relative
+``compute_fraction``       0.85                             share of time that scales with 1/f
+``counter_period_s``       0.1                              the energy counter's update period
+``read_cost_s``            0.003                            one energy read (real: ~3.6 ms)
+``power_time_constant_s``  1.0                              smoothing of the power reading
+``clock_change_delay_s``   0.02                             a lock takes effect this much later
+=========================  ===============================  =====================================
+
+:class:`FakeGpu` implements :class:`~perseus.client.gpu.GpuControl` over that model. The rank
+brackets each instruction with :meth:`FakeGpu.begin` and :meth:`FakeGpu.end`; ``end`` sleeps
+until the instruction's modelled time has passed. Energy is integrated lazily and exactly
+(power is piecewise constant: busy power inside a bracket, idle power outside), at every state
+change and read, with no timer thread. The energy counter and the power reading move only at
+counter ticks (multiples of ``counter_period_s`` since the fake was created), like NVML's:
+``energy_j()`` returns the exact integral up to the last tick and sleeps ``read_cost_s``;
+``power_w()`` returns an exponential moving average, updated at each tick with that tick's mean
+power and factor ``1 - exp(-counter_period_s / power_time_constant_s)``.
+``true_energy_j()`` is the exact integral up to now, the ground truth for tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from perseus.errors import GpuControlError
+
+__all__ = ["FakeGpu", "FakeGpuModel", "FakeWork", "default_work"]
+
+#: The last stretch of :meth:`FakeGpu.end`'s wait is spent spinning: ``time.sleep`` overshoots.
+_SPIN_S = 0.0005
+
+
+@dataclass(frozen=True, slots=True)
+class FakeWork:
+    """One kind of instruction on one stage, described at the top clock.
+
+    Attributes:
+        time_at_max_s: Its time at the highest supported clock, in seconds (> 0).
+        power_at_max_w: Its busy power at the highest clock, in watts, if not throttled; may
+            exceed the model's power limit (then it throttles when the clock is not locked).
+    """
+
+    time_at_max_s: float
+    power_at_max_w: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.time_at_max_s) and self.time_at_max_s > 0):
+            raise ValueError(f"time_at_max_s must be finite and > 0, got {self.time_at_max_s}")
+        if not (math.isfinite(self.power_at_max_w) and self.power_at_max_w > 0):
+            raise ValueError(f"power_at_max_w must be finite and > 0, got {self.power_at_max_w}")
+
+
+def _default_clocks() -> tuple[int, ...]:
+    return tuple(range(1980, 344, -15))
+
+
+@dataclass(frozen=True, slots=True)
+class FakeGpuModel:
+    """How the SM clock changes an instruction's time and power; see the module docstring.
+
+    Attributes:
+        name: The name the fake GPU reports.
+        clocks_mhz: Supported SM clocks, strictly descending.
+        power_limit_w: Busy power an unlocked clock must stay within.
+        idle_power_w: Power outside work (idle or blocking), and the static part of busy power.
+        knee_clock_mhz: Below this clock the voltage stays flat.
+        min_voltage: Voltage at and below the knee, relative to the voltage at the top clock.
+        compute_fraction: Share of the time at the top clock that scales with ``1 / f``.
+        counter_period_s: The energy counter and the power reading move this often.
+        read_cost_s: How long one :meth:`FakeGpu.energy_j` call takes.
+        power_time_constant_s: Time constant of the power reading's moving average.
+        clock_change_delay_s: A lock or reset takes effect this long after it is requested.
+    """
+
+    name: str = "perseus fake H200"
+    clocks_mhz: tuple[int, ...] = field(default_factory=_default_clocks)
+    power_limit_w: float = 700.0
+    idle_power_w: float = 150.0
+    knee_clock_mhz: int = 1200
+    min_voltage: float = 0.70
+    compute_fraction: float = 0.85
+    counter_period_s: float = 0.1
+    read_cost_s: float = 0.003
+    power_time_constant_s: float = 1.0
+    clock_change_delay_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        clocks = self.clocks_mhz
+        if not clocks or any(f <= 0 for f in clocks):
+            raise ValueError(f"clocks_mhz must be positive and non-empty, got {clocks}")
+        if any(a <= b for a, b in itertools.pairwise(clocks)):
+            raise ValueError("clocks_mhz must be strictly descending")
+        if not 0 < self.knee_clock_mhz < clocks[0]:
+            raise ValueError(
+                f"knee_clock_mhz must lie in (0, {clocks[0]}), got {self.knee_clock_mhz}"
+            )
+        if not 0 < self.min_voltage <= 1:
+            raise ValueError(f"min_voltage must lie in (0, 1], got {self.min_voltage}")
+        if not 0 <= self.compute_fraction <= 1:
+            raise ValueError(f"compute_fraction must lie in [0, 1], got {self.compute_fraction}")
+        if not 0 < self.idle_power_w < self.power_limit_w:
+            raise ValueError("need 0 < idle_power_w < power_limit_w")
+        if self.counter_period_s <= 0 or self.power_time_constant_s <= 0:
+            raise ValueError("counter_period_s and power_time_constant_s must be > 0")
+        if self.read_cost_s < 0 or self.clock_change_delay_s < 0:
+            raise ValueError("read_cost_s and clock_change_delay_s must be >= 0")
+
+    @property
+    def max_clock_mhz(self) -> int:
+        """The highest supported clock, ``F_MAX``."""
+        return self.clocks_mhz[0]
+
+    def time_s(self, work: FakeWork, frequency_mhz: float) -> float:
+        """Time of ``work`` at ``frequency_mhz`` (any positive clock), in seconds."""
+        c = self.compute_fraction
+        return work.time_at_max_s * (c * self.max_clock_mhz / frequency_mhz + (1.0 - c))
+
+    def voltage(self, frequency_mhz: float) -> float:
+        """Voltage at ``frequency_mhz``, relative to the voltage at the top clock."""
+        if frequency_mhz <= self.knee_clock_mhz:
+            return self.min_voltage
+        rise = (frequency_mhz - self.knee_clock_mhz) / (self.max_clock_mhz - self.knee_clock_mhz)
+        return self.min_voltage + (1.0 - self.min_voltage) * rise
+
+    def power_w(self, work: FakeWork, frequency_mhz: float) -> float:
+        """Busy power of ``work`` at ``frequency_mhz``, in watts, ignoring the power limit.
+
+        Raises:
+            ValueError: ``work.power_at_max_w`` is below the model's idle power.
+        """
+        dynamic_w = work.power_at_max_w - self.idle_power_w
+        if dynamic_w < 0:
+            raise ValueError(
+                f"power_at_max_w {work.power_at_max_w} W is below the idle power "
+                f"{self.idle_power_w} W"
+            )
+        v = self.voltage(frequency_mhz)
+        return self.idle_power_w + dynamic_w * (frequency_mhz / self.max_clock_mhz) * v * v
+
+    def energy_j(self, work: FakeWork, frequency_mhz: float) -> float:
+        """Energy of one ``work`` at ``frequency_mhz``, in joules: time times busy power."""
+        return self.time_s(work, frequency_mhz) * self.power_w(work, frequency_mhz)
+
+    def unlocked_clock_mhz(self, work: FakeWork) -> int:
+        """The clock ``work`` runs at with no lock: the highest one within the power limit.
+
+        Complexity: O(number of clocks).
+        """
+        for f in self.clocks_mhz:
+            if self.power_w(work, f) <= self.power_limit_w:
+                return f
+        return self.clocks_mhz[-1]
+
+    def min_energy_clock_mhz(self, work: FakeWork) -> int:
+        """The supported clock at which ``work`` uses the least energy (the highest on a tie)."""
+        return min(self.clocks_mhz, key=lambda f: (self.energy_j(work, f), -f))
+
+
+def default_work(stage: int, stages: int) -> dict[str, FakeWork]:
+    """Forward and backward of one stage of a GPT-like pipeline on the default model.
+
+    A middle stage's forward takes 20 ms at 620 W and its backward 40 ms at 760 W at the top
+    clock (so the backward throttles when unlocked). Stage 0 takes 1.1 times as long (the
+    embedding), the last stage 1.3 times (LM head and loss), both with one stage; powers do not
+    change. The pipeline is therefore imbalanced, like real ones.
+
+    Args:
+        stage: The stage, ``0 <= stage < stages``.
+        stages: Number of pipeline stages, >= 1.
+
+    Returns:
+        ``{"forward": ..., "backward": ...}``.
+
+    Raises:
+        ValueError: ``stage`` or ``stages`` is out of range.
+    """
+    if stages < 1 or not 0 <= stage < stages:
+        raise ValueError(f"need 0 <= stage < stages, got stage={stage}, stages={stages}")
+    scale = (1.1 if stage == 0 else 1.0) * (1.3 if stage == stages - 1 else 1.0)
+    return {
+        "forward": FakeWork(time_at_max_s=0.020 * scale, power_at_max_w=620.0),
+        "backward": FakeWork(time_at_max_s=0.040 * scale, power_at_max_w=760.0),
+    }
+
+
+_DEFAULT_MODEL = FakeGpuModel()
+
+
+@dataclass(slots=True)
+class _Busy:
+    start_s: float
+    duration_s: float
+
+
+class FakeGpu:
+    """A fake GPU following :class:`FakeGpuModel`; implements ``GpuControl``.
+
+    Thread-safe: the training thread calls :meth:`begin`/:meth:`end` while other threads read
+    energy and power and lock clocks. Times come from ``clock`` (seconds, monotonic) and waits
+    go through ``sleep``; tests inject both to run instantly and deterministically.
+
+    Args:
+        model: The GPU model.
+        work: Work kinds by name (e.g. :func:`default_work`); :meth:`begin` takes one of them.
+        index: The index the fake reports.
+        clock: Monotonic clock in seconds.
+        sleep: Sleeps the given seconds.
+
+    Raises:
+        ValueError: A work's power is below the model's idle power.
+    """
+
+    def __init__(
+        self,
+        model: FakeGpuModel = _DEFAULT_MODEL,
+        work: Mapping[str, FakeWork] | None = None,
+        *,
+        index: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._model = model
+        self._work = self._checked(work if work is not None else {})
+        self._index = index
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        now = clock()
+        self._origin_s = now
+        # Lock state: the lock in effect (None: unlocked) and requests not yet in effect.
+        self._locked_mhz: int | None = None
+        self._pending: deque[tuple[float, int | None]] = deque()
+        self._busy: _Busy | None = None
+        self._busy_clock_mhz = self._model.max_clock_mhz
+        # Energy: exact integral up to _integrated_to_s at the constant _power_now_w.
+        self._power_now_w = self._model.idle_power_w
+        self._integrated_to_s = now
+        self._energy_j = 0.0
+        # Counter: ticks done, and the exact energy and smoothed power at the last tick.
+        self._ticks = 0
+        self._counter_j = 0.0
+        self._smoothed_w = self._model.idle_power_w
+        self._alpha = -math.expm1(-self._model.counter_period_s / self._model.power_time_constant_s)
+
+    # GpuControl -------------------------------------------------------------------------------
+
+    @property
+    def index(self) -> int:
+        """The index given at creation."""
+        return self._index
+
+    @property
+    def name(self) -> str:
+        """The model's name."""
+        return self._model.name
+
+    @property
+    def can_set_clocks(self) -> bool:
+        """Always True: the fake applies locks."""
+        return True
+
+    @property
+    def model(self) -> FakeGpuModel:
+        """The model this fake follows."""
+        return self._model
+
+    @property
+    def locked_clock_mhz(self) -> int | None:
+        """The lock in effect now (requests still within their delay are not), or None."""
+        with self._lock:
+            self._apply_pending(self._clock())
+            return self._locked_mhz
+
+    @property
+    def work(self) -> Mapping[str, FakeWork]:
+        """Work kinds by name; assign to replace them (work running now keeps its own)."""
+        with self._lock:
+            return MappingProxyType(self._work)
+
+    @work.setter
+    def work(self, work: Mapping[str, FakeWork]) -> None:
+        checked = self._checked(work)
+        with self._lock:
+            self._work = checked
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        """The model's clocks, descending."""
+        return self._model.clocks_mhz
+
+    def default_clock_mhz(self) -> int:
+        """The highest supported clock."""
+        return self._model.max_clock_mhz
+
+    def current_clock_mhz(self) -> int:
+        """The clock of the work running now, else the lock in effect, else the top clock."""
+        with self._lock:
+            self._apply_pending(self._clock())
+            if self._busy is not None:
+                return self._busy_clock_mhz
+            return self._locked_mhz if self._locked_mhz is not None else self._model.max_clock_mhz
+
+    def lock_clock(self, frequency_mhz: int) -> None:
+        """Request a lock at ``frequency_mhz``; it takes effect after the model's delay.
+
+        Raises:
+            GpuControlError: ``frequency_mhz`` is not a supported clock.
+        """
+        clocks = self._model.clocks_mhz
+        if isinstance(frequency_mhz, bool) or frequency_mhz not in clocks:
+            raise GpuControlError(
+                f"GPU {self._index}: {frequency_mhz!r} MHz is not a supported SM clock "
+                f"(supported: {clocks[-1]}-{clocks[0]} MHz, {len(clocks)} clocks)"
+            )
+        self._request(int(frequency_mhz))
+
+    def reset_clock(self) -> None:
+        """Request removing the lock; it takes effect after the model's delay."""
+        self._request(None)
+
+    def energy_j(self) -> float:
+        """The energy counter as of its last tick, in joules; takes ``read_cost_s``."""
+        with self._lock:
+            self._advance(self._clock())
+            value = self._counter_j
+        if self._model.read_cost_s > 0:
+            self._sleep(self._model.read_cost_s)
+        return value
+
+    def power_w(self) -> float:
+        """The smoothed power reading as of the last counter tick, in watts."""
+        with self._lock:
+            self._advance(self._clock())
+            return self._smoothed_w
+
+    # Work -------------------------------------------------------------------------------------
+
+    def begin(self, kind: str, scale: float = 1.0) -> None:
+        """Start one unit of ``kind`` (``scale`` times its modelled time) on the calling thread.
+
+        The work runs at the clock in effect now: the lock, or else the unlocked (possibly
+        throttled) clock.
+
+        Raises:
+            GpuControlError: ``kind`` is unknown, ``scale`` is not positive, or work is running.
+        """
+        if not (math.isfinite(scale) and scale > 0):
+            raise GpuControlError(f"GPU {self._index}: work scale must be > 0, got {scale}")
+        with self._lock:
+            work = self._work.get(kind)
+            if work is None:
+                raise GpuControlError(
+                    f"GPU {self._index}: unknown work {kind!r} (known: {sorted(self._work)})"
+                )
+            if self._busy is not None:
+                raise GpuControlError(f"GPU {self._index}: begin({kind!r}) while work is running")
+            now = self._clock()
+            self._advance(now)
+            self._apply_pending(now)
+            if self._locked_mhz is not None:
+                f = self._locked_mhz
+            else:
+                f = self._model.unlocked_clock_mhz(work)
+            self._busy_clock_mhz = f
+            self._busy = _Busy(now, scale * self._model.time_s(work, f))
+            self._power_now_w = self._model.power_w(work, f)
+
+    def end(self) -> None:
+        """Finish the running work: sleep until its modelled time has passed since :meth:`begin`.
+
+        If the host work in between already took longer, it does not sleep. The last
+        ``0.5 ms`` is spun rather than slept, for precision.
+
+        Raises:
+            GpuControlError: No work is running.
+        """
+        with self._lock:
+            busy = self._busy
+        if busy is None:
+            raise GpuControlError(f"GPU {self._index}: end() without begin()")
+        self._wait_until(busy.start_s + busy.duration_s)
+        with self._lock:
+            self._advance(self._clock())
+            self._busy = None
+            self._power_now_w = self._model.idle_power_w
+
+    def run(self, kind: str, scale: float = 1.0) -> None:
+        """Run one unit of ``kind`` with no host work: :meth:`begin` then :meth:`end`."""
+        self.begin(kind, scale)
+        self.end()
+
+    def true_energy_j(self) -> float:
+        """The exact energy since creation up to now, in joules, at no read cost."""
+        with self._lock:
+            self._advance(self._clock())
+            return self._energy_j
+
+    # Internals (callers hold self._lock where noted) -------------------------------------------
+
+    def _checked(self, work: Mapping[str, FakeWork]) -> dict[str, FakeWork]:
+        for w in work.values():
+            self._model.power_w(w, self._model.max_clock_mhz)  # raises on a bad work
+        return dict(work)
+
+    def _request(self, locked_mhz: int | None) -> None:
+        with self._lock:
+            now = self._clock()
+            self._apply_pending(now)
+            self._pending.append((now + self._model.clock_change_delay_s, locked_mhz))
+            self._apply_pending(now)  # a zero delay takes effect at once
+
+    def _apply_pending(self, now: float) -> None:
+        """Put requests whose delay has passed into effect (holds the lock)."""
+        while self._pending and self._pending[0][0] <= now:
+            self._locked_mhz = self._pending.popleft()[1]
+
+    def _advance(self, now: float) -> None:
+        """Integrate energy and run counter ticks up to ``now`` (holds the lock).
+
+        Power is constant since ``_integrated_to_s``, so the ticks in between are closed-form:
+        the first may mix the previous power with this one, the rest see only this one.
+        """
+        if now <= self._integrated_to_s:
+            return
+        period = self._model.counter_period_s
+        power = self._power_now_w
+        ticks_now = math.floor((now - self._origin_s) / period)
+        if ticks_now > self._ticks:
+            first_tick_s = self._origin_s + (self._ticks + 1) * period
+            energy_at_first = self._energy_j + power * (first_tick_s - self._integrated_to_s)
+            mean_w = (energy_at_first - self._counter_j) / period
+            self._smoothed_w += self._alpha * (mean_w - self._smoothed_w)
+            rest = ticks_now - self._ticks - 1
+            self._smoothed_w = power + (self._smoothed_w - power) * (1.0 - self._alpha) ** rest
+            self._counter_j = energy_at_first + power * period * rest
+            self._ticks = ticks_now
+        self._energy_j += power * (now - self._integrated_to_s)
+        self._integrated_to_s = now
+
+    def _wait_until(self, deadline_s: float) -> None:
+        """Sleep, then spin the last ``_SPIN_S``, until ``clock() >= deadline_s``.
+
+        A spin step that sees the clock stand still (an injected clock that only moves on
+        sleep) sleeps the remainder instead, so fake clocks cannot hang it.
+        """
+        remaining = deadline_s - self._clock()
+        if remaining > _SPIN_S:
+            self._sleep(remaining - _SPIN_S)
+        last = self._clock()
+        while last < deadline_s:
+            now = self._clock()
+            if now == last:
+                self._sleep(deadline_s - now)
+                return
+            last = now

@@ -1,0 +1,674 @@
+"""``perseus job ...`` and ``perseus reset-clocks``: planner jobs and GPU clocks from a shell.
+
+``perseus job create`` prints ``export`` lines, so ``eval "$(perseus job create ...)"`` sets
+``PERSEUS_SERVER``, ``PERSEUS_JOB`` and ``PERSEUS_TOKEN`` for the commands (and the training
+ranks) that follow; every other job command reads them unless told otherwise.
+
+This module is imported only when one of its commands runs, and imports the HTTP client
+(httpx, pydantic) only when a command talks to the planner, so ``perseus --help`` stays
+fast. Command errors are :class:`CommandError` (a bad command line or environment) or
+:class:`~perseus.errors.PerseusError`; both print as one ``perseus: error:`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from perseus.errors import (
+    AuthError,
+    JobNotFound,
+    PlannerUnavailable,
+    PlanNotReady,
+    PolicyError,
+)
+from perseus.solver.policies import Policy
+from perseus.solver.schedules import SCHEDULE_NAMES
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from perseus.client.planner import PlannerClient
+    from perseus.schemas import FrontierPoint, FrontierView, JobView, PlanVersion, PolicySpec
+
+__all__ = [
+    "ADMIN_TOKEN_ENV",
+    "JOB_ENV",
+    "SERVER_ENV",
+    "TOKEN_ENV",
+    "CommandError",
+    "add_job_arguments",
+    "add_reset_clocks_arguments",
+    "format_frontier",
+    "format_job",
+    "policy_spec",
+    "policy_text",
+    "run_job",
+    "run_reset_clocks",
+]
+
+SERVER_ENV = "PERSEUS_SERVER"
+JOB_ENV = "PERSEUS_JOB"
+TOKEN_ENV = "PERSEUS_TOKEN"
+ADMIN_TOKEN_ENV = "PERSEUS_ADMIN_TOKEN"
+
+_POLICY_FIELDS = {"max-slowdown": "factor", "deadline": "seconds", "zeus-cost": "eta"}
+_BASELINE_LABELS = {
+    "all_fastest": "all-fastest (default)",
+    "global_clock": "global clock",
+    "per_stage_clock": "per-stage clock",
+}
+
+
+class CommandError(Exception):
+    """A job command cannot run as given (a missing server, job or token, a bad file)."""
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def _number(minimum: float, *, inclusive: bool) -> Callable[[str], float]:
+    bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number {bound}, got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+            raise argparse.ArgumentTypeError(f"expected a finite number {bound}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _policy(text: str) -> Policy:
+    try:
+        return Policy.parse(text)
+    except PolicyError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _gpus(text: str) -> list[int] | None:
+    if text.strip() == "all":
+        return None
+    indices: list[int] = []
+    for part in text.split(","):
+        if not part.strip().isdigit():
+            raise argparse.ArgumentTypeError(
+                f"expected 'all' or GPU indices like 0 or 0,2, got {text!r}"
+            )
+        indices.append(int(part))
+    return indices
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``perseus job`` subcommands to ``parser`` (their errors use its class).
+
+    Each subcommand sets ``args.job_command``; run it with :func:`run_job`.
+    """
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument(
+        "--server", metavar="URL", help=f"planner server (default ${SERVER_ENV})"
+    )
+    connection.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_number(0, inclusive=False),
+        help="connect, read and write timeout (default 5 s connect, 30 s read and write)",
+    )
+    job = argparse.ArgumentParser(add_help=False)
+    job.add_argument("job", metavar="JOB", nargs="?", help=f"the job's id (default ${JOB_ENV})")
+    job.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help=f"the job's token (default ${TOKEN_ENV}, else ${ADMIN_TOKEN_ENV})",
+    )
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print the server's JSON view")
+
+    commands = parser.add_subparsers(
+        title="commands", metavar="COMMAND", parser_class=type(parser), required=True
+    )
+    create = commands.add_parser(
+        "create",
+        parents=[connection],
+        help="create a job; prints export lines for eval",
+        description="Create a job on the planner and print 'export PERSEUS_SERVER=...', "
+        "'export PERSEUS_JOB=...' and 'export PERSEUS_TOKEN=...' for "
+        'eval "$(perseus job create ...)". Sends $PERSEUS_ADMIN_TOKEN if set.',
+    )
+    create.add_argument(
+        "--stages", metavar="S", type=_positive_int, required=True, help="pipeline stages"
+    )
+    create.add_argument(
+        "--microbatches", metavar="M", type=_positive_int, required=True, help="microbatches"
+    )
+    create.add_argument("--schedule", choices=SCHEDULE_NAMES, default="1f1b", help="(default 1f1b)")
+    create.add_argument(
+        "--virtual-stages",
+        metavar="V",
+        type=_positive_int,
+        help="model chunks per GPU for interleaved-1f1b (default 2 there, else 1)",
+    )
+    create.add_argument(
+        "--data-parallel", metavar="D", type=_positive_int, default=1, help="(default 1)"
+    )
+    create.add_argument(
+        "--tensor-parallel", metavar="T", type=_positive_int, default=1, help="(default 1)"
+    )
+    create.add_argument(
+        "--policy",
+        metavar="POLICY",
+        type=_policy,
+        help="no-slowdown (default), max-slowdown:FACTOR, deadline:SECONDS, min-energy, "
+        "zeus-cost:ETA",
+    )
+    create.add_argument(
+        "--p-block",
+        metavar="WATTS",
+        type=_number(0, inclusive=False),
+        help="blocking power of one waiting GPU (default: what the ranks measure)",
+    )
+    create.add_argument("--name", metavar="NAME", help="a name to recognize the job by")
+    create.add_argument(
+        "--auto-straggler",
+        action="store_true",
+        help="move the other replicas to a consistently slower replica's pace",
+    )
+    create.set_defaults(job_command=_create)
+
+    status = commands.add_parser(
+        "status",
+        parents=[connection, job, as_json],
+        help="the job's state, counts, policy, chosen point, telemetry",
+        description="Show the job's state, counts, policy, straggler and chosen point.",
+    )
+    status.set_defaults(job_command=_status)
+
+    frontier = commands.add_parser(
+        "frontier",
+        parents=[connection, job, as_json],
+        help="the job's time-energy frontier, baselines and chosen point",
+        description="Show the job's time-energy frontier: its span, the baselines and the "
+        "points the policy and a straggler choose.",
+    )
+    frontier.set_defaults(job_command=_frontier)
+
+    policy = commands.add_parser(
+        "policy",
+        parents=[connection, job],
+        help="change the job's policy",
+        description="Change the job's policy; with a frontier, the ranks' plans move.",
+    )
+    policy.add_argument(
+        "policy",
+        metavar="POLICY",
+        type=_policy,
+        help="no-slowdown, max-slowdown:FACTOR, deadline:SECONDS, min-energy, zeus-cost:ETA",
+    )
+    policy.set_defaults(job_command=_set_policy)
+
+    straggler = commands.add_parser(
+        "straggler",
+        parents=[connection, job],
+        help="declare (or clear) that another pipeline sets the pace",
+        description="Declare that another pipeline sets the pace, by how much slower or "
+        "by its iteration time; or clear it.",
+    )
+    which = straggler.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--slowdown",
+        metavar="X",
+        type=_number(1, inclusive=True),
+        help="iterations take X times this job's plan",
+    )
+    which.add_argument(
+        "--iteration-time",
+        metavar="SECONDS",
+        type=_number(0, inclusive=False),
+        help="iterations take this long",
+    )
+    which.add_argument("--clear", action="store_true", help="no straggler any more")
+    straggler.set_defaults(job_command=_straggler)
+
+    delete = commands.add_parser(
+        "delete",
+        parents=[connection, job],
+        help="delete the job",
+        description="Delete the job. Sends --token, else $PERSEUS_ADMIN_TOKEN when set "
+        "(a server with an admin token requires it), else $PERSEUS_TOKEN.",
+    )
+    delete.set_defaults(job_command=_delete)
+
+    profile = commands.add_parser(
+        "profile",
+        parents=[connection, job],
+        help="the job's merged profile as Zeus CSV (for perseus plan)",
+        description="Write the job's profile, each stage's ranks merged as for planning, as "
+        "the Zeus CSV that 'perseus plan' reads.",
+    )
+    profile.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        default="-",
+        help="where to write (default '-': standard output)",
+    )
+    profile.set_defaults(job_command=_profile)
+
+
+def add_reset_clocks_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of ``perseus reset-clocks``; run it with :func:`run_reset_clocks`."""
+    parser.add_argument(
+        "--gpu",
+        metavar="N|all",
+        type=_gpus,
+        default=None,
+        help="NVML index of the GPU, several as 0,2, or all (default all)",
+    )
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def run_job(
+    args: argparse.Namespace,
+    *,
+    environ: Mapping[str, str] | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """Run the ``perseus job`` subcommand ``args`` names.
+
+    Args:
+        args: parsed by a parser :func:`add_job_arguments` built.
+        environ: where ``PERSEUS_*`` defaults come from (``os.environ`` if None).
+        out: where results go (standard output if None).
+
+    Returns:
+        0.
+
+    Raises:
+        CommandError: no server, job or token was given; the planner is unreachable, the
+            token is wrong, the job unknown or not ready (the message says what to check).
+        PerseusError: the planner refused the request (the message says why).
+    """
+    env = os.environ if environ is None else environ
+    stream = sys.stdout if out is None else out
+    server = _server(args, env)
+    command: Callable[[argparse.Namespace, _Context], None] = args.job_command
+    try:
+        command(args, _Context(server, env, stream))
+    except PlannerUnavailable as err:
+        raise CommandError(
+            f"{err}; is the planner running there? (--server or ${SERVER_ENV})"
+        ) from err
+    except AuthError as err:
+        hint = (
+            f"pass --token or set ${TOKEN_ENV}"
+            if err.status_code == 401
+            else f"the token is not this job's; check ${TOKEN_ENV} or --token"
+        )
+        raise CommandError(f"{err}: {hint}") from err
+    except JobNotFound as err:
+        raise CommandError(f"{err} on {server}; check the job id (${JOB_ENV})") from err
+    except PlanNotReady as err:
+        raise CommandError(f"{err}; see 'perseus job status' and try again later") from err
+    return 0
+
+
+def run_reset_clocks(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
+    """Run ``perseus reset-clocks``: restore the default SM clocks of GPUs.
+
+    Meant for after a training process was killed (``kill -9``) with clocks locked.
+
+    Returns:
+        0.
+
+    Raises:
+        GpuControlError: NVML failed, or the process may not change clocks.
+    """
+    from perseus.client.gpu import reset_clocks
+
+    stream = sys.stdout if out is None else out
+    for line in reset_clocks(args.gpu):
+        stream.write(f"{line}\n")
+    return 0
+
+
+class _Context:
+    """Where a job command talks to and writes: the server, the environment, the output."""
+
+    def __init__(self, server: str, env: Mapping[str, str], out: TextIO) -> None:
+        self.server = server
+        self.env = env
+        self.out = out
+
+
+def _server(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    server: str | None = args.server or env.get(SERVER_ENV)
+    if not server:
+        raise CommandError(f"no planner server: pass --server URL or set ${SERVER_ENV}")
+    if not server.startswith(("http://", "https://")):
+        raise CommandError(f"--server: expected http://HOST:PORT, got {server!r}")
+    return server.rstrip("/")
+
+
+def _job_id(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    job_id: str | None = args.job or env.get(JOB_ENV)
+    if not job_id:
+        raise CommandError(f"no job: give JOB or set ${JOB_ENV}")
+    return job_id
+
+
+def _token(args: argparse.Namespace, env: Mapping[str, str], *, admin_first: bool) -> str:
+    names = (ADMIN_TOKEN_ENV, TOKEN_ENV) if admin_first else (TOKEN_ENV, ADMIN_TOKEN_ENV)
+    token: str | None = args.token or next((env[n] for n in names if env.get(n)), None)
+    if not token:
+        raise CommandError(f"no token: pass --token or set ${TOKEN_ENV}")
+    return token
+
+
+def _open(args: argparse.Namespace, ctx: _Context, *, admin_first: bool = False) -> PlannerClient:
+    import httpx
+
+    from perseus.client.planner import PlannerClient
+
+    job_id = _job_id(args, ctx.env)
+    token = _token(args, ctx.env, admin_first=admin_first)
+    timeout = None if args.timeout is None else httpx.Timeout(args.timeout)
+    return PlannerClient.open(ctx.server, job_id, token, timeout=timeout)
+
+
+def _create(args: argparse.Namespace, ctx: _Context) -> None:
+    import httpx
+    from pydantic import ValidationError
+
+    from perseus.client.planner import DEFAULT_TIMEOUT, create_job
+    from perseus.schemas import JobCreate
+
+    fields: dict[str, object] = {
+        "schedule": args.schedule,
+        "stages": args.stages,
+        "microbatches": args.microbatches,
+        "data_parallel": args.data_parallel,
+        "tensor_parallel": args.tensor_parallel,
+        "auto_straggler": args.auto_straggler,
+    }
+    virtual_stages = args.virtual_stages
+    if virtual_stages is None and args.schedule == "interleaved-1f1b":
+        virtual_stages = 2  # as `perseus plan` does
+    optional = {
+        "virtual_stages": virtual_stages,
+        "name": args.name,
+        "p_block_w": args.p_block,
+        "policy": None if args.policy is None else policy_spec(args.policy),
+    }
+    fields.update({k: v for k, v in optional.items() if v is not None})
+    try:
+        spec = JobCreate.model_validate(fields)
+    except ValidationError as err:
+        raise CommandError(_validation_text(err)) from None
+    timeout = DEFAULT_TIMEOUT if args.timeout is None else httpx.Timeout(args.timeout)
+    with httpx.Client(base_url=ctx.server, timeout=timeout) as http:
+        created = create_job(http, spec, ctx.env.get(ADMIN_TOKEN_ENV) or None)
+    ctx.out.write(f"export {SERVER_ENV}={shlex.quote(ctx.server)}\n")
+    ctx.out.write(f"export {JOB_ENV}={shlex.quote(created.job_id)}\n")
+    ctx.out.write(f"export {TOKEN_ENV}={shlex.quote(created.token)}\n")
+
+
+def _status(args: argparse.Namespace, ctx: _Context) -> None:
+    with _open(args, ctx) as client:
+        view = client.job()
+    ctx.out.write(view.model_dump_json(indent=2) + "\n" if args.json else format_job(view))
+
+
+def _frontier(args: argparse.Namespace, ctx: _Context) -> None:
+    with _open(args, ctx) as client:
+        view = client.frontier()
+    if args.json:
+        ctx.out.write(view.model_dump_json(indent=2) + "\n")
+    else:
+        ctx.out.write(f"job {client.job_id}, plan version {view.version}\n")
+        ctx.out.write(format_frontier(view))
+
+
+def _set_policy(args: argparse.Namespace, ctx: _Context) -> None:
+    spec = policy_spec(args.policy)
+    with _open(args, ctx) as client:
+        reply = client.set_policy(spec)
+    ctx.out.write(f"policy {policy_text(spec)}: {_version_text(reply)}\n")
+
+
+def _straggler(args: argparse.Namespace, ctx: _Context) -> None:
+    from perseus.schemas import StragglerSpec
+
+    with _open(args, ctx) as client:
+        if args.clear:
+            reply = client.clear_straggler()
+            what = "straggler cleared"
+        elif args.slowdown is not None:
+            reply = client.set_straggler(StragglerSpec(slowdown=args.slowdown))
+            what = f"straggler {args.slowdown:g}x slower"
+        else:
+            reply = client.set_straggler(StragglerSpec(iteration_time_s=args.iteration_time))
+            what = f"straggler at {args.iteration_time:g} s per iteration"
+    ctx.out.write(f"{what}: {_version_text(reply)}\n")
+
+
+def _delete(args: argparse.Namespace, ctx: _Context) -> None:
+    with _open(args, ctx, admin_first=True) as client:
+        client.delete()
+    ctx.out.write(f"deleted job {client.job_id}\n")
+
+
+def _profile(args: argparse.Namespace, ctx: _Context) -> None:
+    target = None if args.output == "-" else Path(args.output)
+    if target is not None and not target.parent.is_dir():
+        raise CommandError(f"--output: directory {target.parent} does not exist")
+    with _open(args, ctx) as client:
+        text = client.profile_csv()
+    if target is None:
+        ctx.out.write(text)
+        return
+    _write_atomically(target, text)
+    rows = max(text.count("\n") - 1, 0)
+    ctx.out.write(f"wrote {target} ({rows} rows)\n")
+
+
+def _write_atomically(target: Path, text: str) -> None:
+    """Write through a temporary file renamed into place: a failure leaves no half file."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+                handle.write(text)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual mode
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as err:
+        raise CommandError(f"--output: cannot write {target}: {err.strerror}") from err
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def policy_spec(policy: Policy) -> PolicySpec:
+    """The wire policy for a policy as ``perseus plan --policy`` parses it.
+
+    Raises:
+        PolicyError: the value is out of the server's range (e.g. a slowdown over 100).
+    """
+    from pydantic import TypeAdapter, ValidationError
+
+    from perseus.schemas import PolicySpec
+
+    data: dict[str, object] = {"kind": policy.kind}
+    if policy.kind in _POLICY_FIELDS:
+        data[_POLICY_FIELDS[policy.kind]] = policy.value
+    adapter: TypeAdapter[PolicySpec] = TypeAdapter(PolicySpec)
+    try:
+        return adapter.validate_python(data)
+    except ValidationError as err:
+        raise PolicyError(f"policy {policy}: {_validation_text(err)}") from None
+
+
+def policy_text(spec: PolicySpec) -> str:
+    """A wire policy as the command line writes it: ``max-slowdown:1.05``."""
+    field = _POLICY_FIELDS.get(spec.kind)
+    return spec.kind if field is None else f"{spec.kind}:{getattr(spec, field):g}"
+
+
+def format_job(view: JobView) -> str:
+    """The job view as aligned ``label  value`` lines."""
+    spec = view.spec
+    shape = f"{spec.schedule}: {spec.stages} stages x {spec.microbatches} microbatches"
+    if spec.virtual_stages > 1:
+        shape += f" x {spec.virtual_stages} chunks"
+    shape += f"; {spec.data_parallel} data parallel x {spec.tensor_parallel} tensor parallel"
+    counts = view.counts
+    state = view.state if view.reason is None else f"{view.state}: {view.reason}"
+    lines = [
+        ("job", view.job_id if view.name is None else f"{view.job_id} ({view.name})"),
+        ("state", state),
+        ("schedule", shape),
+        (
+            "ranks",
+            f"{counts.ranks_registered} of {counts.ranks_expected} registered, "
+            f"{counts.profiles_reported} profiles ({counts.stages_profiled} of {spec.stages} "
+            f"stages), {counts.iterations_reported} iterations reported",
+        ),
+        ("policy", policy_text(view.policy)),
+        ("straggler", _straggler_text(view)),
+        ("version", str(view.version)),
+    ]
+    if view.frontier_points is not None:
+        planned = "" if view.planning_s is None else f", planned in {view.planning_s:.2f} s"
+        lines.append(("frontier", f"{view.frontier_points} points{planned}"))
+    if view.chosen is not None:
+        c = view.chosen
+        lines.append(
+            (
+                "chosen",
+                f"point {c.index}: {c.time_s:.4f} s, {c.energy_j:.1f} J per iteration "
+                f"(expected {c.expected_iteration_time_s:.4f} s, {c.expected_energy_j:.1f} J)",
+            )
+        )
+    t = view.telemetry
+    if t is not None and t.measured_time_s is not None and t.measured_energy_j is not None:
+        lines.append(
+            ("measured", f"{t.measured_time_s:.4f} s, {t.measured_energy_j:.1f} J per iteration")
+        )
+    width = max(len(label) for label, _ in lines)
+    return "".join(f"{label.ljust(width)}  {value}\n" for label, value in lines)
+
+
+def _straggler_text(view: JobView) -> str:
+    s = view.straggler
+    if s is None:
+        return "none"
+    if s.slowdown is not None:
+        text = f"{s.slowdown:g}x slower"
+    elif s.iteration_time_s is not None:
+        text = f"{s.iteration_time_s:.4f} s per iteration"
+    else:
+        text = "set"
+    if s.automatic:
+        text += f" (detected: replicas {', '.join(map(str, s.data_parallel_ranks))})"
+    return text
+
+
+def format_frontier(view: FrontierView) -> str:
+    """The frontier's span, baselines and chosen points as a table."""
+    points = view.points
+    if not points:
+        return "frontier  no points\n"
+    first, last = points[0], points[-1]
+    fastest = view.baselines.get("all_fastest")
+    ref_s = fastest.time_s if fastest is not None else first.time_s
+    ref_j = fastest.energy_j if fastest is not None else first.energy_j
+    head = (
+        f"frontier  {len(points)} points\n"
+        f"time      {first.time_s:.4f} s to {last.time_s:.4f} s\n"
+        f"energy    {first.energy_j:.1f} J to {last.energy_j:.1f} J\n\n"
+    )
+
+    def row(label: str, time_s: float, energy_j: float) -> list[str]:
+        return [
+            label,
+            f"{time_s:.4f}",
+            f"{energy_j:.1f}",
+            f"{100 * (1 - energy_j / ref_j):.2f} %",
+            f"{100 * (time_s / ref_s - 1):.2f} %",
+        ]
+
+    rows = [["plan", "time (s)", "energy (J)", "saving", "slowdown"]]
+    for key, baseline in view.baselines.items():
+        rows.append(
+            row(
+                _BASELINE_LABELS.get(key, key.replace("_", " ")), baseline.time_s, baseline.energy_j
+            )
+        )
+    n = len(points)
+    chosen = points[view.chosen_index]
+    if view.policy_index == view.chosen_index:
+        rows.append(row(f"chosen: policy (point {view.chosen_index} of {n})", *_te(chosen)))
+    else:
+        policy = points[view.policy_index]
+        rows.append(row(f"policy (point {view.policy_index} of {n})", *_te(policy)))
+        rows.append(row(f"chosen: straggler (point {view.chosen_index} of {n})", *_te(chosen)))
+    return head + _table(rows, right=range(1, 5))
+
+
+def _te(point: FrontierPoint) -> tuple[float, float]:
+    return point.time_s, point.energy_j
+
+
+def _table(rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        cells = [
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(r, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _version_text(reply: PlanVersion) -> str:
+    if reply.chosen is None:
+        return f"stored; the job is {reply.state}, plans follow once it is planned"
+    c = reply.chosen
+    return (
+        f"plan version {reply.version}, point {c.index}: {c.time_s:.4f} s, "
+        f"{c.energy_j:.1f} J per iteration (expected {c.expected_iteration_time_s:.4f} s, "
+        f"{c.expected_energy_j:.1f} J)"
+    )
+
+
+def _validation_text(err: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'job'}: {e['msg']}" for e in err.errors()
+    )

@@ -1,0 +1,602 @@
+"""The planner HTTP client: what a rank, or an operator, asks the planner server about a job.
+
+:class:`PlannerClient` speaks for one job over an ``httpx.Client`` it is given (with
+``base_url`` set), so tests pass FastAPI's ``TestClient`` or an ``httpx.MockTransport``;
+:meth:`PlannerClient.open` builds one with explicit timeouts. Requests and replies are the
+models of :mod:`perseus.schemas`, parsed with the same models the server renders them with.
+
+Every call raises only errors of :mod:`perseus.errors`, mapped in one place
+(:func:`_call`, with :func:`_transport_errors` and :func:`_error_from_response`):
+
+- connecting, reading, writing or a timeout (``httpx.TransportError``), and any 5xx, become
+  :class:`~perseus.errors.PlannerUnavailable`, raised from the original;
+- a planner error body (``{"detail", "error"}``) becomes the class its ``error`` names, the
+  server's status table read backwards: ``JobNotFound``, ``AuthError`` (with its 401 or 403),
+  ``PlanNotReady`` (with the job's ``state`` and ``Retry-After``), ``JobStateError``,
+  ``PlanError``, ``ProfileError``, ``ScheduleError``, ``PolicyError``, ``InfeasibleDeadline``;
+  any other 4xx (422 validation, 413) becomes :class:`~perseus.errors.RequestRejected`, its
+  fields named by path (``body.rows.3.time_s: ...``);
+- a body that is not JSON, or not the model expected, is the server answering garbage:
+  :class:`~perseus.errors.PlannerUnavailable` saying so.
+
+Nothing here retries by itself. A caller that loops (a rank's background thread) retries with
+:func:`retry_call`, which asks :func:`retryable` (the planner down or busy, a plan not ready
+yet: yes; a bad token, an unknown job, a rejected request: no) and waits
+:meth:`Backoff.delay_s` on a ``threading.Event`` it can be woken from. Every request the
+client makes is safe to repeat: reads are reads, a rank registers again with the same
+coordinates, and a profile or iteration report sent twice replaces the first.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from perseus.errors import (
+    AuthError,
+    InfeasibleDeadline,
+    JobNotFound,
+    JobStateError,
+    PerseusError,
+    PlanError,
+    PlannerUnavailable,
+    PlanNotReady,
+    PolicyError,
+    ProfileError,
+    RequestRejected,
+    ScheduleError,
+)
+from perseus.schemas import (
+    FRONTIER_PATH,
+    ITERATIONS_PATH,
+    JOB_PATH,
+    JOBS_PATH,
+    PLAN_PATH,
+    POLICY_PATH,
+    PROFILE_CSV_PATH,
+    PROFILES_PATH,
+    RANKS_PATH,
+    STRAGGLER_PATH,
+    ErrorBody,
+    FrontierView,
+    IterationAccepted,
+    IterationReport,
+    JobCreate,
+    JobCreated,
+    JobView,
+    PlanResponse,
+    PlanVersion,
+    PolicySpec,
+    ProfileAccepted,
+    ProfileReport,
+    RankRegistered,
+    RankRegistration,
+    StragglerSpec,
+    ValidationErrorBody,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "LONG_POLL_MARGIN_S",
+    "Backoff",
+    "PlannerClient",
+    "create_job",
+    "retry_call",
+    "retryable",
+]
+
+T = TypeVar("T")
+_M = TypeVar("_M", bound=BaseModel)
+
+DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=30.0, pool=10.0)
+"""Timeouts of :meth:`PlannerClient.open` when none are given, in seconds."""
+
+LONG_POLL_MARGIN_S = 10.0
+"""A long poll's read timeout is its ``wait_s`` plus this: the server's time to answer."""
+
+# The server's error names read back into our classes: its status table (routes._STATUS)
+# inverted once, by name. 5xx answers (SolverTimeout among them) are PlannerUnavailable
+# whatever they name; names not listed here answer RequestRejected.
+_ERROR_CLASSES: Mapping[str, type[PerseusError]] = {
+    cls.__name__: cls
+    for cls in (
+        JobNotFound,
+        JobStateError,
+        PlanError,
+        ProfileError,
+        ScheduleError,
+        PolicyError,
+        InfeasibleDeadline,
+    )
+}
+_GARBAGE_SHOWN = 200  # characters of an unexpected body quoted in the error
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@contextmanager
+def _transport_errors(http: httpx.Client, where: str) -> Iterator[None]:
+    """Turn httpx's transport errors (connect, read, write, timeouts) into PlannerUnavailable."""
+    try:
+        yield
+    except httpx.TransportError as err:
+        raise PlannerUnavailable(
+            f"planner {http.base_url} unreachable ({where}): {type(err).__name__}: {err}"
+        ) from err
+
+
+def _garbage(where: str, status: int, what: str) -> PlannerUnavailable:
+    return PlannerUnavailable(f"{where}: the server answered garbage (HTTP {status}): {what}")
+
+
+def _shown(content: bytes) -> str:
+    text = content[:_GARBAGE_SHOWN].decode("utf-8", "replace")
+    return repr(text) + (" ..." if len(content) > _GARBAGE_SHOWN else "")
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After", "")
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None  # absent, or an HTTP date: the caller's backoff decides alone
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _error_from_response(response: httpx.Response, where: str) -> PerseusError:
+    """The error an unsuccessful planner answer stands for (no I/O: the body is read)."""
+    status = response.status_code
+    try:
+        body: Any = response.json()
+    except ValueError:
+        body = None
+    if status >= 500:
+        detail = body.get("detail") if isinstance(body, dict) else None
+        reason = detail if isinstance(detail, str) else response.reason_phrase
+        return PlannerUnavailable(f"{where}: the planner failed (HTTP {status}): {reason}")
+    if not isinstance(body, dict) or not isinstance(body.get("error"), str):
+        return _garbage(where, status, f"not a planner error: {_shown(response.content)}")
+    if isinstance(body.get("detail"), list):
+        try:
+            fields = ValidationErrorBody.model_validate(body)
+        except ValidationError:
+            return _garbage(where, status, f"not a planner error: {_shown(response.content)}")
+        name = fields.error
+        message = "; ".join(f"{'.'.join(str(p) for p in f.loc)}: {f.msg}" for f in fields.detail)
+        state = None
+    else:
+        try:
+            error = ErrorBody.model_validate(body)
+        except ValidationError:
+            return _garbage(where, status, f"not a planner error: {_shown(response.content)}")
+        name, message, state = error.error, error.detail, error.state
+    if status in (401, 403):
+        return AuthError(message, status)
+    if name == PlanNotReady.__name__:
+        if state is None:  # not ready, but the server did not say why: still a state error
+            return JobStateError(message)
+        return PlanNotReady(message, state, retry_after_s=_retry_after_s(response))
+    cls = _ERROR_CLASSES.get(name)
+    if cls is not None:
+        return cls(message)
+    return RequestRejected(message, status)
+
+
+def _call(
+    http: httpx.Client,
+    method: str,
+    path: str,
+    *,
+    token: str | None,
+    json: Any = None,
+    params: Mapping[str, str | int | float] | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: httpx.Timeout | None = None,
+    expect: frozenset[int] = frozenset({200}),
+) -> httpx.Response:
+    """Send one request; the answer if its status is in ``expect``, else the mapped error.
+
+    Raises:
+        PerseusError: as the module docstring lists.
+    """
+    where = f"{method} {path}"
+    sent = dict(headers or {})
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
+    with _transport_errors(http, where):
+        response = http.request(
+            method,
+            path,
+            json=json,
+            params=params,
+            headers=sent,
+            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+        )
+    if response.status_code in expect:
+        return response
+    if response.status_code < 400:  # a redirect, or a success we did not ask for
+        raise _garbage(where, response.status_code, "not an answer this request can have")
+    raise _error_from_response(response, where)
+
+
+def _parse(model: type[_M], response: httpx.Response) -> _M:
+    """The reply as ``model``, or PlannerUnavailable when it is not one."""
+    try:
+        return model.model_validate_json(response.content)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "body"
+        where = f"{response.request.method} {response.request.url.path}"
+        raise _garbage(
+            where, response.status_code, f"not a {model.__name__}: {loc}: {first['msg']}"
+        ) from err
+
+
+# ----------------------------------------------------------------------------- the client
+
+
+def create_job(http: httpx.Client, spec: JobCreate, admin_token: str | None) -> JobCreated:
+    """Create a job on the planner.
+
+    Args:
+        http: a client with the server's ``base_url``.
+        spec: the job.
+        admin_token: the server's admin token, if it has one.
+
+    Returns:
+        The job's id and token (the token is shown only this once).
+
+    Raises:
+        AuthError: the server needs the admin token (401), or it is wrong (403).
+        RequestRejected: the server rejected the spec.
+        PlannerUnavailable: the server cannot be reached or answered garbage.
+    """
+    response = _call(
+        http,
+        "POST",
+        JOBS_PATH,
+        token=admin_token,
+        json=spec.model_dump(mode="json", exclude_unset=True),
+        expect=frozenset({201}),
+    )
+    return _parse(JobCreated, response)
+
+
+class PlannerClient:
+    """The planner API of one job, authorized by its token (or the admin token).
+
+    Args:
+        http: a client with the server's ``base_url`` (and its timeouts); closed by
+            :meth:`close` only when :meth:`open` made it.
+        job_id: the job's id.
+        token: the job's token, or the admin token.
+        long_poll_margin_s: added to a plan long poll's ``wait_s`` for its read timeout.
+
+    Every method raises the errors listed in the module docstring; the Raises sections
+    name those a caller is likely to handle.
+    """
+
+    def __init__(
+        self,
+        http: httpx.Client,
+        job_id: str,
+        token: str,
+        *,
+        long_poll_margin_s: float = LONG_POLL_MARGIN_S,
+    ) -> None:
+        self._http = http
+        self._owns_http = False
+        self._token = token
+        self._margin_s = long_poll_margin_s
+        self.job_id = job_id
+        self._ids = {"job_id": quote(job_id, safe="")}
+
+    @classmethod
+    def open(
+        cls, server_url: str, job_id: str, token: str, *, timeout: httpx.Timeout | None = None
+    ) -> PlannerClient:
+        """A client with its own connection pool to ``server_url``; :meth:`close` it.
+
+        Args:
+            server_url: e.g. ``http://planner:7787``.
+            job_id: the job's id.
+            token: the job's token, or the admin token.
+            timeout: connect, read, write and pool timeouts; :data:`DEFAULT_TIMEOUT` if None.
+        """
+        http = httpx.Client(base_url=server_url, timeout=timeout or DEFAULT_TIMEOUT)
+        client = cls(http, job_id, token)
+        client._owns_http = True
+        return client
+
+    def close(self) -> None:
+        """Close the connection pool, if :meth:`open` made it."""
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> PlannerClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _path(self, template: str) -> str:
+        return template.format(**self._ids)
+
+    def _send(
+        self, method: str, template: str, model: type[_M], body: BaseModel | None = None
+    ) -> _M:
+        response = _call(
+            self._http,
+            method,
+            self._path(template),
+            token=self._token,
+            json=None if body is None else body.model_dump(mode="json"),
+        )
+        return _parse(model, response)
+
+    def job(self) -> JobView:
+        """The job's state, counts, policy, straggler, chosen point and telemetry.
+
+        Raises:
+            JobNotFound: no such job.
+            AuthError: the token is not the job's (403) or missing (401).
+        """
+        return self._send("GET", JOB_PATH, JobView)
+
+    def register(self, body: RankRegistration) -> RankRegistered:
+        """Register a rank; a restarted rank registers again with the same coordinates.
+
+        Raises:
+            JobStateError: the coordinates clash with the job or another rank.
+            RequestRejected: a field is out of range for the job.
+        """
+        return self._send("POST", RANKS_PATH, RankRegistered, body)
+
+    def report_profile(self, body: ProfileReport) -> ProfileAccepted:
+        """Report a rank's measured profile of its stage; the last one starts planning.
+
+        Raises:
+            JobStateError: the rank has not registered.
+            ProfileError, RequestRejected: the rows are unusable.
+        """
+        return self._send("POST", PROFILES_PATH, ProfileAccepted, body)
+
+    def plan(
+        self, rank: int, *, version: int | None = None, wait_s: float = 0.0
+    ) -> PlanResponse | None:
+        """The rank's plan, or None while ``version`` is still current.
+
+        Args:
+            rank: the asking rank.
+            version: the plan version the rank runs (sent as ``If-None-Match``).
+            wait_s: long poll: the server holds the request up to this long (it caps it)
+                until a plan newer than ``version`` exists. The read timeout is ``wait_s``
+                plus the client's long-poll margin.
+
+        Returns:
+            The plan, or None when the server answered 304 (``version`` is current).
+
+        Raises:
+            ValueError: ``wait_s`` is negative or not finite.
+            PlanNotReady: no plan yet (``.state`` says where the job stands).
+            JobStateError: the rank has not registered.
+        """
+        if not (math.isfinite(wait_s) and wait_s >= 0):
+            raise ValueError(f"wait_s must be a finite number >= 0, got {wait_s!r}")
+        params: dict[str, str | int | float] = {"rank": rank}
+        timeout = None
+        if wait_s > 0:
+            params["wait_s"] = wait_s
+            base = self._http.timeout
+            timeout = httpx.Timeout(
+                connect=base.connect,
+                read=wait_s + self._margin_s,
+                write=base.write,
+                pool=base.pool,
+            )
+        response = _call(
+            self._http,
+            "GET",
+            self._path(PLAN_PATH),
+            token=self._token,
+            params=params,
+            headers=None if version is None else {"If-None-Match": f'"{version}"'},
+            timeout=timeout,
+            expect=frozenset({200, 304}),
+        )
+        if response.status_code == 304:
+            return None
+        return _parse(PlanResponse, response)
+
+    def report_iteration(self, body: IterationReport) -> IterationAccepted:
+        """Report one measured iteration of a rank.
+
+        Raises:
+            JobStateError: the rank has not registered.
+        """
+        return self._send("POST", ITERATIONS_PATH, IterationAccepted, body)
+
+    def frontier(self) -> FrontierView:
+        """The job's time-energy frontier, baselines and chosen index.
+
+        Raises:
+            PlanNotReady: no frontier yet (``.state`` says where the job stands).
+        """
+        return self._send("GET", FRONTIER_PATH, FrontierView)
+
+    def set_policy(self, policy: PolicySpec) -> PlanVersion:
+        """Change the job's policy; with a frontier, plans move to a new version.
+
+        Raises:
+            InfeasibleDeadline: the deadline is shorter than the fastest plan.
+            PolicyError, RequestRejected: the policy is invalid.
+        """
+        return self._send("PUT", POLICY_PATH, PlanVersion, policy)
+
+    def set_straggler(self, body: StragglerSpec) -> PlanVersion:
+        """Declare that another pipeline sets the pace: plans move along the frontier.
+
+        Raises:
+            InfeasibleDeadline: the iteration time is shorter than the fastest plan.
+        """
+        return self._send("PUT", STRAGGLER_PATH, PlanVersion, body)
+
+    def clear_straggler(self) -> PlanVersion:
+        """No straggler any more: plans go back to the policy's point."""
+        return self._send("DELETE", STRAGGLER_PATH, PlanVersion)
+
+    def profile_csv(self) -> str:
+        """The job's profile, its ranks merged as for planning, as Zeus CSV.
+
+        The text is what ``perseus plan`` reads (``stage,instruction,frequency,time,energy``).
+
+        Raises:
+            JobStateError: some stage has no profile from each of its tensor-parallel ranks.
+        """
+        path = self._path(PROFILE_CSV_PATH)
+        response = _call(self._http, "GET", path, token=self._token)
+        if not response.headers.get("Content-Type", "").startswith("text/csv"):
+            raise _garbage(
+                f"GET {path}", response.status_code, f"not CSV: {_shown(response.content)}"
+            )
+        return response.text
+
+    def delete(self) -> None:
+        """Delete the job (the admin token if the server has one, else the job's token).
+
+        Raises:
+            AuthError: the server needs the admin token for this.
+        """
+        _call(
+            self._http,
+            "DELETE",
+            self._path(JOB_PATH),
+            token=self._token,
+            expect=frozenset({204}),
+        )
+
+
+# ----------------------------------------------------------------------------- retrying
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff with jitter: how long to wait before the next attempt.
+
+    Attributes:
+        initial_s: the wait after the first failure.
+        factor: each further failure multiplies the wait by this.
+        max_s: the longest wait.
+        jitter: fraction of the wait taken off at random, so that a thousand ranks that
+            failed together do not come back together; 0 for none.
+
+    Raises:
+        ValueError: a field is out of range.
+    """
+
+    initial_s: float = 0.5
+    factor: float = 2.0
+    max_s: float = 30.0
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.initial_s) and self.initial_s > 0):
+            raise ValueError(f"initial_s must be a finite number > 0, got {self.initial_s!r}")
+        if not (math.isfinite(self.factor) and self.factor >= 1):
+            raise ValueError(f"factor must be a finite number >= 1, got {self.factor!r}")
+        if not (math.isfinite(self.max_s) and self.max_s >= self.initial_s):
+            raise ValueError(f"max_s must be finite and >= initial_s, got {self.max_s!r}")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter!r}")
+
+    def delay_s(self, attempt: int, rng: random.Random) -> float:
+        """The wait after failed attempt number ``attempt`` (0 for the first failure).
+
+        The result lies in ``[b * (1 - jitter), b]`` where
+        ``b = min(max_s, initial_s * factor ** attempt)``.
+
+        Raises:
+            ValueError: ``attempt`` is negative.
+        """
+        if attempt < 0:
+            raise ValueError(f"attempt must be >= 0, got {attempt}")
+        # Compare in logarithms: factor ** attempt overflows a float long before attempts
+        # stop (a rank may retry for days).
+        if attempt * math.log(self.factor) >= math.log(self.max_s / self.initial_s):
+            base = self.max_s
+        else:
+            base = self.initial_s * self.factor**attempt
+        return base * (1 - self.jitter * rng.random())
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether the same request may succeed later, unchanged.
+
+    Yes for :class:`~perseus.errors.PlannerUnavailable` (unreachable, timed out, 5xx,
+    garbage) and :class:`~perseus.errors.PlanNotReady`; no for everything else (a bad
+    token, an unknown job, a rejected request, a job in the wrong state).
+    """
+    return isinstance(exc, PlannerUnavailable | PlanNotReady)
+
+
+def retry_call(
+    fn: Callable[[], T],
+    *,
+    backoff: Backoff,
+    stop: threading.Event,
+    rng: random.Random,
+    on_error: Callable[[BaseException, int], None] | None = None,
+) -> T:
+    """Call ``fn`` until it succeeds, retrying :func:`retryable` errors until ``stop`` is set.
+
+    Between attempts it waits :meth:`Backoff.delay_s` (at least the server's
+    ``Retry-After`` when the error carries one, up to ``backoff.max_s``) with ``stop.wait``,
+    so setting ``stop`` ends the wait at once. ``fn`` is called at least once.
+
+    Args:
+        fn: the request, e.g. ``lambda: client.register(body)``.
+        backoff: the waits.
+        stop: set it to give up.
+        rng: the jitter's randomness.
+        on_error: called with each retryable error and its attempt number (from 0) before
+            the wait, e.g. to log it.
+
+    Returns:
+        What ``fn`` returned.
+
+    Raises:
+        Exception: the first error that is not retryable, or the last one once ``stop`` is
+            set.
+    """
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not retryable(exc):
+                raise
+            if on_error is not None:
+                on_error(exc, attempt)
+            delay_s = backoff.delay_s(attempt, rng)
+            retry_after_s = exc.retry_after_s if isinstance(exc, PlanNotReady) else None
+            if retry_after_s is not None:
+                delay_s = max(delay_s, min(retry_after_s, backoff.max_s))
+            if stop.is_set() or stop.wait(delay_s):
+                raise
+            attempt += 1

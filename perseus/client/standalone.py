@@ -1,0 +1,298 @@
+"""``perseus profile``: profile a synthetic transformer stage on one GPU, outside training.
+
+The same measurement as online profiling (:mod:`perseus.client.profiler`): loops of the
+stage's forward and forward+backward at each clock, energy from the counter updates inside
+each loop's window, early stop once energy rises at several clocks in a row. The stage is a
+stack of GPT-style blocks (pre-norm causal self-attention and a 4x MLP) in bf16 on a GPU
+(float32 on the CPU), sized by the arguments. The result is a Zeus-compatible CSV (``.json``:
+``perseus.profile/1`` with the measured idle power) that ``perseus plan`` reads.
+
+On a GPU whose clocks this process may not change (no root or CAP_SYS_ADMIN, or
+``--gpu dry-run``), it measures at the current clock only and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+from perseus.client.fake import FakeGpu
+from perseus.client.gpu import GpuControl, open_gpu
+from perseus.client.meter import EnergyMeter
+from perseus.client.profiler import ClockSweep, StageProfile, measure_idle_power
+from perseus.client.settings import GPU_MODES, ProfileBudget, SettingsError
+from perseus.errors import NvmlPermissionError, PerseusError
+
+__all__ = ["add_profile_arguments", "run_profile"]
+
+_log = logging.getLogger("perseus.client")
+
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``perseus profile``'s arguments to ``parser``."""
+    parser.add_argument(
+        "-o", "--output", default="profile.csv",
+        help="where to write the profile: .csv (Zeus format) or .json (with the idle power); "
+        "default profile.csv",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gpu", choices=GPU_MODES, default=os.environ.get("PERSEUS_GPU") or "nvml",
+        help="nvml: lock clocks through NVML (needs root or CAP_SYS_ADMIN); dry-run: read "
+        "only, measure the current clock; fake: the modelled GPU (default $PERSEUS_GPU or nvml)",
+    )  # fmt: skip
+    parser.add_argument("--gpu-index", type=int, default=0, help="NVML index (default 0)")
+    parser.add_argument("--list-clocks", action="store_true", help="list the clocks and stop")
+    size = parser.add_argument_group("the synthetic stage (defaults: GPU / CPU)")
+    size.add_argument("--layers", type=int, help="transformer blocks (4 / 2)")
+    size.add_argument("--hidden", type=int, help="hidden size (4096 / 128)")
+    size.add_argument("--heads", type=int, help="attention heads (32 / 4)")
+    size.add_argument("--sequence", type=int, help="tokens per sequence (2048 / 64)")
+    size.add_argument("--microbatch-size", type=int, help="sequences per microbatch (2 / 2)")
+    sweep = parser.add_argument_group("the sweep")
+    sweep.add_argument("--clocks", default="all", help="all, every:N or 1980,1500,... (all)")
+    sweep.add_argument("--window", type=float, default=1.0, help="seconds per loop (1.0)")
+    sweep.add_argument("--settle", type=float, default=0.5, help="seconds after a change (0.5)")
+    sweep.add_argument("--max-seconds", type=float, default=1800.0, help="budget (1800)")
+    sweep.add_argument("--stage", type=int, default=0, help="stage number in the CSV (0)")
+
+
+def run_profile(args: argparse.Namespace, out: Any = None) -> int:
+    """Run ``perseus profile``.
+
+    Returns:
+        0 on success.
+
+    Raises:
+        PerseusError: The GPU cannot be read, or the measurement failed.
+    """
+    stream = out if out is not None else sys.stdout
+    if not args.output.endswith((".csv", ".json")):
+        raise SettingsError(f"--output: expected a .csv or .json file name, got {args.output!r}")
+    for name in ("window", "settle", "max_seconds"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value >= (0 if name == "settle" else 0.05)):
+            raise SettingsError(f"--{name.replace('_', '-')}: must be a positive number")
+    gpu = open_gpu(args.gpu, args.gpu_index)
+    clocks = gpu.supported_clocks_mhz()
+    print(f"GPU {gpu.index}  {gpu.name} ({args.gpu})", file=stream)
+    print(
+        f"SM clocks      {len(clocks)}: {clocks[0]}-{clocks[-1]} MHz "
+        f"({', '.join(map(str, clocks[:6]))}, ...)",
+        file=stream,
+    )
+    memory = getattr(gpu, "supported_memory_clocks_mhz", None)
+    if memory is not None:
+        print(f"memory clocks  {', '.join(map(str, memory()))} MHz", file=stream)
+    print(f"current clock  {gpu.current_clock_mhz()} MHz, power {gpu.power_w():.0f} W", file=stream)
+    if args.list_clocks:
+        print("\n".join(map(str, clocks)), file=stream)
+        return 0
+
+    budget = ProfileBudget(
+        window_s=args.window, settle_s=args.settle, clocks=args.clocks, max_s=args.max_seconds
+    )
+    budget.select(clocks)  # a bad --clocks fails before any work
+    workload = SyntheticStage.build(args)
+    print(f"stage          {workload.describe()}", file=stream)
+    meter = EnergyMeter(gpu)
+    meter.start()
+    try:
+        profile, idle_w, locked = _measure(gpu, meter, workload, budget, stream)
+    finally:
+        meter.stop()
+        with contextlib.suppress(PerseusError):
+            gpu.reset_clock()
+    _write(args.output, args.stage, profile, idle_w)
+    print(
+        _table(profile)
+        + f"\nidle power {idle_w:.1f} W"
+        + ("" if locked else f"  (measured at the current clock only: {_why_not(gpu)})")
+        + f"\n{profile.stopped}; wrote {os.path.abspath(args.output)}",
+        file=stream,
+    )
+    return 0
+
+
+def _measure(
+    gpu: GpuControl,
+    meter: EnergyMeter,
+    workload: SyntheticStage,
+    budget: ProfileBudget,
+    stream: Any,
+) -> tuple[StageProfile, float, bool]:
+    fake = gpu if isinstance(gpu, FakeGpu) else None
+
+    def device_work(kind: str) -> AbstractContextManager[object]:
+        if fake is None:
+            return nullcontext()
+
+        @contextmanager
+        def bracket() -> Iterator[None]:
+            fake.begin(kind)
+            try:
+                yield
+            finally:
+                fake.end()
+
+        return bracket()
+
+    workload.warm_up()
+    idle_w = measure_idle_power(meter, time.sleep, max(1.2, budget.window_s), time.perf_counter)
+    lock = gpu.can_set_clocks
+    sweep = ClockSweep(gpu, meter, workload, budget, device_work, lock=lock)
+    if lock:
+        print(f"sweeping {len(sweep.clocks)} clocks: {budget.describe()}", file=stream, flush=True)
+    try:
+        while not sweep.done:
+            measured = sweep.step()
+            if measured is not None:
+                print(
+                    f"  {measured.frequency_mhz} MHz  forward "
+                    f"{measured.forward_time_s * 1e3:.2f} ms "
+                    f"{measured.forward_energy_j:.3f} J  backward "
+                    f"{measured.backward_time_s * 1e3:.2f} ms {measured.backward_energy_j:.3f} J",
+                    file=stream,
+                    flush=True,
+                )
+    except NvmlPermissionError as err:
+        print(f"cannot change clocks ({err}); measuring the current clock only", file=stream)
+        lock = False
+        sweep = ClockSweep(gpu, meter, workload, budget, device_work, lock=False)
+        sweep.run()
+    return sweep.result(), idle_w or 0.0, lock
+
+
+def _why_not(gpu: GpuControl) -> str:
+    return "dry-run changes nothing" if not gpu.can_set_clocks else "no permission"
+
+
+def _table(profile: StageProfile) -> str:
+    lines = ["  MHz  forward ms  forward J  backward ms  backward J"]
+    for m in profile.measurements:
+        lines.append(
+            f"{m.frequency_mhz:5d}  {m.forward_time_s * 1e3:10.3f}  {m.forward_energy_j:9.4f}  "
+            f"{m.backward_time_s * 1e3:11.3f}  {m.backward_energy_j:10.4f}"
+        )
+    return "\n".join(lines)
+
+
+def _write(path: str, stage: int, profile: StageProfile, idle_w: float) -> None:
+    from perseus.solver.profiles import profile_from_rows, profile_to_csv, profile_to_json
+
+    rows = [(stage, r.instruction, r.frequency_mhz, r.time_s, r.energy_j) for r in profile.rows()]
+    # Stages before this one are not measured; the profile names only this stage's rows,
+    # renumbered from 0 when written as a one-stage profile.
+    built = profile_from_rows(
+        [(0, *row[1:]) for row in rows], source=path, p_block_w=idle_w if idle_w > 0 else None
+    )
+    if path.endswith(".json"):
+        data = profile_to_json(built)
+        for row in data["rows"]:
+            row["stage"] = stage
+        text = json.dumps(data, indent=1) + "\n"
+    else:
+        text = profile_to_csv(built)
+        if stage:
+            text = (
+                "\n".join(
+                    line if i == 0 else f"{stage}{line[line.index(',') :]}"
+                    for i, line in enumerate(text.splitlines())
+                )
+                + "\n"
+            )
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+class SyntheticStage:
+    """A GPT-style stage on one device: the profiling workload of ``perseus profile``."""
+
+    def __init__(self, module: Any, batch: Any, device: Any, text: str) -> None:
+        self._module = module
+        self._batch = batch
+        self._device = device
+        self._text = text
+
+    @classmethod
+    def build(cls, args: argparse.Namespace) -> SyntheticStage:
+        try:
+            import torch
+            from torch import nn
+        except ImportError as err:
+            raise SettingsError(
+                f"perseus profile needs torch ({err}); install perseus[torch]"
+            ) from None
+        cuda = torch.cuda.is_available() and args.gpu != "fake"
+        device = torch.device("cuda", args.gpu_index) if cuda else torch.device("cpu")
+        dtype = torch.bfloat16 if cuda else torch.float32
+        layers = args.layers or (4 if cuda else 2)
+        hidden = args.hidden or (4096 if cuda else 128)
+        heads = args.heads or (32 if cuda else 4)
+        sequence = args.sequence or (2048 if cuda else 64)
+        micro = args.microbatch_size or 2
+        if hidden % heads:
+            raise SettingsError(f"--hidden {hidden} is not a multiple of --heads {heads}")
+        for name, value in (("layers", layers), ("sequence", sequence), ("microbatch-size", micro)):
+            if value < 1:
+                raise SettingsError(f"--{name}: must be at least 1")
+
+        class Block(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.norm1 = nn.LayerNorm(hidden)
+                self.attention = nn.MultiheadAttention(hidden, heads, batch_first=True)
+                self.norm2 = nn.LayerNorm(hidden)
+                self.mlp = nn.Sequential(
+                    nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden)
+                )
+
+            def forward(self, x: Any) -> Any:
+                h = self.norm1(x)
+                x = x + self.attention(h, h, h, need_weights=False, is_causal=False)[0]
+                return x + self.mlp(self.norm2(x))
+
+        torch.manual_seed(0)
+        module = nn.Sequential(*(Block() for _ in range(layers))).to(device=device, dtype=dtype)
+        batch = torch.randn(micro, sequence, hidden, device=device, dtype=dtype)
+        text = (
+            f"{layers} blocks, hidden {hidden}, {heads} heads, {micro} x {sequence} tokens, "
+            f"{str(dtype).removeprefix('torch.')} on {device}"
+        )
+        return cls(module, batch, device, text)
+
+    def describe(self) -> str:
+        return self._text
+
+    def warm_up(self) -> None:
+        for _ in range(3):
+            self.backward(self.forward())
+        self.synchronize()
+
+    def forward(self) -> object:
+        x = self._batch.detach().requires_grad_(True)
+        return self._module(x)
+
+    def backward(self, handle: object) -> None:
+        import torch
+
+        out: Any = handle
+        torch.autograd.backward(out, torch.ones_like(out))
+        for p in self._module.parameters():
+            p.grad = None
+
+    def synchronize(self) -> None:
+        import torch
+
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)

@@ -1,0 +1,402 @@
+"""The fake GPU: its model's formulas, and FakeGpu's timing, clocks, counter and energy.
+
+Almost every test injects :class:`ManualClock` (time moves only when the test or the fake's
+``sleep`` moves it), so they are instant and exact; one test runs on real time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork, default_work
+from perseus.client.gpu import GpuControl
+from perseus.errors import GpuControlError
+
+MODEL = FakeGpuModel()
+FORWARD = FakeWork(time_at_max_s=0.020, power_at_max_w=620.0)
+BACKWARD = FakeWork(time_at_max_s=0.040, power_at_max_w=760.0)
+WORK = {"forward": FORWARD, "backward": BACKWARD}
+IDLE_W = MODEL.idle_power_w
+
+
+class ManualClock:
+    """A clock that moves only when told to, or when the fake sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += max(seconds, 0.0)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make(model: FakeGpuModel = MODEL) -> tuple[FakeGpu, ManualClock]:
+    clock = ManualClock()
+    return FakeGpu(model, WORK, index=2, clock=clock, sleep=clock.sleep), clock
+
+
+# The model ------------------------------------------------------------------------------------
+
+
+def test_default_model_is_an_h200() -> None:
+    assert MODEL.clocks_mhz[0] == 1980 and MODEL.clocks_mhz[-1] == 345
+    assert len(MODEL.clocks_mhz) == 110
+    assert set(MODEL.clocks_mhz[i] - MODEL.clocks_mhz[i + 1] for i in range(109)) == {15}
+    assert MODEL.power_limit_w == 700.0
+
+
+def test_time_formula() -> None:
+    assert MODEL.time_s(FORWARD, 1980) == pytest.approx(0.020)
+    assert MODEL.time_s(FORWARD, 990) == pytest.approx(0.020 * (0.85 * 2 + 0.15))
+
+
+def test_power_formula() -> None:
+    def expected(f: float, v: float) -> float:
+        return 150 + (620 - 150) * (f / 1980) * v * v
+
+    assert MODEL.power_w(FORWARD, 1980) == pytest.approx(620)
+    assert MODEL.power_w(FORWARD, 1590) == pytest.approx(expected(1590, 0.85))  # half-way up
+    assert MODEL.power_w(FORWARD, 1200) == pytest.approx(expected(1200, 0.70))  # the knee
+    assert MODEL.power_w(FORWARD, 600) == pytest.approx(expected(600, 0.70))  # flat voltage
+
+
+def test_energy_is_time_times_power() -> None:
+    for f in (1980, 1410, 1200, 345):
+        assert MODEL.energy_j(BACKWARD, f) == pytest.approx(
+            MODEL.time_s(BACKWARD, f) * MODEL.power_w(BACKWARD, f)
+        )
+
+
+def test_unlocked_clock_throttles_only_above_the_limit() -> None:
+    assert MODEL.unlocked_clock_mhz(FORWARD) == 1980
+    assert MODEL.unlocked_clock_mhz(BACKWARD) == 1890
+    assert MODEL.power_w(BACKWARD, 1890) <= 700 < MODEL.power_w(BACKWARD, 1905)
+    hot = FakeWork(0.01, 5000.0)
+    assert MODEL.unlocked_clock_mhz(hot) < 1200
+    assert MODEL.unlocked_clock_mhz(FakeWork(0.01, 1e6)) == 345  # lowest if none fits
+
+
+def test_energy_minimum_of_default_work() -> None:
+    for stage in range(4):
+        for work in default_work(stage, 4).values():
+            best = MODEL.min_energy_clock_mhz(work)
+            assert best == 1200
+            assert MODEL.energy_j(work, 1980) > MODEL.energy_j(work, best)
+            assert MODEL.energy_j(work, 345) > MODEL.energy_j(work, best)
+
+
+def test_default_work_is_imbalanced() -> None:
+    four = [default_work(s, 4) for s in range(4)]
+    assert [w["forward"].time_at_max_s for w in four] == pytest.approx([0.022, 0.02, 0.02, 0.026])
+    assert [w["backward"].time_at_max_s for w in four] == pytest.approx([0.044, 0.04, 0.04, 0.052])
+    assert all(w["forward"].power_at_max_w == 620 for w in four)
+    assert all(w["backward"].power_at_max_w == 760 for w in four)
+    assert default_work(0, 1)["forward"].time_at_max_s == pytest.approx(0.02 * 1.1 * 1.3)
+    for stage, stages in ((4, 4), (-1, 4), (0, 0)):
+        with pytest.raises(ValueError, match="stage"):
+            default_work(stage, stages)
+
+
+def test_invalid_model_and_work() -> None:
+    with pytest.raises(ValueError, match="descending"):
+        FakeGpuModel(clocks_mhz=(1000, 1000))
+    with pytest.raises(ValueError, match="knee"):
+        FakeGpuModel(knee_clock_mhz=2000)
+    with pytest.raises(ValueError, match="time_at_max_s"):
+        FakeWork(0.0, 500.0)
+    with pytest.raises(ValueError, match="power_at_max_w"):
+        FakeWork(0.01, math.nan)
+    with pytest.raises(ValueError, match="idle power"):
+        MODEL.power_w(FakeWork(0.01, 100.0), 1980)
+    with pytest.raises(ValueError, match="idle power"):
+        FakeGpu(work={"x": FakeWork(0.01, 100.0)})
+
+
+works = st.builds(
+    FakeWork,
+    time_at_max_s=st.floats(1e-4, 1.0),
+    power_at_max_w=st.floats(300.0, 1000.0),
+)
+
+
+@given(works)
+def test_time_falls_and_power_rises_with_the_clock(work: FakeWork) -> None:
+    clocks = sorted(MODEL.clocks_mhz)
+    times = [MODEL.time_s(work, f) for f in clocks]
+    powers = [MODEL.power_w(work, f) for f in clocks]
+    assert all(a >= b for a, b in itertools.pairwise(times))
+    assert all(a <= b for a, b in itertools.pairwise(powers))
+
+
+@given(works)
+def test_energy_minimum_lies_inside_the_range(work: FakeWork) -> None:
+    best = MODEL.min_energy_clock_mhz(work)
+    assert 345 < best < 1980
+    below_knee = [f for f in sorted(MODEL.clocks_mhz) if f <= MODEL.knee_clock_mhz]
+    energies = [MODEL.energy_j(work, f) for f in below_knee]
+    assert all(a > b for a, b in itertools.pairwise(energies))  # slow wastes
+
+
+# FakeGpu: the protocol and clocks -------------------------------------------------------------
+
+
+def test_is_a_gpu_control() -> None:
+    gpu, _ = make()
+    assert isinstance(gpu, GpuControl)
+    assert gpu.index == 2 and gpu.name == "perseus fake H200" and gpu.can_set_clocks
+    assert gpu.supported_clocks_mhz() == MODEL.clocks_mhz
+    assert gpu.default_clock_mhz() == gpu.current_clock_mhz() == 1980
+
+
+def test_lock_takes_effect_after_the_delay() -> None:
+    gpu, clock = make()
+    gpu.lock_clock(1200)
+    assert gpu.locked_clock_mhz is None
+    clock.advance(0.019)
+    assert gpu.current_clock_mhz() == 1980
+    gpu.begin("forward")  # the work keeps the clock in effect when it began
+    assert gpu.current_clock_mhz() == 1980
+    gpu.end()
+    assert clock.now == pytest.approx(0.039)
+    assert gpu.locked_clock_mhz == 1200 and gpu.current_clock_mhz() == 1200
+    gpu.reset_clock()
+    assert gpu.locked_clock_mhz == 1200
+    clock.advance(0.02)
+    assert gpu.locked_clock_mhz is None
+
+
+def test_zero_delay_takes_effect_at_once() -> None:
+    gpu, _ = make(replace(MODEL, clock_change_delay_s=0.0))
+    gpu.lock_clock(1410)
+    assert gpu.locked_clock_mhz == 1410
+
+
+def test_throttling_only_when_unlocked() -> None:
+    gpu, clock = make(replace(MODEL, clock_change_delay_s=0.0))
+    gpu.begin("backward")
+    assert gpu.current_clock_mhz() == 1890
+    gpu.end()
+    assert clock.now == pytest.approx(MODEL.time_s(BACKWARD, 1890))
+    gpu.lock_clock(1980)
+    before, start = gpu.true_energy_j(), clock.now
+    gpu.begin("backward")
+    assert gpu.current_clock_mhz() == 1980
+    gpu.end()
+    assert clock.now - start == pytest.approx(0.040)
+    assert gpu.true_energy_j() - before == pytest.approx(760 * 0.040)
+
+
+def test_invalid_calls() -> None:
+    gpu, _ = make()
+    with pytest.raises(GpuControlError, match=r"1201 MHz.*345-1980 MHz"):
+        gpu.lock_clock(1201)
+    with pytest.raises(GpuControlError, match="unknown work 'optimizer'"):
+        gpu.begin("optimizer")
+    with pytest.raises(GpuControlError, match="scale"):
+        gpu.begin("forward", 0.0)
+    with pytest.raises(GpuControlError, match="without begin"):
+        gpu.end()
+    gpu.begin("forward")
+    with pytest.raises(GpuControlError, match="while work is running"):
+        gpu.begin("forward")
+
+
+def test_work_can_be_replaced() -> None:
+    gpu, clock = make()
+    gpu.work = default_work(3, 4)
+    assert gpu.work["forward"].time_at_max_s == pytest.approx(0.026)
+    gpu.run("forward")
+    assert clock.now == pytest.approx(0.026)
+
+
+# FakeGpu: timing and energy -------------------------------------------------------------------
+
+
+def test_end_sleeps_the_remainder() -> None:
+    gpu, clock = make()
+    gpu.begin("forward")
+    clock.advance(0.005)  # the host work of the instruction
+    gpu.end()
+    assert clock.now == pytest.approx(0.020)
+    assert sum(clock.sleeps) == pytest.approx(0.015)
+    assert gpu.true_energy_j() == pytest.approx(620 * 0.020)
+
+
+def test_end_does_not_sleep_after_long_host_work() -> None:
+    gpu, clock = make()
+    gpu.begin("forward")
+    clock.advance(0.050)
+    gpu.end()
+    assert clock.sleeps == [] and clock.now == pytest.approx(0.050)
+    assert gpu.true_energy_j() == pytest.approx(620 * 0.050)  # busy for as long as it ran
+
+
+def test_scale() -> None:
+    gpu, clock = make()
+    gpu.run("backward", scale=0.5)
+    assert clock.now == pytest.approx(0.5 * MODEL.time_s(BACKWARD, 1890))
+
+
+def test_ground_truth_on_a_scripted_sequence() -> None:
+    gpu, clock = make()
+    busy_j = 0.0
+    busy_s = 0.0
+
+    def account(work: FakeWork, f: int, seconds: float) -> None:
+        nonlocal busy_j, busy_s
+        busy_j += MODEL.power_w(work, f) * seconds
+        busy_s += seconds
+
+    clock.advance(0.050)
+    gpu.run("forward")
+    account(FORWARD, 1980, MODEL.time_s(FORWARD, 1980))
+    clock.advance(0.013)
+    gpu.run("backward", 2.0)
+    account(BACKWARD, 1890, 2 * MODEL.time_s(BACKWARD, 1890))
+    gpu.lock_clock(1200)
+    clock.advance(0.030)
+    gpu.begin("forward")
+    clock.advance(0.100)  # host work longer than the modelled time
+    gpu.end()
+    account(FORWARD, 1200, 0.100)
+    gpu.run("backward")
+    account(BACKWARD, 1200, MODEL.time_s(BACKWARD, 1200))
+    gpu.reset_clock()
+    clock.advance(0.2)
+    idle_s = clock.now - busy_s
+    assert gpu.true_energy_j() == pytest.approx(busy_j + IDLE_W * idle_s, rel=1e-12)
+
+
+def test_counter_moves_only_at_ticks() -> None:
+    gpu, clock = make(replace(MODEL, read_cost_s=0.0))
+    clock.now = 0.05
+    assert gpu.energy_j() == 0.0
+    clock.now = 0.0999
+    assert gpu.energy_j() == 0.0
+    clock.now = 0.1
+    assert gpu.energy_j() == pytest.approx(IDLE_W * 0.1)
+    clock.now = 0.15
+    gpu.run("forward")  # 0.15 to 0.17
+    clock.now = 0.199
+    assert gpu.energy_j() == pytest.approx(IDLE_W * 0.1)
+    clock.now = 0.25
+    at_tick = IDLE_W * 0.15 + 620 * 0.02 + IDLE_W * 0.03
+    assert gpu.energy_j() == pytest.approx(at_tick)
+    assert gpu.true_energy_j() == pytest.approx(at_tick + IDLE_W * 0.05)
+
+
+def test_energy_read_costs_the_read_delay() -> None:
+    gpu, clock = make()
+    clock.now = 0.1
+    gpu.energy_j()
+    assert clock.sleeps == [MODEL.read_cost_s] and clock.now == pytest.approx(0.103)
+    gpu.power_w()
+    gpu.true_energy_j()
+    assert clock.sleeps == [MODEL.read_cost_s]  # only the energy counter costs
+
+
+def test_power_reading_is_smoothed_at_ticks() -> None:
+    gpu, clock = make(replace(MODEL, read_cost_s=0.0))
+    alpha = 1 - math.exp(-0.1 / 1.0)
+    assert gpu.power_w() == IDLE_W
+    clock.now = 0.05
+    gpu.begin("forward", scale=100.0)  # 2 s of work at 620 W
+    clock.now = 0.09
+    assert gpu.power_w() == IDLE_W
+    clock.now = 0.1
+    first = IDLE_W + alpha * ((IDLE_W + 620) / 2 - IDLE_W)  # half a tick idle, half busy
+    assert gpu.power_w() == pytest.approx(first)
+    clock.now = 1.05
+    assert gpu.power_w() == pytest.approx(620 + (first - 620) * (1 - alpha) ** 9)
+
+
+script_steps = st.lists(
+    st.tuples(
+        st.floats(0.0, 0.3),  # idle gap before
+        st.sampled_from(["forward", "backward"]),
+        st.floats(0.1, 5.0),  # scale
+        st.sampled_from([None, 1980, 1410, 345]),  # lock before, None: reset
+    ),
+    max_size=8,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(script_steps, st.floats(0.0, 0.5))
+def test_lazy_ticks_equal_reading_at_every_step(
+    steps: list[tuple[float, str, float, int | None]], tail_s: float
+) -> None:
+    model = replace(MODEL, read_cost_s=0.0)
+    lazy, lazy_clock = make(model)
+    eager, eager_clock = make(model)
+
+    def step_through(seconds: float) -> None:  # the eager fake is read every ~7 ms
+        end = eager_clock.now + seconds
+        while eager_clock.now < end:
+            eager_clock.now = min(end, eager_clock.now + 0.007)
+            eager.power_w()
+            eager.energy_j()
+
+    for gap_s, kind, scale, lock in steps:
+        for gpu in (lazy, eager):
+            gpu.lock_clock(lock) if lock is not None else gpu.reset_clock()
+        lazy_clock.advance(gap_s)
+        step_through(gap_s)
+        lazy.begin(kind, scale)
+        eager.begin(kind, scale)
+        duration = MODEL.time_s(WORK[kind], eager.current_clock_mhz()) * scale
+        step_through(duration * 0.999)
+        lazy.end()
+        eager.end()
+    lazy_clock.now = eager_clock.now = max(lazy_clock.now, eager_clock.now) + tail_s
+    assert lazy.true_energy_j() == pytest.approx(eager.true_energy_j(), rel=1e-9)
+    assert lazy.energy_j() == pytest.approx(eager.energy_j(), rel=1e-9, abs=1e-9)
+    assert lazy.power_w() == pytest.approx(eager.power_w(), rel=1e-9)
+    assert lazy.energy_j() <= lazy.true_energy_j() + 1e-9
+
+
+# Real time ------------------------------------------------------------------------------------
+
+
+def test_real_time_run_with_a_concurrent_reader() -> None:
+    gpu = FakeGpu(FakeGpuModel(), {"f": FakeWork(0.004, 620.0)})
+    stop = threading.Event()
+    readings: list[float] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            readings.append(gpu.energy_j())
+            gpu.power_w()
+            gpu.lock_clock(1980)
+
+    thread = threading.Thread(target=reader)
+    start = time.monotonic()
+    thread.start()
+    try:
+        for _ in range(10):
+            t0 = time.monotonic()
+            gpu.run("f")
+            assert time.monotonic() - t0 >= 0.004  # end() never returns early
+    finally:
+        stop.set()
+        thread.join()
+    elapsed = time.monotonic() - start
+    assert elapsed >= 0.040
+    energy = gpu.true_energy_j()
+    assert IDLE_W * elapsed <= energy <= 620 * (time.monotonic() - start)
+    assert readings == sorted(readings)

@@ -1,0 +1,360 @@
+"""``perseus job ...`` and ``perseus reset-clocks`` through ``perseus.cli.main``, against a real
+planner (uvicorn on loopback, in a thread of this process)."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from pydantic import SecretStr
+
+from perseus.cli import main
+from perseus.client.planner import PlannerClient
+from perseus.schemas import ProfileReport, ProfileRow, RankRegistration
+from perseus.server.app import create_app
+from perseus.server.settings import Settings
+from perseus.solver import load_profile, profile_to_json
+
+STAGES = 4
+ADMIN = "the-admin-token"
+
+
+@dataclass
+class Planner:
+    url: str
+    server: uvicorn.Server
+    thread: threading.Thread
+
+
+def _start(tmp_path: Path, name: str, admin_token: str | None) -> Planner:
+    settings = Settings(
+        database=f"sqlite:///{tmp_path / f'{name}.db'}",
+        admin_token=None if admin_token is None else SecretStr(admin_token),
+        warm_planner=False,
+        planning_lease_s=3.0,
+        cache_ttl_s=1.0,
+        polish_s=0.0,
+    )
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning"))
+    # Off the main thread uvicorn installs no signal handlers; should_exit stops it.
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the planner did not start")
+        time.sleep(0.02)
+    return Planner(f"http://127.0.0.1:{port}", server, thread)
+
+
+@pytest.fixture
+def planners(tmp_path: Path) -> Iterator[Callable[..., Planner]]:
+    """Start real planners on loopback: ``planners(admin_token=None)``; stopped at teardown."""
+    started: list[Planner] = []
+
+    def start(admin_token: str | None = None) -> Planner:
+        planner = _start(tmp_path, f"planner{len(started)}", admin_token)
+        started.append(planner)
+        return planner
+
+    yield start
+    for planner in started:
+        planner.server.should_exit = True
+    for planner in started:
+        planner.thread.join(30)
+
+
+@pytest.fixture
+def planner(planners: Callable[..., Planner]) -> Planner:
+    return planners()
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No PERSEUS_* variable of the caller's shell reaches the commands."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("PERSEUS_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+@dataclass
+class Result:
+    status: int
+    out: str
+    err: str
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> Result:
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return Result(status, captured.out, captured.err)
+
+
+def exports(text: str) -> dict[str, str]:
+    """The ``export NAME=value`` lines of ``text``, as a shell would read them."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        words = shlex.split(line)
+        assert words[0] == "export" and len(words) == 2, line
+        name, _, value = words[1].partition("=")
+        found[name] = value
+    return found
+
+
+def create(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    url: str,
+    *extra: str,
+) -> dict[str, str]:
+    r = run(capsys, "job", "create", "--server", url, "--stages", str(STAGES),
+            "--microbatches", "4", "--p-block", "100", *extra)  # fmt: skip
+    assert r.status == 0, r.err
+    env = exports(r.out)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+def example_rows() -> dict[int, list[ProfileRow]]:
+    with resources.as_file(resources.files("perseus") / "data" / "example_profile.csv") as path:
+        rows: dict[int, list[ProfileRow]] = {}
+        for row in profile_to_json(load_profile(path))["rows"]:
+            rows.setdefault(row.pop("stage"), []).append(ProfileRow.model_validate(row))
+        return rows
+
+
+def make_ready(env: dict[str, str]) -> None:
+    """Register every rank and report its profile; wait for the first plan."""
+    rows = example_rows()
+    clocks = sorted({r.frequency_mhz for stage in rows.values() for r in stage})
+    with PlannerClient.open(env["PERSEUS_SERVER"], env["PERSEUS_JOB"], env["PERSEUS_TOKEN"]) as c:
+        for rank in range(STAGES):
+            c.register(
+                RankRegistration(
+                    rank=rank,
+                    stage=rank,
+                    data_parallel_rank=0,
+                    tensor_parallel_rank=0,
+                    gpu_name="NVIDIA H200",
+                    supported_clocks_mhz=clocks,
+                )
+            )
+        for rank in range(STAGES):
+            c.report_profile(ProfileReport(rank=rank, stage=rank, rows=rows[rank]))
+        assert c.plan(0, wait_s=30) is not None
+
+
+def error_line(r: Result) -> str:
+    assert r.status == 2, r
+    assert r.out == ""
+    lines = r.err.splitlines()
+    assert len(lines) == 1, r.err
+    assert lines[0].startswith("perseus: error: ")
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- create
+
+
+def test_create_prints_lines_a_shell_can_eval(
+    planner: Planner, capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = run(capsys, "job", "create", "--server", planner.url, "--stages", "2",
+            "--microbatches", "8", "--schedule", "interleaved-1f1b", "--data-parallel", "2",
+            "--policy", "max-slowdown:1.05", "--name", "it's mine", "--auto-straggler")  # fmt: skip
+    assert r.status == 0, r.err
+    assert len(r.out.splitlines()) == 3
+    env = exports(r.out)
+    assert set(env) == {"PERSEUS_SERVER", "PERSEUS_JOB", "PERSEUS_TOKEN"}
+    assert env["PERSEUS_SERVER"] == planner.url
+    script = 'eval "$(cat)"; printf "%s\\n" "$PERSEUS_SERVER" "$PERSEUS_JOB" "$PERSEUS_TOKEN"'
+    shell = subprocess.run(
+        ["bash", "-c", script], input=r.out, capture_output=True, text=True, check=True
+    )
+    assert shell.stdout.splitlines() == [planner.url, env["PERSEUS_JOB"], env["PERSEUS_TOKEN"]]
+
+    with PlannerClient.open(planner.url, env["PERSEUS_JOB"], env["PERSEUS_TOKEN"]) as client:
+        view = client.job()
+    assert view.name == "it's mine"
+    assert view.spec.schedule == "interleaved-1f1b"
+    assert view.spec.virtual_stages == 2  # as `perseus plan` defaults it
+    assert view.spec.data_parallel == 2
+    assert view.spec.auto_straggler
+    assert view.policy.model_dump() == {"kind": "max-slowdown", "factor": 1.05}
+
+
+def test_create_needs_the_admin_token_when_the_server_has_one(
+    planners: Callable[..., Planner],
+    capsys: pytest.CaptureFixture[str],
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    guarded = planners(admin_token=ADMIN)
+    argv = ("job", "create", "--server", guarded.url, "--stages", "1", "--microbatches", "1")
+    line = error_line(run(capsys, *argv))
+    assert "admin token" in line
+    clean_env.setenv("PERSEUS_ADMIN_TOKEN", "wrong")
+    assert "not the admin token" in error_line(run(capsys, *argv))
+    clean_env.setenv("PERSEUS_ADMIN_TOKEN", ADMIN)
+    env = exports(run(capsys, *argv).out)
+    # Deleting needs the admin token there too: it is preferred to the job's.
+    clean_env.setenv("PERSEUS_TOKEN", env["PERSEUS_TOKEN"])
+    r = run(capsys, "job", "delete", env["PERSEUS_JOB"], "--server", guarded.url)
+    assert r.status == 0, r.err
+
+
+def test_create_rejects_bad_arguments_before_asking(
+    planner: Planner, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ("job", "create", "--server", planner.url, "--microbatches", "4")
+    assert "--stages" in error_line(run(capsys, *base))
+    line = error_line(run(capsys, *base, "--stages", "2", "--policy", "fastest"))
+    assert "unknown policy 'fastest'" in line
+    line = error_line(run(capsys, *base, "--stages", "2", "--virtual-stages", "2"))
+    assert "virtual_stages > 1 needs schedule 'interleaved-1f1b'" in line
+    assert "--server" in error_line(run(capsys, *base[:2], *base[4:], "--stages", "2"))
+
+
+# ----------------------------------------------------------------------------- a job's life
+
+
+def test_job_commands_follow_a_job(
+    planner: Planner,
+    capsys: pytest.CaptureFixture[str],
+    clean_env: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    env = create(capsys, clean_env, planner.url)
+    r = run(capsys, "job", "status")
+    assert r.status == 0, r.err
+    assert "state      registering" in r.out
+    assert f"job        {env['PERSEUS_JOB']}" in r.out
+
+    line = error_line(run(capsys, "job", "frontier"))
+    assert "not ready yet" in line and "registering" in line
+    assert "lack a profile" in error_line(run(capsys, "job", "profile"))
+
+    make_ready(env)
+    r = run(capsys, "job", "status")
+    assert "state      ready" in r.out
+    assert "chosen     point 0:" in r.out
+
+    r = run(capsys, "job", "frontier")
+    assert r.status == 0, r.err
+    assert "plan version 1" in r.out
+    assert "all-fastest (default)" in r.out
+    assert "chosen: policy (point 0 of" in r.out
+    raw = run(capsys, "job", "frontier", "--json")
+    assert '"chosen_index": 0' in raw.out
+
+    r = run(capsys, "job", "policy", "min-energy")
+    assert r.status == 0, r.err
+    assert r.out.startswith("policy min-energy: plan version 2, point ")
+    r = run(capsys, "job", "policy", env["PERSEUS_JOB"], "max-slowdown:1.1")
+    assert r.out.startswith("policy max-slowdown:1.1: plan version 3")
+    line = error_line(run(capsys, "job", "policy", "deadline:0.000001"))
+    assert line.startswith("perseus: error: job policy: no plan finishes within 0.000001 s")
+
+    r = run(capsys, "job", "straggler", "--slowdown", "1.2")
+    assert r.out.startswith("straggler 1.2x slower: plan version 4")
+    r = run(capsys, "job", "frontier")
+    assert "chosen: straggler" in r.out
+    r = run(capsys, "job", "straggler", "--iteration-time", "100")
+    assert r.out.startswith("straggler at 100 s per iteration: plan version 5")
+    r = run(capsys, "job", "straggler", "--clear")
+    assert r.out.startswith("straggler cleared: plan version 6")
+    assert "one of the arguments" in error_line(run(capsys, "job", "straggler"))
+
+    out = tmp_path / "profile.csv"
+    r = run(capsys, "job", "profile", "-o", str(out))
+    assert r.status == 0, r.err
+    rows = len(out.read_text().splitlines()) - 1
+    assert r.out == f"wrote {out} ({rows} rows)\n"
+    assert load_profile(out).num_stages == STAGES
+    assert run(capsys, "job", "profile").out == out.read_text()
+
+    r = run(capsys, "job", "delete")
+    assert r.out == f"deleted job {env['PERSEUS_JOB']}\n"
+    line = error_line(run(capsys, "job", "status"))
+    assert f"no job '{env['PERSEUS_JOB']}' on {planner.url}" in line
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_errors_say_what_to_check(
+    planner: Planner,
+    capsys: pytest.CaptureFixture[str],
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    assert "no planner server" in error_line(run(capsys, "job", "status", "x" * 32))
+    clean_env.setenv("PERSEUS_SERVER", planner.url)
+    assert "no job: give JOB or set $PERSEUS_JOB" in error_line(run(capsys, "job", "status"))
+    assert "no token" in error_line(run(capsys, "job", "status", "0" * 32))
+
+    env = create(capsys, clean_env, planner.url)
+    line = error_line(run(capsys, "job", "status", "--token", "not-the-token"))
+    assert "the token does not belong to this job" in line
+    assert "check $PERSEUS_TOKEN" in line
+    assert "not-the-token" not in line
+    line = error_line(run(capsys, "job", "status", "0" * 32))
+    assert f"no job '{'0' * 32}' on {planner.url}; check the job id ($PERSEUS_JOB)" in line
+
+    unreachable = "http://127.0.0.1:1"
+    line = error_line(run(capsys, "job", "status", "--server", unreachable))
+    assert f"planner {unreachable}" in line and "unreachable" in line
+    assert env["PERSEUS_TOKEN"] not in line
+    assert "--server: expected http://" in error_line(
+        run(capsys, "job", "status", "--server", "planner:7787")
+    )
+    assert "COMMAND" in error_line(run(capsys, "job"))
+
+
+# ----------------------------------------------------------------------------- reset-clocks
+
+
+@pytest.mark.parametrize(
+    ("argv", "indices"),
+    [((), None), (("--gpu", "all"), None), (("--gpu", "3"), [3]), (("--gpu", "0,2"), [0, 2])],
+)
+def test_reset_clocks_prints_each_gpu(
+    argv: Sequence[str],
+    indices: list[int] | None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[Any] = []
+
+    def reset_clocks(given: Sequence[int] | None) -> list[str]:
+        calls.append(given)
+        return [f"GPU {i}: SM clock lock removed" for i in given or [0, 1]]
+
+    fake = types.ModuleType("perseus.client.gpu")
+    fake.reset_clocks = reset_clocks  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "perseus.client.gpu", fake)
+    r = run(capsys, "reset-clocks", *argv)
+    assert r.status == 0
+    assert calls == [indices]
+    assert r.out.splitlines() == [f"GPU {i}: SM clock lock removed" for i in indices or [0, 1]]
+
+
+def test_reset_clocks_rejects_a_bad_index(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "expected 'all' or GPU indices" in error_line(run(capsys, "reset-clocks", "--gpu", "x"))
