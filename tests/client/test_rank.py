@@ -1,0 +1,273 @@
+"""The rank through its public API, in one process, against the real planner app.
+
+The planner is the FastAPI app behind a TestClient (an httpx.Client), the GPU the fake one;
+the training loop is the generic ``iteration()``/``instruction()`` API with a workload that
+does nothing on the host (the fake GPU models the device time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+import perseus.client
+from perseus.client.fake import FakeGpu, default_work
+from perseus.client.planner import PlannerClient
+from perseus.client.rank import Rank
+from perseus.client.settings import ClientSettings, ProfileBudget, SettingsError, load_settings
+from perseus.server.app import create_app
+from perseus.server.settings import Settings
+
+ORDER_1F1B = [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1)]
+ORDER_GPIPE = [("forward", 0), ("forward", 1), ("backward", 0), ("backward", 1)]
+BUDGET = ProfileBudget(window_s=0.3, settle_s=0.05, clocks="1980,1500,1200,900", blocking_s=0.4)
+
+
+class Nothing:
+    """A workload with no host work: the fake GPU models the device time."""
+
+    def forward(self) -> object:
+        return None
+
+    def backward(self, handle: object) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[TestClient]:
+    settings = Settings(
+        database=f"sqlite:///{tmp_path / 'perseus.db'}",
+        admin_token=None,
+        warm_planner=False,
+        planning_lease_s=3.0,
+        cache_ttl_s=1.0,
+        polish_s=0.0,
+    )
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+def create(app: TestClient, **spec: Any) -> tuple[str, str]:
+    body = {"stages": 1, "microbatches": 2, "data_parallel": 1, "tensor_parallel": 1} | spec
+    reply = app.post("/v1/jobs", json=body)
+    assert reply.status_code == 201, reply.text
+    return reply.json()["job_id"], reply.json()["token"]
+
+
+def make_rank(
+    app: TestClient, job: str, token: str, tmp_path: Path, **settings: Any
+) -> tuple[Rank, FakeGpu]:
+    gpu = FakeGpu(work=default_work(0, 1))
+    base = ClientSettings(
+        server="http://testserver",
+        job=job,
+        token=token,
+        stage=0,
+        gpu="fake",
+        budget=BUDGET,
+        clock_log_dir=str(tmp_path / "clocks"),
+        poll_wait_s=0.5,
+    )
+    base = dataclasses.replace(base, **settings)
+    rank = Rank(base, gpu=gpu, planner=PlannerClient(app, job, token), workload=Nothing())
+    return rank, gpu
+
+
+def train(rank: Rank, iterations: int, order: list[tuple[str, int]]) -> None:
+    for _ in range(iterations):
+        with rank.iteration():
+            for kind, microbatch in order:
+                with rank.instruction(kind, microbatch):
+                    pass
+
+
+def train_until(rank: Rank, order: list[tuple[str, int]], done: Any, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"timed out; failure: {rank.failure}"
+        train(rank, 1, order)
+
+
+def log_lines(tmp_path: Path) -> list[dict[str, Any]]:
+    return [
+        json.loads(line) for line in (tmp_path / "clocks" / "rank0.jsonl").read_text().splitlines()
+    ]
+
+
+def test_without_a_server_perseus_does_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    rank = perseus.client.connect(server=None, install_signal_handlers=False)
+    assert not rank.active and rank.gpu is None
+    train(rank, 2, ORDER_1F1B)
+    rank.close()
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(SettingsError, match="PERSEUS_GPU"):
+        load_settings({"PERSEUS_GPU": "nvidia"})
+    with pytest.raises(SettingsError, match="PERSEUS_JOB and PERSEUS_TOKEN"):
+        load_settings({"PERSEUS_SERVER": "http://127.0.0.1:7787"})
+    with pytest.raises(SettingsError, match="http://"):
+        load_settings(
+            {"PERSEUS_SERVER": "127.0.0.1:7787", "PERSEUS_JOB": "j", "PERSEUS_TOKEN": "t"}
+        )
+    with pytest.raises(SettingsError, match="PERSEUS_PROFILE_CLOCKS"):
+        load_settings({"PERSEUS_PROFILE_CLOCKS": "every:x"})
+    with pytest.raises(SettingsError, match="PERSEUS_PROFILE_WINDOW_S"):
+        load_settings({"PERSEUS_PROFILE_WINDOW_S": "nan"})
+    with pytest.raises(SettingsError, match="PERSEUS_RANK"):
+        load_settings({"PERSEUS_RANK": "-1"})
+    s = load_settings({"RANK": "3", "LOCAL_RANK": "1", "PERSEUS_GPU": "dry-run"})
+    assert (s.server, s.rank, s.gpu_index, s.gpu) == (None, 3, 1, "dry-run")
+    assert load_settings({}, rank=5, stage=2).stage == 2
+
+
+def test_profile_plan_and_clock_log(app: TestClient, tmp_path: Path) -> None:
+    job, token = create(app, schedule="1f1b")
+    rank, gpu = make_rank(app, job, token, tmp_path)
+    try:
+        train_until(rank, ORDER_1F1B, lambda: rank.plan_version == 1, 90)
+        train(rank, 3, ORDER_1F1B)
+        assert rank.failure is None
+        assert rank.profile is not None and len(rank.profile.measurements) == 4
+        assert rank.p_block_w == pytest.approx(gpu.model.idle_power_w, rel=0.05)
+    finally:
+        rank.close()
+    assert gpu.locked_clock_mhz is None  # reset at close
+    plan = app.get(
+        f"/v1/jobs/{job}/plan", params={"rank": 0}, headers={"Authorization": f"Bearer {token}"}
+    ).json()
+    expected = [
+        (i["instruction"], i["microbatch"], None, i["frequency_mhz"]) for i in plan["instructions"]
+    ]
+    lines = log_lines(tmp_path)
+    planned = [e for e in lines if e["plan_version"] == 1]
+    assert len(planned) >= 3 * len(expected)
+    for start in range(0, len(planned), len(expected)):
+        ran = [
+            (e["instruction"], e["microbatch"], e["chunk"], e["frequency_mhz"])
+            for e in planned[start : start + len(expected)]
+        ]
+        assert ran == expected
+    assert all(e["frequency_mhz"] is None for e in lines if e["plan_version"] is None)
+    view = app.get(f"/v1/jobs/{job}", headers={"Authorization": f"Bearer {token}"}).json()
+    assert view["counts"]["iterations_reported"] > 0
+
+
+def test_a_plan_for_another_order_is_refused_not_misapplied(
+    app: TestClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The job says GPipe; the training loop runs 1F1B: the first planned iteration notices.
+    job, token = create(app, schedule="gpipe")
+    rank, gpu = make_rank(app, job, token, tmp_path)
+    try:
+        train_until(rank, ORDER_1F1B, lambda: rank.failure is not None, 90)
+        train(rank, 2, ORDER_1F1B)
+    finally:
+        rank.close()
+    assert "does not match the schedule" in (rank.failure or "")
+    lines = log_lines(tmp_path)
+    planned_iterations = {e["iteration"] for e in lines if e["frequency_mhz"] is not None}
+    # At most the first instruction of the first planned iteration ran at a planned clock.
+    assert len([e for e in lines if e["frequency_mhz"] is not None]) <= 1
+    assert len(planned_iterations) <= 1
+    assert gpu.locked_clock_mhz is None
+
+
+def test_the_job_must_match_what_the_framework_runs(app: TestClient, tmp_path: Path) -> None:
+    job, token = create(app, schedule="gpipe")
+    rank, _ = make_rank(app, job, token, tmp_path)
+    rank.bind(schedule="1f1b", microbatches=4)
+    try:
+        train_until(rank, ORDER_1F1B, lambda: rank.failure is not None, 30)
+    finally:
+        rank.close()
+    assert "schedule '1f1b' runs, the job has 'gpipe'" in (rank.failure or "")
+    assert "4 microbatches run, the job has 2" in (rank.failure or "")
+
+
+def test_wrong_token_and_unknown_job_stop_perseus_not_training(
+    app: TestClient, tmp_path: Path
+) -> None:
+    job, _ = create(app, schedule="1f1b")
+    for job_id, token, message in ((job, "wrong", "token"), ("0" * 32, "x", "no job")):
+        rank, gpu = make_rank(app, job_id, token, tmp_path)
+        try:
+            train_until(rank, ORDER_1F1B, lambda r=rank: r.failure is not None, 30)  # type: ignore[misc]
+            train(rank, 2, ORDER_1F1B)
+        finally:
+            rank.close()
+        assert message in (rank.failure or "").lower()
+        assert gpu.locked_clock_mhz is None
+
+
+def test_a_rank_outside_the_job_is_refused(app: TestClient, tmp_path: Path) -> None:
+    job, token = create(app, schedule="1f1b")
+    rank, _ = make_rank(app, job, token, tmp_path, rank=7, stage=None)
+    try:
+        train_until(rank, ORDER_1F1B, lambda: rank.failure is not None, 30)
+    finally:
+        rank.close()
+    assert rank.failure
+
+
+def test_a_server_answering_garbage_never_blocks_training(tmp_path: Path) -> None:
+    requests = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal requests
+        requests += 1
+        return httpx.Response(200, content=b"<html>proxy error</html>")
+
+    http = httpx.Client(base_url="http://planner", transport=httpx.MockTransport(handler))
+    gpu = FakeGpu(work=default_work(0, 1))
+    settings = ClientSettings(
+        server="http://planner", job="j", token="t", stage=0, gpu="fake", budget=BUDGET
+    )
+    rank = Rank(settings, gpu=gpu, planner=PlannerClient(http, "j", "t"), workload=Nothing())
+    try:
+        started = time.monotonic()
+        train(rank, 3, ORDER_1F1B)
+        elapsed = time.monotonic() - started
+    finally:
+        rank.close()
+    assert requests >= 1
+    assert rank.plan_version is None
+    # Three iterations of modelled work plus one profiling step; no waiting on the planner.
+    assert elapsed < 20
+
+
+def test_an_exception_in_training_resets_the_clocks(app: TestClient, tmp_path: Path) -> None:
+    job, token = create(app, schedule="1f1b")
+    rank, gpu = make_rank(app, job, token, tmp_path)
+    try:
+        train_until(rank, ORDER_1F1B, lambda: rank.plan_version == 1, 90)
+        with pytest.raises(ValueError), rank.iteration():
+            with rank.instruction("forward", 0):
+                pass
+            raise ValueError("loss is NaN")
+        time.sleep(2 * gpu.model.clock_change_delay_s)  # a reset takes effect after the delay
+        assert gpu.locked_clock_mhz is None
+    finally:
+        rank.close()
+
+
+def test_perseus_logs_once_that_it_is_off(caplog: pytest.LogCaptureFixture) -> None:
+    import perseus.client.rank as rank_module
+
+    rank_module._said_off = False
+    with caplog.at_level(logging.WARNING, logger="perseus.client"):
+        perseus.client.connect(server=None, install_signal_handlers=False)
+        perseus.client.connect(server=None, install_signal_handlers=False)
+    assert sum("PERSEUS_SERVER is not set" in r.message for r in caplog.records) == 1
