@@ -53,10 +53,13 @@ class ClockController:
         self._gpu = gpu
         self._record = record_event
         self._current: int | None = None  # what the training thread last asked for
+        # Bumped by every reset: clock changes queued before a reset are dropped, so a
+        # boundary that completes after the reset cannot lock the GPU low again.
+        self._generation = 0
         self._enabled = True
         self._lock = threading.Lock()
-        # (boundary, clock) pairs; None stops the thread.
-        self._queue: queue.SimpleQueue[tuple[BoundaryEvent, int | None] | None] = (
+        # (boundary, clock, generation); None stops the thread.
+        self._queue: queue.SimpleQueue[tuple[BoundaryEvent, int | None, int] | None] = (
             queue.SimpleQueue()
         )
         self._thread: threading.Thread | None = None
@@ -80,19 +83,25 @@ class ClockController:
         if self._record is None:
             self._set(frequency_mhz)
         else:
-            self._queue.put((self._record(), frequency_mhz))
+            self._queue.put((self._record(), frequency_mhz, self._generation))
 
     def reset(self, reason: str = "") -> None:
         """Put the GPU back to its default clock now, from any thread; never raises."""
         self._current = None
         try:
             with self._lock:
+                self._generation += 1
                 self._gpu.reset_clock()
         except GpuControlError as err:
             _log.error("perseus: could not reset GPU %d clocks: %s", self._gpu.index, err)
             return
         if reason:
             _log.info("perseus: GPU %d clocks reset (%s)", self._gpu.index, reason)
+
+    def discard_pending(self) -> None:
+        """Drop queued clock changes without taking a lock (for signal handlers)."""
+        self._generation += 1
+        self._current = None
 
     def close(self, reason: str = "exit") -> None:
         """Stop the controller thread and reset the GPU."""
@@ -107,17 +116,17 @@ class ClockController:
             item = self._queue.get()
             if item is None:
                 return
-            event, frequency = item
+            event, frequency, generation = item
             try:
                 event.synchronize()
             except Exception as err:  # a CUDA error here must not kill the thread silently
                 _log.error("perseus: waiting for an instruction boundary failed: %s", err)
-            self._set(frequency)
+            self._set(frequency, generation)
 
-    def _set(self, frequency_mhz: int | None) -> None:
+    def _set(self, frequency_mhz: int | None, generation: int | None = None) -> None:
         try:
             with self._lock:
-                if not self._enabled:
+                if not self._enabled or (generation is not None and generation != self._generation):
                     return
                 if frequency_mhz is None:
                     self._gpu.reset_clock()

@@ -53,6 +53,8 @@ __all__ = [
 
 _log = logging.getLogger("perseus.client")
 
+_MIN_RUNS = 10
+
 DeviceWork = Callable[[str], AbstractContextManager[object]]
 """Brackets one unit of device work of a kind (``"forward"``, ``"backward"``); the fake GPU
 uses it to model the work, a real GPU needs nothing."""
@@ -172,7 +174,9 @@ class ClockSweep:
         if lock:
             self.clocks = budget.select(gpu.supported_clocks_mhz())
         else:
-            self.clocks = (gpu.current_clock_mhz(),)
+            # The clock this GPU runs by itself, whatever it reads at this instant: the
+            # plan can only mean "the default" on a GPU whose clocks may not change.
+            self.clocks = (gpu.default_clock_mhz(),)
         self._next = 0
         self._measured: list[ClockMeasurement] = []
         self._rising = 0
@@ -294,7 +298,13 @@ class ClockSweep:
                     mark_s = self._clock()
                     mark_n = n
                 continue
-            if now - mark_s >= budget.window_s and self._meter.updates_between(mark_s, now) >= 3:
+            # Enough time, counter updates and whole bodies (an average over a window that
+            # holds few long bodies depends on where the window cuts them).
+            if (
+                now - mark_s >= budget.window_s
+                and n - mark_n >= _MIN_RUNS
+                and self._meter.updates_between(mark_s, now) >= 3
+            ):
                 break
             if now > deadline:
                 break

@@ -353,6 +353,7 @@ class Rank:
         # From a signal handler: no joins, no locks that the interrupted code may hold.
         if self.active and not self._closed:
             self._plan_off = True
+            self._controller.discard_pending()
             try:
                 self._gpu.reset_clock()
                 _log.warning("perseus: GPU %d clocks reset (%s)", self._gpu.index, reason)

@@ -1,0 +1,889 @@
+"""The rank-side measurement: ClockSweep, the energy meter and the clock controller.
+
+Three kinds of tests:
+
+- **Unit tests of ClockSweep** run a do-nothing workload on a :class:`FakeGpu` whose counter
+  ticks every 10 ms (``FAST``), so a clock costs a fifth of a second of real time; the fake
+  models the device time through the ``device_work`` bracket (``begin``/``end``).
+- **Accuracy tests** run the sweep against the fake's default H200 (100 ms counter ticks,
+  3 ms reads, smoothed power, throttling when unlocked) with realistic instruction times and
+  compare with the model's ground truth (``FakeGpuModel.time_s``/``energy_j``). They run in
+  real time (about 20 s); ``pytest -s`` shows their tables.
+- **Unit tests of the EnergyMeter and the ClockController** against scripted GPUs and clocks,
+  with no real waiting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pytest
+
+from perseus.client.controller import ClockController
+from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork
+from perseus.client.meter import EnergyMeter, PowerReading
+from perseus.client.profiler import (
+    ClockMeasurement,
+    ClockSweep,
+    DeviceWork,
+    StageProfile,
+    measure_idle_power,
+    profile_csv,
+)
+from perseus.client.settings import ProfileBudget, SettingsError
+from perseus.errors import GpuControlError, NvmlPermissionError, ProfileError
+
+# Helpers ----------------------------------------------------------------------------------------
+
+
+class ManualClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class IdleWork:
+    """A workload that does nothing on the host; the fake GPU models the device time.
+
+    Records the times of its synchronizations: ClockSweep's loops synchronize at their start,
+    at the end of settling and at their end.
+    """
+
+    def __init__(self, on_forward: Callable[[], None] | None = None) -> None:
+        self.on_forward = on_forward
+        self.syncs: list[float] = []
+        self.forwards = 0
+        self.backwards = 0
+
+    def forward(self) -> object:
+        self.forwards += 1
+        if self.on_forward is not None:
+            self.on_forward()
+        return None
+
+    def backward(self, handle: object) -> None:
+        self.backwards += 1
+
+    def synchronize(self) -> None:
+        self.syncs.append(time.perf_counter())
+
+
+def bracket(gpu: FakeGpu) -> DeviceWork:
+    """The fake's ``begin``/``end`` around each unit of work (what Rank does)."""
+
+    @contextlib.contextmanager
+    def work(kind: str) -> Iterator[None]:
+        gpu.begin(kind)
+        try:
+            yield
+        finally:
+            gpu.end()
+
+    return work
+
+
+class RecordingFake(FakeGpu):
+    """A FakeGpu that also records lock and reset requests."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.calls: list[tuple[str, int | None]] = []
+
+    def lock_clock(self, frequency_mhz: int) -> None:
+        self.calls.append(("lock", frequency_mhz))
+        super().lock_clock(frequency_mhz)
+
+    def reset_clock(self) -> None:
+        self.calls.append(("reset", None))
+        super().reset_clock()
+
+
+class RecordingMeter(EnergyMeter):
+    """An EnergyMeter that records every ``power`` query and its answer."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.queries: list[tuple[float, float, PowerReading | None]] = []
+
+    def power(self, start_s: float, end_s: float, *, min_updates: int = 3) -> PowerReading | None:
+        reading = super().power(start_s, end_s, min_updates=min_updates)
+        self.queries.append((start_s, end_s, reading))
+        return reading
+
+
+# A fast fake: the counter ticks every 10 ms, reads take 0.5 ms and locks act at once, so a
+# clock (two loops of settle + window) takes about 0.2 s of real time.
+FAST = FakeGpuModel(
+    counter_period_s=0.01, read_cost_s=0.0005, power_time_constant_s=0.1, clock_change_delay_s=0.0
+)
+FAST_WORK = {
+    "forward": FakeWork(time_at_max_s=0.002, power_at_max_w=620.0),
+    "backward": FakeWork(time_at_max_s=0.004, power_at_max_w=760.0),
+}
+FAST_BUDGET = ProfileBudget(window_s=0.06, settle_s=0.02, clocks="1980,1500,1005")
+
+
+@pytest.fixture
+def fast() -> Iterator[tuple[RecordingFake, RecordingMeter]]:
+    gpu = RecordingFake(FAST, FAST_WORK)
+    meter = RecordingMeter(gpu)
+    meter.start()
+    yield gpu, meter
+    meter.stop()
+
+
+# ClockSweep: clock selection ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("clocks", "expected"),
+    [
+        ("all", FAST.clocks_mhz),
+        ("every:10", FAST.clocks_mhz[::10]),
+        ("every:1", FAST.clocks_mhz),
+        ("1200, 1980,600,1200", (1980, 1200, 600)),
+        ("345", (345,)),
+    ],
+)
+def test_clock_selection(clocks: str, expected: tuple[int, ...]) -> None:
+    gpu = FakeGpu(FAST, FAST_WORK)
+    sweep = ClockSweep(
+        gpu, EnergyMeter(gpu), IdleWork(), ProfileBudget(clocks=clocks), bracket(gpu)
+    )
+    assert sweep.clocks == expected
+    assert list(sweep.clocks) == sorted(sweep.clocks, reverse=True)
+    assert not sweep.done
+
+
+@pytest.mark.parametrize("clocks", ["1981", "1980,2000", "every:0", "fast", "1980,,1200", "-15"])
+def test_unsupported_or_malformed_clocks_are_a_settings_error(clocks: str) -> None:
+    gpu = FakeGpu(FAST, FAST_WORK)
+    with pytest.raises(SettingsError, match="PERSEUS_PROFILE_CLOCKS"):
+        ClockSweep(gpu, EnergyMeter(gpu), IdleWork(), ProfileBudget(clocks=clocks), bracket(gpu))
+
+
+# ClockSweep: loops, windows, locks ----------------------------------------------------------------
+
+
+def test_each_loop_settles_then_measures_a_full_window_of_counter_updates(
+    fast: tuple[RecordingFake, RecordingMeter],
+) -> None:
+    gpu, meter = fast
+    work = IdleWork()
+    sweep = ClockSweep(gpu, meter, work, FAST_BUDGET, bracket(gpu))
+    profile = sweep.run()
+
+    assert sweep.done
+    assert [m.frequency_mhz for m in profile.measurements] == [1980, 1500, 1005]
+    assert profile.stopped == "all 3 clocks measured"
+    assert sweep.step() is None  # nothing left
+    # Two loops per clock (forward, forward+backward), three synchronizations per loop.
+    assert len(meter.queries) == 6
+    assert len(work.syncs) == 18
+    for i, (start_s, end_s, reading) in enumerate(meter.queries):
+        loop_start, mark, end = work.syncs[3 * i : 3 * i + 3]
+        assert start_s - loop_start >= FAST_BUDGET.settle_s
+        assert mark <= start_s <= end_s and end <= end_s
+        assert end_s - start_s >= FAST_BUDGET.window_s
+        assert reading is not None and reading.updates >= 3
+        assert start_s <= reading.start_s < reading.end_s <= end_s
+    for m in profile.measurements:
+        assert 0 < m.forward_time_s < m.backward_time_s
+        assert 0 < m.forward_energy_j < m.backward_energy_j
+        assert m.microbatch_energy_j == m.forward_energy_j + m.backward_energy_j
+    # Slower clocks take longer (the fake's instructions are far from each other in time).
+    times = [m.forward_time_s + m.backward_time_s for m in profile.measurements]
+    assert times == sorted(times)
+
+
+def test_each_step_locks_its_clock_and_resets_the_gpu_after(
+    fast: tuple[RecordingFake, RecordingMeter],
+) -> None:
+    gpu, meter = fast
+    seen: list[int | None] = []
+    work = IdleWork(on_forward=lambda: seen.append(gpu.locked_clock_mhz))
+    sweep = ClockSweep(gpu, meter, work, FAST_BUDGET, bracket(gpu))
+    for frequency in (1980, 1500, 1005):
+        measured = sweep.step()
+        assert measured is not None and measured.frequency_mhz == frequency
+        assert gpu.calls[-2:] == [("lock", frequency), ("reset", None)]
+        assert gpu.locked_clock_mhz is None
+        assert set(seen) == {frequency}  # every instruction of the step ran at its clock
+        seen.clear()
+
+
+def test_gpu_is_reset_when_the_workload_raises(
+    fast: tuple[RecordingFake, RecordingMeter],
+) -> None:
+    gpu, meter = fast
+
+    class Failing(IdleWork):
+        def backward(self, handle: object) -> None:
+            raise RuntimeError("CUDA out of memory")
+
+    sweep = ClockSweep(gpu, meter, Failing(), FAST_BUDGET, bracket(gpu))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        sweep.step()
+    assert gpu.calls == [("lock", 1980), ("reset", None)]
+    assert gpu.locked_clock_mhz is None
+    gpu.run("forward")  # the bracket was closed: the fake is not left busy
+
+
+def test_sweep_stops_after_rising_clocks() -> None:
+    # Flat voltage: dynamic power only falls linearly with the clock while the static power is
+    # paid over a longer time, so energy rises at every lower clock; the top clock is best.
+    model = replace(FAST, min_voltage=1.0)
+    for work in FAST_WORK.values():
+        assert model.min_energy_clock_mhz(work) == 1980
+    gpu = RecordingFake(model, FAST_WORK)
+    meter = EnergyMeter(gpu)
+    meter.start()
+    try:
+        # Energy per microbatch rises by about 11 % and then 26 % at these clocks, far above
+        # the noise of a 0.1 s window of 10 ms ticks.
+        budget = replace(FAST_BUDGET, window_s=0.1, clocks="1980,1005,510,345", rising_stop=2)
+        profile = ClockSweep(gpu, meter, IdleWork(), budget, bracket(gpu)).run()
+    finally:
+        meter.stop()
+    assert [m.frequency_mhz for m in profile.measurements] == [1980, 1005, 510]
+    assert profile.stopped == "energy rose at 2 clocks in a row (down to 510 MHz)"
+    assert ("lock", 345) not in gpu.calls
+    energies = [m.microbatch_energy_j for m in profile.measurements]
+    assert energies == sorted(energies)
+
+
+def test_sweep_stops_when_its_time_budget_is_spent(
+    fast: tuple[RecordingFake, RecordingMeter],
+) -> None:
+    gpu, meter = fast
+    budget = replace(FAST_BUDGET, max_s=0.001)
+    sweep = ClockSweep(gpu, meter, IdleWork(), budget, bracket(gpu))
+    assert sweep.step() is not None  # the first clock is always measured
+    assert sweep.step() is None
+    profile = sweep.result()
+    assert [m.frequency_mhz for m in profile.measurements] == [1980]
+    assert profile.stopped == "time budget of 0.001 s spent"
+    assert gpu.calls == [("lock", 1980), ("reset", None)]
+
+
+def test_without_lock_only_the_current_clock_is_measured(
+    fast: tuple[RecordingFake, RecordingMeter],
+) -> None:
+    gpu, meter = fast
+    sweep = ClockSweep(gpu, meter, IdleWork(), FAST_BUDGET, bracket(gpu), lock=False)
+    assert sweep.clocks == (gpu.current_clock_mhz(),) == (1980,)
+    profile = sweep.run()
+    assert [m.frequency_mhz for m in profile.measurements] == [1980]
+    assert profile.stopped == "all 1 clocks measured"
+    assert gpu.calls == []  # never touched the clocks
+
+
+def test_result_before_the_end_says_not_finished(
+    fast: tuple[RecordingFake, RecordingMeter],
+) -> None:
+    gpu, meter = fast
+    sweep = ClockSweep(gpu, meter, IdleWork(), FAST_BUDGET, bracket(gpu))
+    sweep.step()
+    assert sweep.result().stopped == "not finished"
+    assert len(sweep.result().measurements) == 1
+
+
+class DeadCounterFake(FakeGpu):
+    """A FakeGpu whose energy counter never moves (or, with ``error``, cannot be read)."""
+
+    def __init__(self, error: GpuControlError | None = None) -> None:
+        super().__init__(FAST, FAST_WORK)
+        self.error = error
+        self.read = threading.Event()
+
+    def energy_j(self) -> float:
+        self.read.set()
+        if self.error is not None:
+            raise self.error
+        time.sleep(0.0005)
+        return 1234.5
+
+
+def _dead_sweep(gpu: DeadCounterFake) -> tuple[ClockSweep, EnergyMeter]:
+    # The sweep and the meter share a manual clock that each forward moves by 50 ms, so the
+    # sweep's grace period for a silent counter passes in a few hundred forwards of no real time.
+    clock = ManualClock()
+    meter = EnergyMeter(gpu, clock=clock)
+    work = IdleWork(on_forward=lambda: clock.advance(0.05))
+    budget = replace(FAST_BUDGET, window_s=0.6, settle_s=0.2)
+    sweep = ClockSweep(gpu, meter, work, budget, lambda kind: contextlib.nullcontext(), clock=clock)
+    return sweep, meter
+
+
+def test_dead_counter_is_a_profile_error_not_a_hang() -> None:
+    gpu = DeadCounterFake()
+    sweep, meter = _dead_sweep(gpu)
+    meter.start()
+    try:
+        with pytest.raises(ProfileError, match="1980 MHz forward: the energy counter did not move"):
+            sweep.step()
+    finally:
+        meter.stop()
+    assert gpu.locked_clock_mhz is None
+
+
+def test_unreadable_counter_names_the_meter_failure() -> None:
+    gpu = DeadCounterFake(GpuControlError("GPU 0: nvmlDeviceGetTotalEnergyConsumption: GPU lost"))
+    sweep, meter = _dead_sweep(gpu)
+    meter.start()
+    try:
+        assert gpu.read.wait(5.0)
+        deadline = time.monotonic() + 5.0
+        while meter.failed is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        with pytest.raises(ProfileError, match=r"did not move .*GPU lost"):
+            sweep.step()
+    finally:
+        meter.stop()
+
+
+# StageProfile ---------------------------------------------------------------------------------
+
+
+def _measurement(frequency_mhz: int, scale: float) -> ClockMeasurement:
+    return ClockMeasurement(
+        frequency_mhz=frequency_mhz,
+        forward_time_s=0.02 * scale,
+        forward_energy_j=10.0 / scale,
+        backward_time_s=0.04 * scale,
+        backward_energy_j=25.0 / scale,
+        forward_loop_power_w=500.0,
+        forward_backward_loop_power_w=600.0,
+    )
+
+
+def test_stage_profile_rows_and_csv() -> None:
+    profile = StageProfile(
+        measurements=(_measurement(1980, 1.0), _measurement(1200, 1.5)), stopped="done"
+    )
+    rows = profile.rows()
+    assert [(r.instruction, r.frequency_mhz) for r in rows] == [
+        ("forward", 1980),
+        ("backward", 1980),
+        ("forward", 1200),
+        ("backward", 1200),
+    ]
+    assert rows[0].time_s == 0.02 and rows[0].energy_j == 10.0
+    assert rows[3].time_s == pytest.approx(0.06) and rows[3].energy_j == pytest.approx(25.0 / 1.5)
+    assert profile.measurements[1].microbatch_energy_j == pytest.approx(35.0 / 1.5)
+    csv_text = profile_csv({1: profile, 0: StageProfile((_measurement(1980, 1.0),), "x")})
+    lines = csv_text.splitlines()
+    assert lines[0] == "stage,instruction,frequency,time,energy"
+    assert lines[1:3] == ["0,forward,1980,0.02,10", "0,backward,1980,0.04,25"]
+    assert len(lines) == 1 + 2 + 4 and lines[3].startswith("1,forward,1980,")
+
+
+# Accuracy against the fake's ground truth ---------------------------------------------------------
+
+
+@dataclass
+class Probe:
+    """Workload and bracket that record what the fake really did inside each loop's window.
+
+    ClockSweep synchronizes three times per loop (start, end of settling, end) and runs two
+    loops per clock, so sync ``6c + 1`` to ``6c + 2`` is the forward loop's window of the c-th
+    clock and ``6c + 4`` to ``6c + 5`` the forward+backward loop's.
+    """
+
+    gpu: FakeGpu
+    syncs: list[tuple[float, float]] = field(default_factory=list)  # (time, exact energy)
+    brackets: list[tuple[int, str, float]] = field(default_factory=list)  # (sync no, kind, s)
+
+    def forward(self) -> object:
+        return None
+
+    def backward(self, handle: object) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        self.syncs.append((time.perf_counter(), self.gpu.true_energy_j()))
+
+    def work(self, kind: str) -> contextlib.AbstractContextManager[object]:
+        return self._work(kind)
+
+    @contextlib.contextmanager
+    def _work(self, kind: str) -> Iterator[None]:
+        start = time.perf_counter()
+        self.gpu.begin(kind)
+        try:
+            yield
+        finally:
+            self.gpu.end()
+            self.brackets.append((len(self.syncs), kind, time.perf_counter() - start))
+
+    def realized(self, c: int) -> dict[str, float]:
+        """What the fake really did at the c-th clock: per-instruction time and energy.
+
+        Times are the mean bracket durations (the fake's sleeps overshoot on a loaded host and
+        it counts the overshoot as busy time); energies are the fake's exact integral over each
+        loop's window divided by the loop's runs.
+        """
+
+        def mean(sync_no: int, kind: str) -> float:
+            d = [s for n, k, s in self.brackets if n == sync_no and k == kind]
+            return sum(d) / len(d)
+
+        def energy(sync_no: int, kind: str) -> float:
+            runs = sum(1 for n, k, _ in self.brackets if n == sync_no and k == kind)
+            return (self.syncs[sync_no][1] - self.syncs[sync_no - 1][1]) / runs
+
+        def gap(sync_no: int, kinds: tuple[str, ...]) -> float:
+            # Host time per loop body outside the fake's brackets (Python between bodies, a
+            # busy host descheduling the thread): a GPU's queue hides it, the fake cannot.
+            runs = sum(1 for n, k, _ in self.brackets if n == sync_no and k == kinds[0])
+            wall = self.syncs[sync_no][0] - self.syncs[sync_no - 1][0]
+            inside = sum(mean(sync_no, k) for k in kinds)
+            return max(0.0, wall / runs - inside)
+
+        f_window, fb_window = 6 * c + 2, 6 * c + 5  # brackets seen before these syncs
+        t_f = mean(f_window, "forward")
+        e_f = energy(f_window, "forward")
+        return {
+            "t_f": t_f,
+            "e_f": e_f,
+            "t_b": mean(fb_window, "forward") + mean(fb_window, "backward") - t_f,
+            "e_b": energy(fb_window, "backward") - e_f,
+            "gap_f": gap(f_window, ("forward",)),
+            "gap_fb": gap(fb_window, ("forward", "backward")),
+        }
+
+
+H200 = FakeGpuModel()  # the defaults: 100 ms ticks, 3 ms reads, smoothed power, 700 W limit
+ACCURACY_BUDGET = ProfileBudget(window_s=0.6, settle_s=0.2)
+TOLERANCE = {"t_f": 0.01, "t_b": 0.01, "e_f": 0.02, "e_b": 0.02}
+_ROW = "{:>8} {:>9} " + " ".join(["{:>8} {:>8} {:>7} {:>6}"] * 4)
+
+
+def _header() -> list[str]:
+    cols = ["clock", "MHz"]
+    for q in ("tF ms", "tB ms", "eF J", "eB J"):
+        cols += [f"true {q}", "measured", "err %", "fake %"]
+    return [_ROW.format(*cols)]
+
+
+def _check(
+    label: str,
+    model: FakeGpuModel,
+    work: dict[str, FakeWork],
+    clocks: dict[str, int],
+    m: ClockMeasurement,
+    real: dict[str, float],
+    table: list[str],
+    failures: list[str],
+) -> None:
+    """Compare one measurement with the model; add a table row and any failure.
+
+    The allowance is the tolerance plus how far the fake itself strayed from its model in
+    that window (``fake %``) and, for times, the host's time between bodies, which a GPU's
+    queue would hide; both are near zero on a quiet host.
+    """
+    truth = {
+        "t_f": model.time_s(work["forward"], clocks["forward"]),
+        "t_b": model.time_s(work["backward"], clocks["backward"]),
+        "e_f": model.energy_j(work["forward"], clocks["forward"]),
+        "e_b": model.energy_j(work["backward"], clocks["backward"]),
+    }
+    measured = {
+        "t_f": m.forward_time_s,
+        "t_b": m.backward_time_s,
+        "e_f": m.forward_energy_j,
+        "e_b": m.backward_energy_j,
+    }
+    at = "/".join(str(f) for f in dict.fromkeys((clocks["forward"], clocks["backward"])))
+    cells: list[object] = [label, at]
+    for q in ("t_f", "t_b", "e_f", "e_b"):
+        err = measured[q] / truth[q] - 1.0
+        drift = real[q] / truth[q] - 1.0
+        unit = 1e3 if q.startswith("t") else 1.0
+        cells += [
+            f"{truth[q] * unit:.3f}",
+            f"{measured[q] * unit:.3f}",
+            f"{100 * err:+.2f}",
+            f"{100 * drift:+.2f}",
+        ]
+        host_gap = 0.0
+        if q == "t_f":
+            host_gap = real["gap_f"] / truth[q]
+        elif q == "t_b":
+            host_gap = (real["gap_f"] + real["gap_fb"]) / truth[q]
+        if abs(err) > TOLERANCE[q] + abs(drift) + host_gap:
+            failures.append(
+                f"{label} {m.frequency_mhz} MHz {q}: measured {measured[q]:.6g}, true "
+                f"{truth[q]:.6g} ({100 * err:+.2f} %; the fake strayed {100 * drift:+.2f} %)"
+            )
+    table.append(_ROW.format(*cells))
+
+
+@pytest.mark.parametrize(
+    ("forward_s", "backward_s", "clocks", "more"),
+    [
+        pytest.param(0.020, 0.040, "1980,1740,1500,1200,900,600", True, id="20ms-40ms"),
+        pytest.param(0.005, 0.100, "1980,1200,600", False, id="5ms-100ms"),
+    ],
+)
+def test_sweep_matches_the_fake_h200s_ground_truth(
+    forward_s: float, backward_s: float, clocks: str, more: bool
+) -> None:
+    """Locked clocks; with ``more`` also the unlocked (throttled) clock and blocking power."""
+    work = {
+        "forward": FakeWork(time_at_max_s=forward_s, power_at_max_w=620.0),
+        "backward": FakeWork(time_at_max_s=backward_s, power_at_max_w=760.0),
+    }
+    gpu = FakeGpu(H200, work)
+    meter = EnergyMeter(gpu)
+    meter.start()
+    table = _header()
+    failures: list[str] = []
+    idle_w: float | None = None
+    try:
+        probe = Probe(gpu)
+        budget = replace(ACCURACY_BUDGET, clocks=clocks)
+        profile = ClockSweep(gpu, meter, probe, budget, probe.work).run()
+        assert len(profile.measurements) == len(budget.select(H200.clocks_mhz))
+        for c, m in enumerate(profile.measurements):
+            at = {"forward": m.frequency_mhz, "backward": m.frequency_mhz}
+            _check("locked", H200, work, at, m, probe.realized(c), table, failures)
+        if more:
+            # No lock: the fake throttles the 760 W backward to stay within 700 W.
+            while gpu.locked_clock_mhz is not None:  # the last reset acts after a delay
+                time.sleep(0.005)
+            probe = Probe(gpu)
+            sweep = ClockSweep(gpu, meter, probe, ACCURACY_BUDGET, probe.work, lock=False)
+            m = sweep.run().measurements[0]
+            at = {kind: H200.unlocked_clock_mhz(w) for kind, w in work.items()}
+            assert at["backward"] < at["forward"] == m.frequency_mhz
+            _check("unlocked", H200, work, at, m, probe.realized(0), table, failures)
+            time.sleep(0.3)  # idle, as a rank waiting on its peers
+            idle_w = measure_idle_power(meter, time.sleep, 1.2, time.perf_counter)
+    finally:
+        meter.stop()
+    print(f"\nforward {forward_s * 1e3:g} ms / backward {backward_s * 1e3:g} ms at the top clock")
+    print("\n".join(table))
+    if more:
+        shown = "no reading" if idle_w is None else f"{idle_w:.1f} W"
+        print(f"blocking power: true {H200.idle_power_w:.1f} W, measured {shown}")
+    assert not failures, "\n".join(failures)
+    if more:
+        assert idle_w is not None
+        assert idle_w == pytest.approx(H200.idle_power_w, rel=0.05)
+
+
+# EnergyMeter -----------------------------------------------------------------------------------
+
+
+class ScriptedCounter:
+    """A GPU whose energy counter follows a script, on a manual clock it moves itself.
+
+    Read ``i`` starts at ``i * READ_S`` and ends at ``(i + 1) * READ_S`` (its middle is
+    ``(i + 0.5) * READ_S``); the counter ticks every ten reads and then holds the energy of
+    ``watts[k]`` over each 0.1 s tick ``k`` before it. After the script the counter fails,
+    which ends the meter's thread.
+    """
+
+    READ_S = 0.01
+
+    def __init__(self, watts: list[float]) -> None:
+        self.clock = ManualClock()
+        self.watts = watts
+        self.reads = 0
+        self.done = threading.Event()
+        self.tick_j = np.concatenate([[0.0], np.cumsum(np.array(watts) * 0.1)])
+
+    # GpuControl (only what the meter uses does anything)
+    index = 0
+    name = "scripted"
+    can_set_clocks = False
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        return (1980,)
+
+    def default_clock_mhz(self) -> int:
+        return 1980
+
+    def current_clock_mhz(self) -> int:
+        return 1980
+
+    def lock_clock(self, frequency_mhz: int) -> None:
+        raise AssertionError("the meter never sets clocks")
+
+    def reset_clock(self) -> None:
+        raise AssertionError("the meter never sets clocks")
+
+    def power_w(self) -> float:
+        return 0.0
+
+    def energy_j(self) -> float:
+        i = self.reads
+        if i >= 10 * len(self.watts):
+            self.done.set()
+            raise GpuControlError("end of script")
+        self.reads += 1
+        self.clock.now = (i + 1) * self.READ_S
+        return float(self.tick_j[i // 10])
+
+    def middles(self) -> np.ndarray:
+        return (np.arange(self.reads) + 0.5) * self.READ_S
+
+    def values(self) -> np.ndarray:
+        return self.tick_j[np.arange(self.reads) // 10]
+
+
+@pytest.fixture
+def scripted() -> tuple[ScriptedCounter, EnergyMeter]:
+    """A meter that has read a whole script (200 W for 1 s, 400 W for 1 s, 100 W for 1 s)."""
+    gpu = ScriptedCounter([200.0] * 10 + [400.0] * 10 + [100.0] * 10)
+    meter = EnergyMeter(gpu, clock=gpu.clock)
+    with meter.precise():  # back to back: the manual clock moves only in reads
+        meter.start()
+        assert gpu.done.wait(10.0)
+        meter.stop()
+    assert meter.failed == "end of script"
+    return gpu, meter
+
+
+def test_meter_power_is_the_regression_slope_over_updates(
+    scripted: tuple[ScriptedCounter, EnergyMeter],
+) -> None:
+    gpu, meter = scripted
+    # Updates are seen by reads 10k, whose middles are 0.1 k + 0.005 s.
+    first = meter.power(0.0, 0.95)
+    assert first is not None
+    assert first.power_w == pytest.approx(200.0)
+    assert first.updates == 9
+    assert first.start_s == pytest.approx(0.105) and first.end_s == pytest.approx(0.905)
+    second = meter.power(1.2, 2.0)
+    assert second is not None and second.power_w == pytest.approx(400.0)
+    assert second.updates == 8
+    # Across a change of power: the least-squares slope of the same points.
+    mixed = meter.power(0.5, 2.5)
+    assert mixed is not None
+    k = np.arange(5, 25)
+    slope = np.polyfit(0.1 * k + 0.005, gpu.tick_j[k], 1)[0]
+    assert mixed.power_w == pytest.approx(slope)
+    assert mixed.updates == 20
+
+
+def test_meter_power_needs_enough_updates(scripted: tuple[ScriptedCounter, EnergyMeter]) -> None:
+    _, meter = scripted
+    assert meter.power(0.0, 0.25) is None  # updates at 0.105 and 0.205 only
+    two = meter.power(0.0, 0.25, min_updates=2)
+    assert two is not None and two.power_w == pytest.approx(200.0)
+    assert meter.power(5.0, 6.0) is None
+    assert meter.power(0.11, 0.2) is None
+
+
+def test_meter_counts_updates_between(scripted: tuple[ScriptedCounter, EnergyMeter]) -> None:
+    _, meter = scripted
+    assert meter.updates_between(0.0, 0.95) == 9
+    first = meter.power(0.0, 0.95)
+    assert first is not None
+    assert meter.updates_between(first.start_s, first.start_s) == 1  # inclusive bounds
+    assert meter.updates_between(0.106, 0.204) == 0
+    assert meter.updates_between(0.0, 10.0) == 29  # ticks 1..29; the first read is no update
+    assert meter.updates_between(10.0, 11.0) == 0
+
+
+@pytest.mark.parametrize(("start_s", "end_s"), [(0.333, 1.777), (0.005, 2.995), (1.01, 1.0149)])
+def test_meter_energy_between_interpolates_the_reads(
+    scripted: tuple[ScriptedCounter, EnergyMeter], start_s: float, end_s: float
+) -> None:
+    gpu, meter = scripted
+    t, e = gpu.middles(), gpu.values()
+    expected = np.interp(end_s, t, e) - np.interp(start_s, t, e)
+    assert meter.energy_between(start_s, end_s) == pytest.approx(expected)
+
+
+def test_meter_energy_between_outside_the_reads_is_none(
+    scripted: tuple[ScriptedCounter, EnergyMeter],
+) -> None:
+    gpu, meter = scripted
+    assert meter.energy_between(0.0, 1.0) is None  # the first read's middle is 0.005
+    assert meter.energy_between(1.0, 3.5) is None  # the last read's middle is 2.995
+    total = gpu.values()[-1] - gpu.values()[0]
+    assert meter.energy_between(0.005, 2.995) == pytest.approx(total)
+
+
+def test_meter_without_reads_answers_none() -> None:
+    gpu = ScriptedCounter([200.0])
+    meter = EnergyMeter(gpu, clock=gpu.clock)
+    assert meter.energy_between(0.0, 1.0) is None
+    assert meter.power(0.0, 1.0) is None
+    assert meter.updates_between(0.0, 1.0) == 0
+
+
+# ClockController -----------------------------------------------------------------------------
+
+
+class SetterGpu:
+    """A GpuControl whose setters only record; ``lock_error`` makes locking fail."""
+
+    def __init__(self, lock_error: GpuControlError | None = None) -> None:
+        self.lock_error = lock_error
+        self.locked: int | None = None
+        self.calls: list[tuple[str, int | None]] = []
+        self.changed = threading.Event()
+
+    index = 3
+    name = "setter"
+    can_set_clocks = True
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        return FAST.clocks_mhz
+
+    def default_clock_mhz(self) -> int:
+        return 1980
+
+    def current_clock_mhz(self) -> int:
+        return self.locked or 1980
+
+    def lock_clock(self, frequency_mhz: int) -> None:
+        self.calls.append(("lock", frequency_mhz))
+        if self.lock_error is not None:
+            raise self.lock_error
+        self.locked = frequency_mhz
+        self.changed.set()
+
+    def reset_clock(self) -> None:
+        self.calls.append(("reset", None))
+        self.locked = None
+        self.changed.set()
+
+    def energy_j(self) -> float:
+        return 0.0
+
+    def power_w(self) -> float:
+        return 0.0
+
+
+def test_inline_controller_skips_unchanged_clocks() -> None:
+    gpu = SetterGpu()
+    controller = ClockController(gpu)
+    for frequency in (None, 1500, 1500, 1200, 1200, None, None, 1200):
+        controller.apply(frequency)
+    assert gpu.calls == [("lock", 1500), ("lock", 1200), ("reset", None), ("lock", 1200)]
+    assert controller.applied == 4
+    assert gpu.locked == 1200
+    controller.close()
+    assert gpu.locked is None and controller.enabled
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        NvmlPermissionError("GPU 3: nvmlDeviceSetGpuLockedClocks: no permission; run as root"),
+        GpuControlError("GPU 3: nvmlDeviceSetGpuLockedClocks: unknown error"),
+    ],
+    ids=["permission", "other"],
+)
+def test_failing_lock_disables_the_controller_once(
+    error: GpuControlError, caplog: pytest.LogCaptureFixture
+) -> None:
+    gpu = SetterGpu(lock_error=error)
+    controller = ClockController(gpu)
+    with caplog.at_level(logging.WARNING, logger="perseus.client"):
+        controller.apply(1500)  # must not raise into training
+        assert not controller.enabled
+        assert controller.failure is not None and str(error) in controller.failure
+        assert gpu.calls == [("lock", 1500), ("reset", None)]  # reset to the default
+        for frequency in (1200, None, 900, 1500):
+            controller.apply(frequency)  # training calls go on, nothing reaches the GPU
+    assert gpu.calls == [("lock", 1500), ("reset", None)]
+    assert controller.applied == 0
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and str(error) in warnings[0].getMessage()
+    controller.close()
+
+
+class GateEvent:
+    """A boundary event whose ``synchronize`` blocks until the test releases it."""
+
+    def __init__(self) -> None:
+        self.waiting = threading.Event()
+        self.released = threading.Event()
+
+    def synchronize(self) -> None:
+        self.waiting.set()
+        if not self.released.wait(10.0):
+            raise TimeoutError("the test never released the event")
+
+
+@pytest.fixture
+def gated() -> Iterator[tuple[SetterGpu, ClockController, list[GateEvent]]]:
+    gpu = SetterGpu()
+    events: list[GateEvent] = []
+
+    def record() -> GateEvent:
+        events.append(GateEvent())
+        return events[-1]
+
+    controller = ClockController(gpu, record)
+    yield gpu, controller, events
+    for event in events:
+        event.released.set()
+    controller.close()
+
+
+def test_event_mode_sets_the_clock_only_once_the_boundary_is_reached(
+    gated: tuple[SetterGpu, ClockController, list[GateEvent]],
+) -> None:
+    gpu, controller, events = gated
+    # apply() returns while the boundary's event is still pending: the training thread never
+    # waits for the device (if it did, this line would block until the event gave up).
+    controller.apply(1500)
+    controller.apply(1200)
+    controller.apply(1200)  # unchanged: no event recorded
+    assert len(events) == 2
+    assert events[0].waiting.wait(5.0)  # the controller thread waits on the first boundary
+    assert gpu.calls == [] and controller.applied == 0
+    events[0].released.set()
+    assert events[1].waiting.wait(5.0)  # ... set 1500, and waits on the second
+    assert gpu.calls == [("lock", 1500)]
+    events[1].released.set()
+    deadline = time.monotonic() + 5.0
+    while controller.applied < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert gpu.calls == [("lock", 1500), ("lock", 1200)]
+    assert gpu.locked == 1200
+
+
+def test_event_mode_close_resets_after_pending_boundaries(
+    gated: tuple[SetterGpu, ClockController, list[GateEvent]],
+) -> None:
+    gpu, controller, events = gated
+    controller.apply(900)
+    events[0].released.set()
+    controller.close("exit")
+    assert gpu.calls == [("lock", 900), ("reset", None)]
+    assert gpu.locked is None
+
+
+def test_event_mode_reset_is_not_undone_by_a_queued_boundary(
+    gated: tuple[SetterGpu, ClockController, list[GateEvent]],
+) -> None:
+    gpu, controller, events = gated
+    controller.apply(600)
+    assert events[0].waiting.wait(5.0)
+    controller.reset("exception in training")  # whatever runs next must not run at 600 MHz
+    assert gpu.locked is None
+    gpu.changed.clear()
+    events[0].released.set()
+    gpu.changed.wait(0.5)  # give a wrongly queued lock its chance
+    assert gpu.locked is None
