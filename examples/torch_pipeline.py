@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=1, help="transformer blocks per stage")
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], help="default bfloat16 on GPUs, float32 on CPU"
+    )
     parser.add_argument("--loss-log", help="write each step's loss here (last rank)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -100,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         torch.cuda.set_device(device)
     torch.manual_seed(args.seed)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if cuda else "float32"))
 
     chunks = 2 if args.schedule == "interleaved-1f1b" else 1
     num_stages = world * chunks
@@ -109,11 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     for index in range(num_stages):
         module = StageModule(index, num_stages, args)
         if index in indices:
-            modules[index] = module.to(device)
+            modules[index] = module.to(device=device, dtype=dtype)
     stages = [PipelineStage(modules[i], i, num_stages, device) for i in indices]
 
     def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(logits.reshape(-1, args.vocab), target.reshape(-1))
+        return nn.functional.cross_entropy(
+            logits.reshape(-1, args.vocab).float(), target.reshape(-1)
+        )
 
     if args.schedule == "1f1b":
         schedule = Schedule1F1B(stages[0], n_microbatches=args.microbatches, loss_fn=loss_fn)
@@ -163,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     rank.close()
     if loss_log is not None:
         loss_log.close()
+    dist.barrier()  # gloo can abort at exit when a peer tears down mid-transfer
     dist.destroy_process_group()
     return 0
 

@@ -10,7 +10,8 @@
         with rank.instruction("backward", microbatch=j, chunk=c): ...
     rank.close()                               # also at exit and on SIGTERM/SIGINT
 
-Framework integrations: :mod:`perseus.client.torch_pipelining` (needs torch). GPU control:
+Framework integrations: :mod:`perseus.client.torch_pipelining` (needs torch),
+:mod:`perseus.client.megatron` (megatron-core) and :mod:`perseus.client.deepspeed`. GPU control:
 :mod:`perseus.client.gpu` (NVML, dry-run) and :mod:`perseus.client.fake` (a modelled GPU).
 Importing this package imports neither torch nor any training framework.
 """

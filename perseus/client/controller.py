@@ -19,13 +19,15 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from perseus.client.gpu import GpuControl
 from perseus.errors import GpuControlError, NvmlPermissionError
 
-__all__ = ["BoundaryEvent", "ClockController"]
+__all__ = ["BoundaryEvent", "ClockController", "Stamp"]
 
 _log = logging.getLogger("perseus.client")
 
@@ -38,6 +40,31 @@ class BoundaryEvent(Protocol):
         ...
 
 
+@dataclass(slots=True)
+class Stamp:
+    """When the device reached a boundary, on the controller's clock; None until it has.
+
+    On a GPU the host runs ahead of the device, so host timestamps of instruction calls say
+    little about when the work ran; the controller thread, already waiting on the boundary
+    events in order, notes when each marked one completes.
+    """
+
+    at_s: float | None = None
+
+
+@dataclass(slots=True)
+class _Change:
+    event: BoundaryEvent
+    frequency_mhz: int | None
+    generation: int
+
+
+@dataclass(slots=True)
+class _Mark:
+    event: BoundaryEvent
+    stamp: Stamp
+
+
 class ClockController:
     """Sets one GPU's SM clock at instruction boundaries.
 
@@ -45,23 +72,27 @@ class ClockController:
         gpu: The GPU.
         record_event: Records an event on the training stream and returns it; None sets
             clocks inline (CPU, fake GPU).
+        clock: The time base of :meth:`mark` stamps (the energy meter's).
     """
 
     def __init__(
-        self, gpu: GpuControl, record_event: Callable[[], BoundaryEvent] | None = None
+        self,
+        gpu: GpuControl,
+        record_event: Callable[[], BoundaryEvent] | None = None,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._gpu = gpu
         self._record = record_event
+        self._clock = clock
         self._current: int | None = None  # what the training thread last asked for
         # Bumped by every reset: clock changes queued before a reset are dropped, so a
         # boundary that completes after the reset cannot lock the GPU low again.
         self._generation = 0
         self._enabled = True
         self._lock = threading.Lock()
-        # (boundary, clock, generation); None stops the thread.
-        self._queue: queue.SimpleQueue[tuple[BoundaryEvent, int | None, int] | None] = (
-            queue.SimpleQueue()
-        )
+        # Boundaries in stream order; None stops the thread.
+        self._queue: queue.SimpleQueue[_Change | _Mark | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.applied = 0
         """Clock changes handed to the GPU (skipped unchanged ones are not counted)."""
@@ -83,7 +114,15 @@ class ClockController:
         if self._record is None:
             self._set(frequency_mhz)
         else:
-            self._queue.put((self._record(), frequency_mhz, self._generation))
+            self._queue.put(_Change(self._record(), frequency_mhz, self._generation))
+
+    def mark(self) -> Stamp:
+        """A stamp of when the device reaches this point of the stream. Training thread."""
+        if self._record is None:
+            return Stamp(self._clock())
+        stamp = Stamp()
+        self._queue.put(_Mark(self._record(), stamp))
+        return stamp
 
     def reset(self, reason: str = "") -> None:
         """Put the GPU back to its default clock now, from any thread; never raises."""
@@ -116,12 +155,14 @@ class ClockController:
             item = self._queue.get()
             if item is None:
                 return
-            event, frequency, generation = item
             try:
-                event.synchronize()
+                item.event.synchronize()
             except Exception as err:  # a CUDA error here must not kill the thread silently
                 _log.error("perseus: waiting for an instruction boundary failed: %s", err)
-            self._set(frequency, generation)
+            if isinstance(item, _Mark):
+                item.stamp.at_s = self._clock()
+            else:
+                self._set(item.frequency_mhz, item.generation)
 
     def _set(self, frequency_mhz: int | None, generation: int | None = None) -> None:
         try:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any
 
-from perseus.client.controller import BoundaryEvent, ClockController
+from perseus.client.controller import BoundaryEvent, ClockController, Stamp
 from perseus.client.fake import FakeGpu, default_work
 from perseus.client.gpu import GpuControl, open_gpu
 from perseus.client.meter import EnergyMeter
@@ -209,8 +209,7 @@ class Rank:
         self._plan_off = False
         self._k = 0
         self._entries: list[tuple[str, int, int | None, int | None]] = []
-        self._t_first: float | None = None
-        self._t_last = 0.0
+        self._t_first: Stamp | None = None
         self._observed: list[Key] = []
         self._profile_state = "off"
         self._sweep: ClockSweep | None = None
@@ -222,7 +221,7 @@ class Rank:
         self._registered = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._reports: deque[tuple[int, float, float, int | None]] = deque(
+        self._reports: deque[tuple[int, Stamp, Stamp, int | None]] = deque(
             maxlen=settings.telemetry_queue
         )
         self._logs: deque[tuple[int, int | None, list[tuple[str, int, int | None, int | None]]]] = (
@@ -236,7 +235,7 @@ class Rank:
         if self._fake is not None:
             record_event = None  # the fake's clock is a memory write: set it inline
         self._meter = EnergyMeter(self._gpu, clock=clock)
-        self._controller = ClockController(self._gpu, record_event)
+        self._controller = ClockController(self._gpu, record_event, clock=clock)
         self._planner = planner or PlannerClient.open(
             settings.server or "", settings.job or "", settings.token or ""
         )
@@ -314,6 +313,12 @@ class Rank:
         if stage is not None and self.settings.stage is None:
             self.settings = self.settings.with_position(stage=stage)
             self._position_ready.set()
+        elif stage is not None and stage != self.settings.stage:
+            self._plan_off = True
+            self._give_up(
+                f"the framework runs pipeline stage {stage}, the settings or the job's layout "
+                f"give {self.settings.stage}: set PERSEUS_STAGE"
+            )
         self._expect = Expectation(
             schedule=schedule or self._expect.schedule,
             stages=stages or self._expect.stages,
@@ -391,9 +396,8 @@ class Rank:
                 f"{len(plan.keys)}"
             )
         if self._t_first is not None:
-            self._reports.append(
-                (self.iteration_index, self._t_first, self._t_last, self.plan_version)
-            )
+            end = self._controller.mark()
+            self._reports.append((self.iteration_index, self._t_first, end, self.plan_version))
         if self._log_file is not None:
             version = None if self._plan_off else self.plan_version
             self._logs.append((self.iteration_index, version, self._entries))
@@ -401,9 +405,8 @@ class Rank:
         self.iteration_index += 1
 
     def _enter_instruction(self, kind: str, microbatch: int, chunk: int | None) -> None:
-        now = self._clock()
         if self._t_first is None:
-            self._t_first = now
+            self._t_first = self._controller.mark()
         frequency: int | None = None
         plan = self._plan
         if plan is not None and not self._plan_off:
@@ -428,7 +431,6 @@ class Rank:
     def _exit_instruction(self, failed: bool) -> None:
         if self._fake is not None:
             self._fake.end()
-        self._t_last = self._clock()
 
     def _plan_mismatch(self, message: str) -> None:
         self._plan_off = True
@@ -484,7 +486,12 @@ class Rank:
         workload = self._workload
         if workload is not None and not hasattr(workload, "forward"):
             workload = workload()
+        # Every rank takes part in the blocking-power collective, even one that has given
+        # up: a rank that skipped it would leave its peers waiting in the barrier.
         self.p_block_w = self._measure_blocking_power()
+        if self.failure is not None:
+            self._profile_state = "failed"
+            return
         if workload is None:
             self._profile_state = "failed"
             self._give_up(
@@ -754,7 +761,10 @@ class Rank:
             if not self._registered.is_set() or time.monotonic() < retry_at:
                 continue
             while self._reports and not self._stop.is_set():
-                iteration, start, end, version = self._reports[0]
+                iteration, start_stamp, end_stamp, version = self._reports[0]
+                start, end = start_stamp.at_s, end_stamp.at_s
+                if start is None or end is None:
+                    break  # the device has not reached the iteration's end yet
                 energy = self._meter.energy_between(start, end)
                 if energy is None:
                     if self._clock() - end < 1.0 and self._meter.failed is None:

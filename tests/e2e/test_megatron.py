@@ -1,0 +1,433 @@
+"""perseus inside megatron-core's pipeline schedules.
+
+In-process (quick): a forward's output names its backward, unsupported configurations are
+refused, and megatron's one-stage schedule on a one-process gloo group runs its forwards and
+backwards through the rank with the right ids.
+
+Multi-process (slow): ``examples/megatron_pipeline.py`` under ``torch.distributed.run`` (gloo,
+fake GPU) against a real planner server: each rank's clock log follows its plan instruction
+by instruction, and the loss is the same, bit for bit, with and without perseus.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import REPO, LiveServer, free_port
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+import torch.distributed as dist  # noqa: E402
+from megatron.core import parallel_state  # noqa: E402
+from megatron.core.enums import ModelType  # noqa: E402
+from megatron.core.pipeline_parallel import get_forward_backward_func, schedules  # noqa: E402
+from megatron.core.transformer import TransformerConfig  # noqa: E402
+
+from perseus.client import megatron as pm  # noqa: E402
+from perseus.errors import ScheduleError  # noqa: E402
+
+FAST_PROFILE = {
+    "PERSEUS_PROFILE_CLOCKS": "every:8",
+    "PERSEUS_PROFILE_WINDOW_S": "0.3",
+    "PERSEUS_PROFILE_SETTLE_S": "0.1",
+    "PERSEUS_PROFILE_BLOCKING_S": "0.5",
+    # A few clocks from the top are enough to plan; the sweep keeps what it has.
+    "PERSEUS_PROFILE_MAX_S": "8",
+}
+
+
+# ---------------------------------------------------------------------- in process
+
+
+def test_forward_output_names_its_backward() -> None:
+    outputs = pm.ForwardOutputs()
+    a, b, loss = torch.ones(2), torch.ones(2), torch.ones(())
+    listed = [b]
+    outputs.record(a, 0, None)
+    outputs.record(listed, 1, 1)  # the 1F1B schedule returns [tensor] and keeps that list
+    outputs.record(loss, 2, 0)
+    assert outputs.match(listed) == (1, 1)
+    assert outputs.match([a]) == (0, None)  # a list around the same tensor matches too
+    assert outputs.match(a) is None  # each backward once
+    assert outputs.match(torch.ones(2)) is None  # equal values are not the same output
+    assert len(outputs) == 1
+    outputs.clear()
+    assert outputs.match(loss) is None
+
+
+def test_a_recycled_id_does_not_match() -> None:
+    outputs = pm.ForwardOutputs()
+    dead = torch.ones(3)
+    outputs.record(dead, 5, None)
+    key = id(dead)
+    del dead
+    # Whatever now lives at that address is not the forward's output.
+    entry = outputs._entries[key]
+    assert entry[0]() is None
+
+
+def test_unsupported_configurations_are_refused() -> None:
+    def config(**changes: Any) -> SimpleNamespace:
+        base = {
+            "overlap_moe_expert_parallel_comm": False,
+            "hybrid_context_parallel": False,
+            "microbatch_group_size_per_vp_stage": 2,
+            "cuda_graph_impl": "none",
+            "cuda_graph_scope": [],
+        }
+        return SimpleNamespace(**{**base, **changes})
+
+    pm.check_config(config(), pipeline_size=2, interleaved=True)
+    for changes, words in (
+        ({"overlap_moe_expert_parallel_comm": True}, "combined 1F1B"),
+        ({"hybrid_context_parallel": True}, "hybrid context-parallel"),
+        ({"microbatch_group_size_per_vp_stage": 4}, "groups of 4"),
+        ({"cuda_graph_impl": "local", "cuda_graph_scope": ["full_iteration"]}, "CUDA graphs"),
+    ):
+        with pytest.raises(ScheduleError, match=words):
+            pm.check_config(config(**changes), pipeline_size=2, interleaved=True)
+    # The microbatch group only matters when interleaved.
+    pm.check_config(
+        config(microbatch_group_size_per_vp_stage=4), pipeline_size=2, interleaved=False
+    )
+    assert pm.schedule_of(4, None) == ("1f1b", None)
+    assert pm.schedule_of(2, 2) == ("interleaved-1f1b", 2)
+    assert pm.schedule_of(1, None) == ("1f1b", None)
+    with pytest.raises(ScheduleError, match="one model chunk"):
+        pm.schedule_of(2, 1)
+
+
+@dataclass
+class FakeRank:
+    """Records what the integration tells a rank."""
+
+    active: bool = True
+    settings: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(profile_path=None))
+    events: list[tuple[str, int, int | None]] = field(default_factory=list)
+    iterations: int = 0
+    bound: dict[str, Any] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def iteration(self) -> Iterator[None]:
+        self.events.append(("iteration", self.iterations, None))
+        yield
+        self.iterations += 1
+
+    @contextlib.contextmanager
+    def instruction(self, kind: str, microbatch: int, chunk: int | None = None) -> Iterator[None]:
+        self.events.append((kind, microbatch, chunk))
+        yield
+
+    def bind(self, **values: Any) -> None:
+        self.bound.update({k: v for k, v in values.items() if v is not None})
+
+
+class Chunk(torch.nn.Module):
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model_type = ModelType.encoder_or_decoder
+        self.linear = torch.nn.Linear(4, 4)
+
+    def set_input_tensor(self, input_tensor: object) -> None:
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+class CpuTorch:
+    """``torch`` as megatron's schedules see it, with their one "cuda" tensor on the CPU."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args: Any, device: Any = None, **kwargs: Any) -> Any:
+        return torch.zeros(*args, device="cpu" if device == "cuda" else device, **kwargs)
+
+
+@pytest.fixture
+def one_stage(monkeypatch: pytest.MonkeyPatch) -> Iterator[Chunk]:
+    """A one-process gloo group with megatron's parallel state (one pipeline stage)."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    monkeypatch.setattr(schedules, "torch", CpuTorch())
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    try:
+        parallel_state.initialize_model_parallel()
+        config = TransformerConfig(num_layers=1, hidden_size=4, num_attention_heads=1)
+        torch.manual_seed(0)
+        yield Chunk(config)
+    finally:
+        if pm._installed is not None:
+            pm._installed.remove()
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def _run(model: Chunk, microbatches: int, forward_only: bool = False) -> list[Any]:
+    data = [torch.randn(2, 4) for _ in range(microbatches)]
+
+    def forward_step(iterator: Iterator[torch.Tensor], chunk: Chunk) -> Any:
+        out = chunk(next(iterator))
+
+        def loss(output: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            value = output.square().mean()
+            return value, {"loss": value.detach().clone()}
+
+        return out, loss
+
+    result: list[Any] = get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iter(data),
+        model=model,
+        num_microbatches=microbatches,
+        seq_length=1,
+        micro_batch_size=2,
+        forward_only=forward_only,
+    )
+    return result
+
+
+def test_one_stage_schedule_runs_through_the_rank(one_stage: Chunk) -> None:
+    originals = {name: getattr(schedules, name) for name in ("forward_step", "backward_step")}
+    rank = FakeRank()
+    handle = pm.instrument(rank, microbatches=3)  # type: ignore[arg-type]
+    assert handle is not None
+    assert pm.instrument(rank) is handle  # Megatron-LM's model_provider runs once per chunk
+    assert rank.bound["stage"] == 0 and rank.bound["stages"] == 1
+    assert rank.bound["schedule"] == "1f1b"
+    _run(one_stage, 3)
+    _run(one_stage, 3, forward_only=True)  # evaluation: no iteration, no instructions
+    assert rank.events == [
+        ("iteration", 0, None),
+        ("forward", 0, None), ("backward", 0, None),
+        ("forward", 1, None), ("backward", 1, None),
+        ("forward", 2, None), ("backward", 2, None),
+    ]  # fmt: skip
+    assert len(handle.outputs) == 0
+    # The first call captured the chunk: the workload reruns it without touching gradients.
+    assert handle.workload is not None
+    workload = handle.workload.ready()
+    assert workload is not None
+    grads = [p.grad.clone() for p in one_stage.parameters()]
+    state = torch.random.get_rng_state()
+    workload.backward(workload.forward())
+    assert all(torch.equal(p.grad, g) for p, g in zip(one_stage.parameters(), grads, strict=True))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    handle.remove()
+    assert all(getattr(schedules, n) is f for n, f in originals.items())
+
+
+def test_an_unsupported_schedule_is_refused_before_it_runs(one_stage: Chunk) -> None:
+    rank = FakeRank()
+    pm.instrument(rank)  # type: ignore[arg-type]
+    one_stage.config.overlap_moe_expert_parallel_comm = True  # the combined 1F1B schedule
+    with pytest.raises(ScheduleError, match="combined 1F1B"):
+        _run(one_stage, 2)
+    assert rank.events == []
+    with pytest.raises(ScheduleError, match="combined 1F1B"):
+        pm.check_config(one_stage.config, pipeline_size=1, interleaved=False)
+
+
+def test_an_inactive_rank_changes_nothing(one_stage: Chunk) -> None:
+    before = schedules.forward_step
+    assert pm.instrument(FakeRank(active=False)) is None  # type: ignore[arg-type]
+    assert schedules.forward_step is before
+
+
+# ---------------------------------------------------------------------- multi-process
+
+
+def create_job(server: LiveServer, **spec: Any) -> tuple[str, str]:
+    body = {"data_parallel": 1, "tensor_parallel": 1, **spec}
+    reply = httpx.post(f"{server.url}/v1/jobs", json=body, timeout=10)
+    assert reply.status_code == 201, reply.text
+    created = reply.json()
+    return created["job_id"], created["token"]
+
+
+def plan_of(server: LiveServer, job: str, token: str, rank: int) -> dict[str, Any]:
+    reply = httpx.get(
+        f"{server.url}/v1/jobs/{job}/plan",
+        params={"rank": rank},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
+    assert reply.status_code == 200, reply.text
+    plan: dict[str, Any] = reply.json()
+    return plan
+
+
+class Launch:
+    """One torchrun process tree running the megatron example."""
+
+    def __init__(self, tmp: Path, ranks: int, *args: str, perseus: dict[str, str] | None) -> None:
+        tmp.mkdir()
+        self.logs = tmp / "clocks"
+        self.output = tmp / "torchrun.log"
+        self.losses = tmp / "losses.txt"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PERSEUS_")}
+        env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        if perseus is not None:
+            env.update(FAST_PROFILE)
+            env.update(perseus)
+            env.update(
+                PERSEUS_GPU="fake", PERSEUS_CLOCK_LOG=str(self.logs), PERSEUS_POLL_WAIT_S="5"
+            )
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+            str(REPO / "examples" / "megatron_pipeline.py"), *args,
+            "--loss-log", str(self.losses),
+        ]  # fmt: skip
+        with self.output.open("wb") as out:
+            self.process = subprocess.Popen(
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO
+            )
+
+    def text(self) -> str:
+        return self.output.read_text(errors="replace")
+
+    def finish(self, timeout_s: float) -> None:
+        try:
+            code = self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            pytest.fail(f"training did not finish in {timeout_s} s:\n{self.text()[-4000:]}")
+        assert code == 0, self.text()[-4000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)  # torchrun stops its workers on SIGTERM
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def entries(self, rank: int) -> list[dict[str, Any]]:
+        path = self.logs / f"rank{rank}.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line being written
+                break
+        return out
+
+    def planned_iterations(self, rank: int) -> int:
+        return len({e["iteration"] for e in self.entries(rank) if e["plan_version"] is not None})
+
+    def loss_lines(self) -> list[str]:
+        """Complete lines of the loss log (a stopped run may leave half a line)."""
+        text = self.losses.read_text() if self.losses.exists() else ""
+        return text.splitlines()[: text.count("\n")]
+
+
+@pytest.fixture
+def launches() -> Iterator[list[Launch]]:
+    started: list[Launch] = []
+    yield started
+    for launch in started:
+        launch.stop()
+
+
+def check_log_follows(launch: Launch, rank: int, plan: dict[str, Any]) -> int:
+    """From the first planned iteration on, every iteration equals the plan; returns how many."""
+    by_iteration: dict[int, list[dict[str, Any]]] = {}
+    for entry in launch.entries(rank):
+        by_iteration.setdefault(entry["iteration"], []).append(entry)
+    expected = [
+        (i["instruction"], i["microbatch"], i.get("chunk"), i["frequency_mhz"])
+        for i in plan["instructions"]
+    ]
+    checked = 0
+    for iteration in sorted(by_iteration):
+        entries = by_iteration[iteration]
+        versions = {e["plan_version"] for e in entries}
+        assert len(versions) == 1, f"rank {rank} iteration {iteration}: versions {versions}"
+        version = versions.pop()
+        if version is None:
+            assert checked == 0, f"rank {rank} iteration {iteration} lost its plan"
+            continue
+        assert version == plan["version"], f"rank {rank} iteration {iteration}: plan {version}"
+        ran = [(e["instruction"], e["microbatch"], e["chunk"], e["frequency_mhz"]) for e in entries]
+        assert ran == expected, f"rank {rank} iteration {iteration} differs from its plan"
+        checked += 1
+    return checked
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("ranks", "schedule"),
+    [(2, "1f1b"), (4, "1f1b"), (2, "interleaved-1f1b")],
+    ids=["1f1b-2", "1f1b-4", "interleaved-2x2"],
+)
+def test_ranks_follow_their_plans_and_the_loss_is_unchanged(
+    live_server: Callable[..., LiveServer],
+    launches: list[Launch],
+    tmp_path: Path,
+    ranks: int,
+    schedule: str,
+) -> None:
+    server = live_server()
+    chunks = 2 if schedule == "interleaved-1f1b" else 1
+    job, token = create_job(
+        server, schedule=schedule, stages=ranks, microbatches=4, virtual_stages=chunks
+    )
+    args = ("--schedule", schedule, "--microbatches", "4")
+    # The run without perseus goes alongside (the planned one mostly waits: profiling
+    # windows, the fake GPU's modelled instruction times) and runs long enough to compare.
+    plain_steps = 60
+    plain = Launch(tmp_path / "plain", ranks, *args, "--steps", str(plain_steps), perseus=None)
+    launches.append(plain)
+    planned = Launch(
+        tmp_path / "planned",
+        ranks,
+        *args,
+        "--steps", "100000",
+        perseus={"PERSEUS_SERVER": server.url, "PERSEUS_JOB": job, "PERSEUS_TOKEN": token},
+    )  # fmt: skip
+    launches.append(planned)
+    deadline = time.monotonic() + 150
+    while min(planned.planned_iterations(r) for r in range(ranks)) < 3:
+        if planned.process.poll() is not None:
+            pytest.fail(f"training exited before its plan:\n{planned.text()[-4000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no 3 planned iterations on every rank:\n{planned.text()[-4000:]}")
+        time.sleep(0.5)
+    planned.stop()
+    plain.finish(120)
+
+    output = planned.text()
+    for rank in range(ranks):
+        assert f"GPU {rank} clocks reset (SIGTERM)" in output, output[-4000:]
+        plan = plan_of(server, job, token, rank)
+        if chunks > 1:
+            assert any(i["chunk"] == 1 for i in plan["instructions"])
+        assert check_log_follows(planned, rank, plan) >= 3, output[-4000:]
+    assert "does not match" not in output and "unplanned" not in output, output[-4000:]
+    losses = planned.loss_lines()
+    assert 3 <= len(losses) <= plain_steps, len(losses)
+    assert losses == plain.loss_lines()[: len(losses)]
