@@ -421,6 +421,7 @@ def run_pipeline(args: argparse.Namespace) -> dict[str, Any]:
             PERSEUS_GPU=args.gpu,
             PERSEUS_CLOCK_LOG=str(work / "clocks"),
             PERSEUS_POLL_WAIT_S="5",
+            PERSEUS_TRACE_DIR=str(work / "trace"),
             # The CPU check sweeps the fake's clocks; a dry-run GPU measures one clock anyway.
             PERSEUS_PROFILE_CLOCKS="every:20" if fake else "all",
             NCCL_NVLS_ENABLE="0",
@@ -437,7 +438,8 @@ def run_pipeline(args: argparse.Namespace) -> dict[str, Any]:
         command = [
             sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
             "--master-addr", "127.0.0.1", "--master-port", "29533",
-            str(REPO / "examples" / "torch_pipeline.py"), "--schedule", "1f1b",
+            str(REPO / "benchmarks" / "_traced_example.py"),
+            "--schedule", "1f1b",
             "--microbatches", str(microbatches), "--steps", steps, *size,
         ]  # fmt: skip
         started = time.monotonic()
@@ -459,6 +461,7 @@ def run_pipeline(args: argparse.Namespace) -> dict[str, Any]:
         def err(a: float | None, b: float | None) -> float | None:
             return None if a is None or b is None else 100.0 * (b - a) / a
 
+        trace = summarize_trace(work / "trace", profile.text, microbatches)
         log_text = (work / "torchrun.log").read_text(errors="replace")
         (Path(args.out) / "torchrun.log").write_text(log_text)
         blocking = [line for line in log_text.splitlines() if "blocking power" in line]
@@ -477,10 +480,45 @@ def run_pipeline(args: argparse.Namespace) -> dict[str, Any]:
             "energy_error_pct": err(predicted_e, measured_e),
             "blocking_power_lines": blocking,
             "plan_lines": [line for line in log_text.splitlines() if "plan version" in line],
+            "trace": trace,
         }
     finally:
         server.terminate()
         server.wait(30)
+
+
+def summarize_trace(directory: Path, profile_csv: str, microbatches: int) -> dict[str, Any]:
+    """Per rank: in-stream instruction times and gaps (last 20 iterations) against the profile."""
+    profile: dict[tuple[int, str], float] = {}
+    for line in profile_csv.splitlines()[1:]:
+        stage, kind, _mhz, time_s, _energy = line.split(",")
+        profile[(int(stage), kind)] = float(time_s) * 1e3
+    out: dict[str, Any] = {}
+    per_iteration = 2 * microbatches
+    for path in sorted(directory.glob("trace*.json")):
+        rank = int(path.stem.removeprefix("trace"))
+        rows = json.loads(path.read_text())
+        iterations = [rows[i : i + per_iteration] for i in range(0, len(rows), per_iteration)]
+        last = [it for it in iterations if len(it) == per_iteration][-20:]
+        busy = [sum(r["duration_ms"] for r in it) for it in last]
+        gaps = [sum(r["gap_ms"] or 0.0 for r in it[1:]) for it in last]
+        out[str(rank)] = {
+            "forward_ms_median": statistics.median(
+                r["duration_ms"] for it in last for r in it if r["instruction"] == "forward"
+            ),
+            "backward_ms_median": statistics.median(
+                r["duration_ms"] for it in last for r in it if r["instruction"] == "backward"
+            ),
+            "profile_forward_ms": profile.get((rank, "forward")),
+            "profile_backward_ms": profile.get((rank, "backward")),
+            "busy_ms_per_iteration": statistics.median(busy),
+            "gaps_ms_per_iteration": statistics.median(gaps),
+            "gaps_ms": [round(r["gap_ms"] or 0.0, 3) for r in last[-1]] if last else [],
+            "instructions": [f"{r['instruction'][0].upper()}{r['microbatch']}" for r in last[-1]]
+            if last
+            else [],
+        }
+    return out
 
 
 def print_accuracy(r: dict[str, Any]) -> None:
