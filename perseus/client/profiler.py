@@ -47,6 +47,7 @@ __all__ = [
     "DeviceWork",
     "StageProfile",
     "Workload",
+    "calibrated",
     "measure_idle_power",
     "profile_csv",
 ]
@@ -221,6 +222,14 @@ class ClockSweep:
         self._note(measured)
         return measured
 
+    def measure_unlocked(self) -> ClockMeasurement:
+        """The loops at the clock the GPU picks by itself (no lock), as training runs.
+
+        The reference that in-stream instruction times are compared with (see
+        :func:`calibrated`); labelled with the default clock.
+        """
+        return self._measure(self._gpu.default_clock_mhz())
+
     def result(self) -> StageProfile:
         """The measurements so far (sorted high to low)."""
         return StageProfile(
@@ -330,6 +339,33 @@ class ClockSweep:
                 f"{frequency_mhz} MHz {what}: the energy counter gave {reading.power_w} W"
             )
         return seconds, reading.power_w
+
+
+def calibrated(profile: StageProfile, ratios: dict[str, float]) -> StageProfile:
+    """The profile with each kind's time and energy scaled by ``ratios[kind]``.
+
+    In a training stream an instruction can take longer than in a loop of its own (the
+    framework's work around the module: gradient accumulation into ``.grad``, a loss;
+    communication kernels sharing the GPU); the rank measures the ratio at the default
+    clock and applies it at every clock, keeping the loop's power (so energy scales too).
+    """
+    f = ratios.get("forward", 1.0)
+    b = ratios.get("backward", 1.0)
+    return StageProfile(
+        measurements=tuple(
+            ClockMeasurement(
+                frequency_mhz=m.frequency_mhz,
+                forward_time_s=m.forward_time_s * f,
+                forward_energy_j=m.forward_energy_j * f,
+                backward_time_s=m.backward_time_s * b,
+                backward_energy_j=m.backward_energy_j * b,
+                forward_loop_power_w=m.forward_loop_power_w,
+                forward_backward_loop_power_w=m.forward_backward_loop_power_w,
+            )
+            for m in profile.measurements
+        ),
+        stopped=profile.stopped,
+    )
 
 
 def measure_idle_power(

@@ -28,6 +28,7 @@ import logging
 import os
 import random
 import signal
+import statistics
 import threading
 import time
 from collections import deque
@@ -42,7 +43,14 @@ from perseus.client.fake import FakeGpu, default_work
 from perseus.client.gpu import GpuControl, open_gpu
 from perseus.client.meter import EnergyMeter
 from perseus.client.planner import Backoff, PlannerClient, retry_call
-from perseus.client.profiler import ClockSweep, StageProfile, Workload, measure_idle_power
+from perseus.client.profiler import (
+    ClockMeasurement,
+    ClockSweep,
+    StageProfile,
+    Workload,
+    calibrated,
+    measure_idle_power,
+)
 from perseus.client.settings import ClientSettings, load_settings
 from perseus.errors import (
     AuthError,
@@ -68,6 +76,9 @@ __all__ = ["Rank", "connect"]
 _log = logging.getLogger("perseus.client")
 
 Key = tuple[str, int, int | None]
+
+_MIN_STREAM_SAMPLES = 5
+_MAX_STREAM_SAMPLES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +224,10 @@ class Rank:
         self._observed: list[Key] = []
         self._profile_state = "off"
         self._sweep: ClockSweep | None = None
+        self._reference: ClockMeasurement | None = None
+        self._calibrating = False
+        self._stream: dict[str, list[tuple[Stamp, Stamp]]] = {}
+        self._stream_start: tuple[str, Stamp] | None = None
         self._profile_ready = threading.Event()
         self._pending_rows: tuple[list[ProfileRow], float | None] = ([], None)
         self._log_lock = threading.Lock()
@@ -425,12 +440,20 @@ class Rank:
         self._controller.apply(frequency)
         self._entries.append((kind, microbatch, chunk, frequency))
         self._k += 1
+        if self._calibrating:
+            self._stream_start = (kind, self._controller.mark())
         if self._fake is not None:
             self._fake.begin(kind, self._scale)
 
     def _exit_instruction(self, failed: bool) -> None:
         if self._fake is not None:
             self._fake.end()
+        if self._calibrating and self._stream_start is not None:
+            kind, start = self._stream_start
+            samples = self._stream.setdefault(kind, [])
+            if len(samples) < _MAX_STREAM_SAMPLES:
+                samples.append((start, self._controller.mark()))
+            self._stream_start = None
 
     def _plan_mismatch(self, message: str) -> None:
         self._plan_off = True
@@ -518,11 +541,27 @@ class Rank:
             self.settings.budget.describe(),
             "" if lock else "; this GPU's clocks may not be changed: only the current clock",
         )
+        # The reference for the in-stream calibration: the loops at the clock the GPU picks
+        # by itself, the clock the training iterations during the sweep run at.
+        self._reference = sweep.measure_unlocked() if lock else None
         self._sweep = sweep
         self._profile_state = "sweeping"
+        self._calibrating = True
 
     def _finish_profiling(self, profile: StageProfile) -> None:
         self._sweep = None
+        self._calibrating = False
+        reference = self._reference or (profile.measurements[0] if profile.measurements else None)
+        ratios = self._stream_ratios(reference) if reference is not None else {}
+        if ratios:
+            _log.warning(
+                "perseus: rank %d in the training stream: forward x%.3f, backward x%.3f of the "
+                "loop times at the default clock; profile scaled",
+                self.settings.rank,
+                ratios["forward"],
+                ratios["backward"],
+            )
+            profile = calibrated(profile, ratios)
         self.profile = profile
         self._profile_state = "done"
         _log.warning(
@@ -536,6 +575,40 @@ class Rank:
             self._give_up("online profiling measured nothing")
             return
         self._report_profile(profile.rows(), self.p_block_w)
+
+    def _stream_ratios(self, reference: ClockMeasurement) -> dict[str, float]:
+        """In-stream over loop time per kind, at the default clock; {} without enough data.
+
+        Each instruction run during the sweep's training iterations was bracketed by two
+        device stamps (:meth:`ClockController.mark`); a chunk of an interleaved stage costs
+        its share of the stage.
+        """
+        loop = {
+            "forward": reference.forward_time_s * self._scale,
+            "backward": reference.backward_time_s * self._scale,
+        }
+        ratios: dict[str, float] = {}
+        for kind, samples in self._stream.items():
+            durations = [
+                end.at_s - start.at_s
+                for start, end in samples
+                if start.at_s is not None and end.at_s is not None
+            ]
+            if len(durations) < _MIN_STREAM_SAMPLES:
+                return {}
+            ratio = statistics.median(durations) / loop[kind]
+            # Outside this range the stream is not what the loops measured (a different
+            # workload, a rank waiting inside its instructions): leave the profile alone.
+            if not 0.5 <= ratio <= 2.0:
+                _log.warning(
+                    "perseus: rank %d %s takes %.2f x its loop time in the stream; not calibrating",
+                    self.settings.rank,
+                    kind,
+                    ratio,
+                )
+                return {}
+            ratios[kind] = ratio
+        return ratios if len(ratios) == 2 else {}
 
     def _report_profile(self, rows: list[ProfileRow], p_block_w: float | None) -> None:
         self._position_ready.wait(timeout=0)  # the session thread fills in the stage
