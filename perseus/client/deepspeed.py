@@ -52,17 +52,16 @@ parallel fastest, then data parallel, then stage), which is also the rank order 
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-import numpy as np
 import torch
 from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.runtime.pipe.schedule import BackwardPass, ForwardPass, TrainSchedule
 
 from perseus.client.rank import Rank
+from perseus.client.tensors import StateHook, detached, flatten_tensors, preserved
 from perseus.errors import ProfileError, ScheduleError
 
 __all__ = ["EngineWorkload", "MicrobatchCounter", "instrument"]
@@ -219,7 +218,7 @@ class EngineWorkload:
     ) -> None:
         """Forward pre-hook of the stage module: keep the first training microbatch's input."""
         if self._inputs is None and module.training:
-            self._inputs = (_detached(args), _detached(kwargs))
+            self._inputs = (detached(args), detached(kwargs))
 
     def capture_labels(self, engine: Any, buffer_id: int) -> None:
         """After a training forward: keep the last stage's labels of that microbatch."""
@@ -228,7 +227,7 @@ class EngineWorkload:
         buffers = getattr(engine, "pipe_buffers", {})
         labels = buffers.get("labels", [])
         if buffer_id < len(labels) and labels[buffer_id] is not None:
-            self._labels = _detached(labels[buffer_id])
+            self._labels = detached(labels[buffer_id])
 
     def ready(self) -> EngineWorkload | None:
         """Self once a microbatch (and on the last stage its labels) was seen, else None."""
@@ -256,11 +255,14 @@ class EngineWorkload:
         args: Any
         out: Any
         args, out = handle  # type: ignore[misc]
-        tensors = [t for t in _flatten(out) if t.requires_grad]
+        tensors = [t for t in flatten_tensors(out) if t.requires_grad]
         if not tensors:
             return
         parameters = [p for p in self._module.parameters() if p.requires_grad]
-        wrt: list[torch.Tensor] = [*parameters, *(t for t in _flatten(args) if t.requires_grad)]
+        wrt: list[torch.Tensor] = [
+            *parameters,
+            *(t for t in flatten_tensors(args) if t.requires_grad),
+        ]
         grads = [torch.ones_like(t) for t in tensors]
         with _preserved(self._module):
             if not self._checkpointing:
@@ -278,32 +280,18 @@ class EngineWorkload:
             return
 
 
-@contextmanager
-def _preserved(module: torch.nn.Module) -> Iterator[None]:
+def _preserved(module: torch.nn.Module) -> AbstractContextManager[None]:
     """Restores random-number states, module buffers and the pipeline's microbatch offset.
 
     ``PipelineModule`` counts forwards in ``micro_offset`` and, with ``seed_layers``, reseeds
     torch, numpy and ``random`` from it.
     """
-    cpu = torch.random.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    py_state = random.getstate()
-    np_state = np.random.get_state()
-    offset = getattr(module, "micro_offset", None)
-    buffers = [(b, b.detach().clone()) for b in module.buffers()]
-    try:
-        yield
-    finally:
-        torch.random.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        if offset is not None:
-            module.micro_offset = offset
-        with torch.no_grad():
-            for buffer, saved in buffers:
-                buffer.copy_(saved)
+    extra: list[StateHook] = []
+    if hasattr(module, "micro_offset"):
+        extra.append(
+            (lambda: module.micro_offset, lambda value: setattr(module, "micro_offset", value))
+        )
+    return preserved([module], extra)
 
 
 @contextmanager
@@ -321,27 +309,3 @@ def _grads_kept(tensors: list[torch.Tensor]) -> Iterator[None]:
                     t.grad.copy_(grad)
                 else:
                     t.grad = grad
-
-
-def _detached(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        out = value.detach().clone()
-        out.requires_grad_(value.requires_grad and value.is_floating_point())
-        return out
-    if isinstance(value, tuple):
-        return tuple(_detached(v) for v in value)
-    if isinstance(value, list):
-        return [_detached(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _detached(v) for k, v in value.items()}
-    return value
-
-
-def _flatten(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _flatten(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _flatten(v)]
-    return []

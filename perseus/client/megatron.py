@@ -70,6 +70,7 @@ from megatron.core.pipeline_parallel import schedules
 from megatron.core.utils import get_attr_wrapped_model, get_model_config
 
 from perseus.client.rank import Rank
+from perseus.client.tensors import StateHook, detached, flatten_tensors, preserved, with_grad
 from perseus.errors import ScheduleError
 
 __all__ = [
@@ -234,9 +235,9 @@ class ChunkWorkload:
             if chunk not in self._captured:
                 self._captured[chunk] = _Captured(
                     model=module,
-                    args=_detached(args),
-                    kwargs=_detached(kwargs),
-                    inputs=[_detached(t) if isinstance(t, torch.Tensor) else None for t in inputs],
+                    args=detached(args),
+                    kwargs=detached(kwargs),
+                    inputs=[detached(t) if isinstance(t, torch.Tensor) else None for t in inputs],
                 )
 
         return model.register_forward_pre_hook(hook, with_kwargs=True)
@@ -250,7 +251,7 @@ class ChunkWorkload:
     def forward(self) -> object:
         outputs = []
         models = [c.model for c in self._captured.values()]
-        with _preserved(models):
+        with preserved(models, _rng_hooks()):
             for chunk in sorted(self._captured):
                 captured = self._captured[chunk]
                 inputs = [
@@ -258,19 +259,19 @@ class ChunkWorkload:
                     for t in captured.inputs
                 ]
                 get_attr_wrapped_model(captured.model, "set_input_tensor")(inputs)
-                out = captured.model(*_with_grad(captured.args), **captured.kwargs)
+                out = captured.model(*with_grad(captured.args), **captured.kwargs)
                 outputs.append((inputs, captured.args, out, captured.model))
         return outputs
 
     def backward(self, handle: object) -> None:
         models = [c.model for c in self._captured.values()]
-        with _preserved(models):
+        with preserved(models, _rng_hooks()):
             for inputs, args, out, model in handle:  # type: ignore[attr-defined]
-                tensors = [t for t in _flatten(out) if t.requires_grad]
+                tensors = [t for t in flatten_tensors(out) if t.requires_grad]
                 if not tensors:
                     continue
                 wrt = [p for p in model.parameters() if p.requires_grad]
-                wrt += [t for t in _flatten([inputs, args]) if t.requires_grad]
+                wrt += [t for t in flatten_tensors([inputs, args]) if t.requires_grad]
                 grads = [torch.ones_like(t) for t in tensors]
                 torch.autograd.grad(tensors, wrt, grads, allow_unused=True)
 
@@ -282,28 +283,10 @@ class ChunkWorkload:
                 return
 
 
-class _preserved:
-    """Restores random-number states (CPU, CUDA, Megatron's tracker) and buffers on exit."""
-
-    def __init__(self, models: list[torch.nn.Module]) -> None:
-        self._models = models
-
-    def __enter__(self) -> None:
-        self._cpu = torch.random.get_rng_state()
-        self._cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        self._tracker = _rng_tracker()
-        self._tracker_states = self._tracker.get_states() if self._tracker is not None else None
-        self._buffers = [(b, b.detach().clone()) for m in self._models for b in m.buffers()]
-
-    def __exit__(self, *exc: object) -> None:
-        torch.random.set_rng_state(self._cpu)
-        if self._cuda is not None:
-            torch.cuda.set_rng_state_all(self._cuda)
-        if self._tracker is not None:
-            self._tracker.set_states(self._tracker_states)
-        with torch.no_grad():
-            for buffer, saved in self._buffers:
-                buffer.copy_(saved)
+def _rng_hooks() -> list[StateHook]:
+    """Megatron's model-parallel CUDA RNG tracker as a state to restore, when in use."""
+    tracker = _rng_tracker()
+    return [] if tracker is None else [(tracker.get_states, tracker.set_states)]
 
 
 def _rng_tracker() -> Any:
@@ -640,34 +623,3 @@ def _argument(args: Sequence[Any], kwargs: dict[str, Any], at: int, name: str) -
     if name in kwargs:
         return kwargs[name]
     return args[at] if at < len(args) else None
-
-
-def _detached(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        out = value.detach().clone()
-        out.requires_grad_(value.requires_grad and value.is_floating_point())
-        return out
-    if isinstance(value, tuple):
-        return tuple(_detached(v) for v in value)
-    if isinstance(value, list):
-        return [_detached(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _detached(v) for k, v in value.items()}
-    return value
-
-
-def _with_grad(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(
-        a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
-        for a in args
-    )
-
-
-def _flatten(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _flatten(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _flatten(v)]
-    return []

@@ -79,6 +79,7 @@ Key = tuple[str, int, int | None]
 
 _MIN_STREAM_SAMPLES = 5
 _MAX_STREAM_SAMPLES = 256
+_CALIBRATION_ITERATIONS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +229,7 @@ class Rank:
         self._calibrating = False
         self._stream: dict[str, list[tuple[Stamp, Stamp]]] = {}
         self._stream_start: tuple[str, Stamp] | None = None
+        self._calibration_waits = 0
         self._profile_ready = threading.Event()
         self._pending_rows: tuple[list[ProfileRow], float | None] = ([], None)
         self._log_lock = threading.Lock()
@@ -497,7 +499,7 @@ class Rank:
                         measured.backward_time_s,
                         measured.backward_energy_j,
                     )
-                if self._sweep.done:
+                if self._sweep.done and self._calibration_ready():
                     self._finish_profiling(self._sweep.result())
         except Exception as err:  # profiling must never take training down
             self._profile_state = "failed"
@@ -575,6 +577,19 @@ class Rank:
             self._give_up("online profiling measured nothing")
             return
         self._report_profile(profile.rows(), self.p_block_w)
+
+    def _calibration_ready(self) -> bool:
+        """True once each kind has enough in-stream samples, or after a few more iterations.
+
+        A short sweep (one clock on a GPU whose clocks may not change) ends before training
+        ran any instruction under calibration; up to three more iterations give it some.
+        """
+        if all(
+            len(self._stream.get(k, ())) >= _MIN_STREAM_SAMPLES for k in ("forward", "backward")
+        ):
+            return True
+        self._calibration_waits += 1
+        return self._calibration_waits > _CALIBRATION_ITERATIONS
 
     def _stream_ratios(self, reference: ClockMeasurement) -> dict[str, float]:
         """In-stream over loop time per kind, at the default clock; {} without enough data.

@@ -39,6 +39,7 @@ from torch.distributed.pipelining.schedules import (
 )
 
 from perseus.client.rank import Rank
+from perseus.client.tensors import detached, flatten_tensors, preserved, with_grad
 from perseus.errors import ScheduleError
 
 __all__ = ["StageWorkload", "instrument", "schedule_name"]
@@ -146,7 +147,7 @@ class StageWorkload:
 
         def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if index not in self._inputs:
-                self._inputs[index] = (_detached(args), _detached(kwargs))
+                self._inputs[index] = (detached(args), detached(kwargs))
 
         return hook
 
@@ -156,22 +157,22 @@ class StageWorkload:
 
     def forward(self) -> object:
         outputs = []
-        with _preserved(self._stages):
+        with preserved(s.submod for s in self._stages):
             for stage in self._stages:
                 args, kwargs = self._inputs[stage.stage_index]
-                inputs = _with_grad(args)
+                inputs = with_grad(args)
                 out = stage.submod(*inputs, **kwargs)
                 outputs.append((inputs, out, stage))
         return outputs
 
     def backward(self, handle: object) -> None:
-        with _preserved(self._stages):
+        with preserved(s.submod for s in self._stages):
             for inputs, out, stage in handle:  # type: ignore[attr-defined]
-                tensors = [t for t in _flatten(out) if t.requires_grad]
+                tensors = [t for t in flatten_tensors(out) if t.requires_grad]
                 if not tensors:
                     continue
                 wrt = [p for p in stage.submod.parameters() if p.requires_grad]
-                wrt += [t for t in _flatten(inputs) if t.requires_grad]
+                wrt += [t for t in flatten_tensors(inputs) if t.requires_grad]
                 grads = [torch.ones_like(t) for t in tensors]
                 torch.autograd.grad(tensors, wrt, grads, allow_unused=True)
 
@@ -181,63 +182,7 @@ class StageWorkload:
             torch.cuda.synchronize(device)
 
 
-class _preserved:
-    """Restores the random-number state and module buffers (running stats) on exit."""
-
-    def __init__(self, stages: list[PipelineStage]) -> None:
-        self._stages = stages
-
-    def __enter__(self) -> None:
-        self._cpu = torch.random.get_rng_state()
-        self._cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        self._buffers = [
-            [(b, b.detach().clone()) for b in s.submod.buffers()] for s in self._stages
-        ]
-
-    def __exit__(self, *exc: object) -> None:
-        torch.random.set_rng_state(self._cpu)
-        if self._cuda is not None:
-            torch.cuda.set_rng_state_all(self._cuda)
-        with torch.no_grad():
-            for pairs in self._buffers:
-                for buffer, saved in pairs:
-                    buffer.copy_(saved)
-
-
 def _device(stage: PipelineStage) -> torch.device:
     for p in stage.submod.parameters():
         return p.device
     return torch.device("cpu")
-
-
-def _detached(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        out = value.detach().clone()
-        out.requires_grad_(value.requires_grad and value.is_floating_point())
-        return out
-    if isinstance(value, tuple):
-        return tuple(_detached(v) for v in value)
-    if isinstance(value, list):
-        return [_detached(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _detached(v) for k, v in value.items()}
-    return value
-
-
-def _with_grad(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    # Stages after the first receive activations that need gradients (their backward
-    # computes the input gradient sent upstream); the capture kept that flag.
-    return tuple(
-        a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
-        for a in args
-    )
-
-
-def _flatten(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _flatten(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _flatten(v)]
-    return []
