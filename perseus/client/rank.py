@@ -626,7 +626,6 @@ class Rank:
         return ratios if len(ratios) == 2 else {}
 
     def _report_profile(self, rows: list[ProfileRow], p_block_w: float | None) -> None:
-        self._position_ready.wait(timeout=0)  # the session thread fills in the stage
         self._pending_rows = (rows, p_block_w)
         self._profile_ready.set()
 
