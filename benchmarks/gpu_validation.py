@@ -87,8 +87,9 @@ class Sampler:
 
 
 def stage_args(size: str, fake: bool) -> argparse.Namespace:
-    # On the GPU: "heavy" has a forward of ~10 ms at the 700 W limit; "light" has smaller
-    # matrices (hidden 1024) and draws less. On the CPU (fake) a tiny stage checks the script.
+    # On the GPU: "heavy" has a forward of ~13 ms at the 700 W limit; "light" has smaller
+    # matrices (hidden 1024) but still reaches the limit; "small" (hidden 512) and "narrow"
+    # (hidden 256) are meant to stay under it. On the CPU (fake) a tiny stage checks the script.
     if fake:
         return argparse.Namespace(
             gpu="fake", gpu_index=0, layers=1, hidden=64, heads=4, sequence=32, microbatch_size=2
@@ -97,6 +98,16 @@ def stage_args(size: str, fake: bool) -> argparse.Namespace:
         return argparse.Namespace(
             gpu="dry-run", gpu_index=0, layers=4, hidden=4096, heads=32, sequence=2048,
             microbatch_size=2,
+        )  # fmt: skip
+    if size == "small":
+        return argparse.Namespace(
+            gpu="dry-run", gpu_index=0, layers=16, hidden=512, heads=8, sequence=1024,
+            microbatch_size=4,
+        )  # fmt: skip
+    if size == "narrow":
+        return argparse.Namespace(
+            gpu="dry-run", gpu_index=0, layers=24, hidden=256, heads=4, sequence=1024,
+            microbatch_size=8,
         )  # fmt: skip
     return argparse.Namespace(
         gpu="dry-run", gpu_index=0, layers=8, hidden=1024, heads=16, sequence=2048,
@@ -180,7 +191,7 @@ def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"gpu": gpu.name, "cases": []}
     steady_s = 3.0 if fake else 12.0
     event_s = 1.0 if fake else 2.0
-    for size in ("heavy", "light"):
+    for size in args.sizes.split(","):
         stage = SyntheticStage.build(stage_args(size, fake))
         stage.warm_up()
 
@@ -547,6 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="validation")
     parser.add_argument("--gpu", choices=["dry-run", "fake"], default="dry-run")
     parser.add_argument("--work", default="/tmp/perseus-pipeline", help="pipeline scratch")
+    parser.add_argument(
+        "--sizes", default="heavy,light,small", help="accuracy stages: heavy, light, small, narrow"
+    )
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
