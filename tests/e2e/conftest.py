@@ -11,9 +11,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+
+if TYPE_CHECKING:
+    from .pipelines import Launch  # pipelines imports this module
 
 REPO = Path(__file__).parents[2]
 SHARED = REPO / ".." / "shared"
@@ -99,3 +103,12 @@ def live_server(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def launches() -> Iterator[list[Launch]]:
+    """Torchrun launches a test appends here are stopped at teardown."""
+    started: list[Launch] = []
+    yield started
+    for launch in started:
+        launch.stop()

@@ -10,21 +10,15 @@ of the same run without perseus.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import REPO, LiveServer, free_port
-from .test_torch_pipeline import FAST_PROFILE, check_log_follows, create_job, plan_of
+from .conftest import LiveServer
+from .pipelines import Launch, check_ranks_follow_plans, create_job, job_env, stop_after_planned
 
 deepspeed = pytest.importorskip("deepspeed")
 
@@ -124,72 +118,7 @@ def test_other_schedules_and_objects_are_refused() -> None:
 # ---------------------------------------------------------------------- torchrun ranks
 
 
-class Launch:
-    """One torchrun process tree running the DeepSpeed example, with or without perseus."""
-
-    def __init__(self, tmp: Path, ranks: int, env: dict[str, str], *args: str) -> None:
-        tmp.mkdir(parents=True, exist_ok=True)
-        self.logs = tmp / "clocks"
-        self.losses = tmp / "loss.txt"
-        self.output = tmp / "torchrun.log"
-        full = {k: v for k, v in os.environ.items() if not k.startswith("PERSEUS_")}
-        full.update(OMP_NUM_THREADS="1", **env)
-        if "PERSEUS_SERVER" in env:
-            full["PERSEUS_CLOCK_LOG"] = str(self.logs)
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-            str(REPO / "examples" / "deepspeed_pipeline.py"),
-            "--loss-log", str(self.losses), *args,
-        ]  # fmt: skip
-        self._out = self.output.open("wb")
-        self.process = subprocess.Popen(
-            command, env=full, stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO
-        )
-
-    def text(self) -> str:
-        return self.output.read_text(errors="replace")
-
-    def entries(self, rank: int) -> list[dict[str, Any]]:
-        path = self.logs / f"rank{rank}.jsonl"
-        out = []
-        for line in path.read_text().splitlines() if path.exists() else []:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line being written
-                break
-        return out
-
-    def loss_lines(self) -> list[str]:
-        text = self.losses.read_text() if self.losses.exists() else ""
-        return text.splitlines(keepends=True)[: text.count("\n")]
-
-    def wait(self, timeout_s: float) -> int:
-        try:
-            return self.process.wait(timeout_s)
-        finally:
-            self._out.close()
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)  # torchrun stops its workers on SIGTERM
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-@pytest.fixture
-def launches() -> Iterator[list[Launch]]:
-    started: list[Launch] = []
-    yield started
-    for launch in started:
-        launch.kill()
-
-
-def planned_iterations(launch: Launch, rank: int) -> int:
-    return len({e["iteration"] for e in launch.entries(rank) if e["plan_version"] is not None})
+EXAMPLE = "deepspeed_pipeline.py"
 
 
 @pytest.mark.slow
@@ -199,38 +128,23 @@ def test_ranks_follow_their_plans_and_train_the_same(
 ) -> None:
     server = live_server()
     job, token = create_job(server, schedule="1f1b", stages=stages, microbatches=4)
-    env = {
-        **FAST_PROFILE,
-        "PERSEUS_SERVER": server.url,
-        "PERSEUS_JOB": job,
-        "PERSEUS_TOKEN": token,
-        "PERSEUS_GPU": "fake",
-        "PERSEUS_POLL_WAIT_S": "5",
-    }
     args = ("--microbatches", "4", "--seed", "3")
-    launch = Launch(tmp_path / "perseus", stages, env, *args, "--steps", "100000")
+    launch = Launch(
+        tmp_path / "perseus", EXAMPLE, stages, *args, "--steps", "100000",
+        perseus=job_env(server, job, token), loss_log=True,
+    )  # fmt: skip
     launches.append(launch)
-
-    deadline = time.monotonic() + 150
-    while not all(planned_iterations(launch, r) >= 4 for r in range(stages)):
-        if launch.process.poll() is not None:
-            pytest.fail(f"training exited early:\n{launch.text()[-4000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no plan followed in time:\n{launch.text()[-4000:]}")
-        time.sleep(0.5)
-    launch.kill()
-    launch.wait(10)
-    output = launch.text()
-    for rank in range(stages):
-        assert f"GPU {rank} clocks reset (SIGTERM)" in output, output[-4000:]
-        plan = plan_of(server, job, token, rank)
-        assert check_log_follows(launch, rank, {plan["version"]: plan}) >= 3  # type: ignore[arg-type]
+    stop_after_planned(launch, 4)
+    check_ranks_follow_plans(launch, server, job, token, reset="SIGTERM")
 
     # The same steps without perseus give the same losses, to the last printed digit.
     with_perseus = launch.loss_lines()
     assert len(with_perseus) > 10
-    baseline = Launch(tmp_path / "baseline", stages, {}, *args, "--steps", str(len(with_perseus)))
+    baseline = Launch(
+        tmp_path / "baseline", EXAMPLE, stages, *args, "--steps", str(len(with_perseus)),
+        perseus=None, loss_log=True,
+    )  # fmt: skip
     launches.append(baseline)
-    assert baseline.wait(120) == 0, baseline.text()[-4000:]
+    baseline.finish(120)
     assert "perseus does nothing in this run" in baseline.text()
     assert baseline.loss_lines() == with_perseus

@@ -12,22 +12,16 @@ by instruction, and the loss is the same, bit for bit, with and without perseus.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import httpx
 import pytest
 
-from .conftest import REPO, LiveServer, free_port
+from .conftest import LiveServer, free_port
+from .pipelines import Launch, check_ranks_follow_plans, create_job, job_env, stop_after_planned
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
@@ -41,14 +35,8 @@ from megatron.core.transformer import TransformerConfig  # noqa: E402
 from perseus.client import megatron as pm  # noqa: E402
 from perseus.errors import ScheduleError  # noqa: E402
 
-FAST_PROFILE = {
-    "PERSEUS_PROFILE_CLOCKS": "every:8",
-    "PERSEUS_PROFILE_WINDOW_S": "0.3",
-    "PERSEUS_PROFILE_SETTLE_S": "0.1",
-    "PERSEUS_PROFILE_BLOCKING_S": "0.5",
-    # A few clocks from the top are enough to plan; the sweep keeps what it has.
-    "PERSEUS_PROFILE_MAX_S": "8",
-}
+EXAMPLE = "megatron_pipeline.py"
+QUIET = {"PYTHONWARNINGS": "ignore"}
 
 
 # ---------------------------------------------------------------------- in process
@@ -257,127 +245,6 @@ def test_an_inactive_rank_changes_nothing(one_stage: Chunk) -> None:
 # ---------------------------------------------------------------------- multi-process
 
 
-def create_job(server: LiveServer, **spec: Any) -> tuple[str, str]:
-    body = {"data_parallel": 1, "tensor_parallel": 1, **spec}
-    reply = httpx.post(f"{server.url}/v1/jobs", json=body, timeout=10)
-    assert reply.status_code == 201, reply.text
-    created = reply.json()
-    return created["job_id"], created["token"]
-
-
-def plan_of(server: LiveServer, job: str, token: str, rank: int) -> dict[str, Any]:
-    reply = httpx.get(
-        f"{server.url}/v1/jobs/{job}/plan",
-        params={"rank": rank},
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=10,
-    )
-    assert reply.status_code == 200, reply.text
-    plan: dict[str, Any] = reply.json()
-    return plan
-
-
-class Launch:
-    """One torchrun process tree running the megatron example."""
-
-    def __init__(self, tmp: Path, ranks: int, *args: str, perseus: dict[str, str] | None) -> None:
-        tmp.mkdir()
-        self.logs = tmp / "clocks"
-        self.output = tmp / "torchrun.log"
-        self.losses = tmp / "losses.txt"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PERSEUS_")}
-        env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-        if perseus is not None:
-            env.update(FAST_PROFILE)
-            env.update(perseus)
-            env.update(
-                PERSEUS_GPU="fake", PERSEUS_CLOCK_LOG=str(self.logs), PERSEUS_POLL_WAIT_S="5"
-            )
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-            str(REPO / "examples" / "megatron_pipeline.py"), *args,
-            "--loss-log", str(self.losses),
-        ]  # fmt: skip
-        with self.output.open("wb") as out:
-            self.process = subprocess.Popen(
-                command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO
-            )
-
-    def text(self) -> str:
-        return self.output.read_text(errors="replace")
-
-    def finish(self, timeout_s: float) -> None:
-        try:
-            code = self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            pytest.fail(f"training did not finish in {timeout_s} s:\n{self.text()[-4000:]}")
-        assert code == 0, self.text()[-4000:]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)  # torchrun stops its workers on SIGTERM
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def entries(self, rank: int) -> list[dict[str, Any]]:
-        path = self.logs / f"rank{rank}.jsonl"
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line being written
-                break
-        return out
-
-    def planned_iterations(self, rank: int) -> int:
-        return len({e["iteration"] for e in self.entries(rank) if e["plan_version"] is not None})
-
-    def loss_lines(self) -> list[str]:
-        """Complete lines of the loss log (a stopped run may leave half a line)."""
-        text = self.losses.read_text() if self.losses.exists() else ""
-        return text.splitlines()[: text.count("\n")]
-
-
-@pytest.fixture
-def launches() -> Iterator[list[Launch]]:
-    started: list[Launch] = []
-    yield started
-    for launch in started:
-        launch.stop()
-
-
-def check_log_follows(launch: Launch, rank: int, plan: dict[str, Any]) -> int:
-    """From the first planned iteration on, every iteration equals the plan; returns how many."""
-    by_iteration: dict[int, list[dict[str, Any]]] = {}
-    for entry in launch.entries(rank):
-        by_iteration.setdefault(entry["iteration"], []).append(entry)
-    expected = [
-        (i["instruction"], i["microbatch"], i.get("chunk"), i["frequency_mhz"])
-        for i in plan["instructions"]
-    ]
-    checked = 0
-    for iteration in sorted(by_iteration):
-        entries = by_iteration[iteration]
-        versions = {e["plan_version"] for e in entries}
-        assert len(versions) == 1, f"rank {rank} iteration {iteration}: versions {versions}"
-        version = versions.pop()
-        if version is None:
-            assert checked == 0, f"rank {rank} iteration {iteration} lost its plan"
-            continue
-        assert version == plan["version"], f"rank {rank} iteration {iteration}: plan {version}"
-        ran = [(e["instruction"], e["microbatch"], e["chunk"], e["frequency_mhz"]) for e in entries]
-        assert ran == expected, f"rank {rank} iteration {iteration} differs from its plan"
-        checked += 1
-    return checked
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("ranks", "schedule"),
@@ -400,33 +267,26 @@ def test_ranks_follow_their_plans_and_the_loss_is_unchanged(
     # The run without perseus goes alongside (the planned one mostly waits: profiling
     # windows, the fake GPU's modelled instruction times) and runs long enough to compare.
     plain_steps = 60
-    plain = Launch(tmp_path / "plain", ranks, *args, "--steps", str(plain_steps), perseus=None)
+    plain = Launch(
+        tmp_path / "plain", EXAMPLE, ranks, *args, "--steps", str(plain_steps),
+        perseus=None, env=QUIET, loss_log=True,
+    )  # fmt: skip
     launches.append(plain)
     planned = Launch(
-        tmp_path / "planned",
-        ranks,
-        *args,
-        "--steps", "100000",
-        perseus={"PERSEUS_SERVER": server.url, "PERSEUS_JOB": job, "PERSEUS_TOKEN": token},
+        tmp_path / "planned", EXAMPLE, ranks, *args, "--steps", "100000",
+        # A few clocks from the top are enough to plan; the sweep keeps what it has.
+        perseus=job_env(server, job, token, profile_max_s="8"),
+        env=QUIET,
+        loss_log=True,
     )  # fmt: skip
     launches.append(planned)
-    deadline = time.monotonic() + 150
-    while min(planned.planned_iterations(r) for r in range(ranks)) < 3:
-        if planned.process.poll() is not None:
-            pytest.fail(f"training exited before its plan:\n{planned.text()[-4000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no 3 planned iterations on every rank:\n{planned.text()[-4000:]}")
-        time.sleep(0.5)
-    planned.stop()
+    stop_after_planned(planned, 3)
     plain.finish(120)
 
+    check_ranks_follow_plans(
+        planned, server, job, token, reset="SIGTERM", chunks=chunks, strict=True
+    )
     output = planned.text()
-    for rank in range(ranks):
-        assert f"GPU {rank} clocks reset (SIGTERM)" in output, output[-4000:]
-        plan = plan_of(server, job, token, rank)
-        if chunks > 1:
-            assert any(i["chunk"] == 1 for i in plan["instructions"])
-        assert check_log_follows(planned, rank, plan) >= 3, output[-4000:]
     assert "does not match" not in output and "unplanned" not in output, output[-4000:]
     losses = planned.loss_lines()
     assert 3 <= len(losses) <= plain_steps, len(losses)
