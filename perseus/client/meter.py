@@ -7,10 +7,10 @@ attribute energy to iterations), back to back while someone asks for precision
 (:meth:`EnergyMeter.precise`). Back-to-back reads see each counter update within one read's
 time; once the update period is known, precise mode sleeps until shortly before the next
 update is due (NVML energy reads are slow driver calls, and back to back they slowed a
-launch-bound stage on an H200 by tens of percent); the time of an update is estimated as the middle of the read that first saw it. That
-estimate is late by a roughly constant amount, which cancels in the difference of two
-updates, so the average power between updates is exact up to the read time divided by the
-window (3.6 ms over 1 s: 0.4 %).
+launch-bound stage on an H200 by tens of percent); the time of an update is estimated as
+the middle of the read that first saw it. That estimate is late by a roughly constant
+amount, which cancels in the difference of two updates, so the average power between updates
+is exact up to the read time divided by the window (3.6 ms over 1 s: 0.4 %).
 """
 
 from __future__ import annotations
