@@ -230,6 +230,7 @@ class Rank:
         self._stream: dict[str, list[tuple[Stamp, Stamp]]] = {}
         self._stream_start: tuple[str, Stamp] | None = None
         self._calibration_waits = 0
+        self._calibrated_iterations = 0
         self._profile_ready = threading.Event()
         self._pending_rows: tuple[list[ProfileRow], float | None] = ([], None)
         self._log_lock = threading.Lock()
@@ -415,6 +416,12 @@ class Rank:
         if self._t_first is not None:
             end = self._controller.mark()
             self._reports.append((self.iteration_index, self._t_first, end, self.plan_version))
+        if self._calibrating:
+            self._calibrated_iterations += 1
+            if self._calibrated_iterations == 1:
+                # The first iteration under calibration still warms up (allocator, kernel
+                # autotuning) and runs slower than the rest: its times would inflate the ratio.
+                self._stream.clear()
         if self._log_file is not None:
             version = None if self._plan_off else self.plan_version
             self._logs.append((self.iteration_index, version, self._entries))
