@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 
 from perseus.client.gpu import GpuControl, open_gpu  # noqa: E402
 from perseus.client.meter import EnergyMeter  # noqa: E402
-from perseus.client.profiler import ClockSweep, measure_idle_power  # noqa: E402
+from perseus.client.profiler import ClockSweep, device_work, measure_idle_power  # noqa: E402
 from perseus.client.settings import ProfileBudget  # noqa: E402
 
 
@@ -113,25 +113,6 @@ def stage_args(size: str, fake: bool) -> argparse.Namespace:
         gpu="dry-run", gpu_index=0, layers=8, hidden=1024, heads=16, sequence=2048,
         microbatch_size=4,
     )  # fmt: skip
-
-
-def device_work(gpu: GpuControl) -> Any:
-    from perseus.client.fake import FakeGpu
-
-    if not isinstance(gpu, FakeGpu):
-        return lambda kind: nullcontext()
-
-    class Bracket:
-        def __init__(self, kind: str) -> None:
-            self.kind = kind
-
-        def __enter__(self) -> None:
-            gpu.begin(self.kind)
-
-        def __exit__(self, *exc: object) -> None:
-            gpu.end()
-
-    return Bracket
 
 
 def event_time_s(stage: Any, body: Any, seconds: float, fake: bool) -> tuple[float, int]:

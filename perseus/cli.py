@@ -21,7 +21,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from perseus.errors import InfeasibleDeadline, PerseusError, PlanError, PolicyError, ProfileError
+from perseus.arguments import finite_number, integer_at_least
+from perseus.arguments import policy as policy_argument
+from perseus.errors import InfeasibleDeadline, PerseusError, PlanError, ProfileError
 from perseus.solver import (
     FRONTIER_FORMAT,
     SCHEDULE_NAMES,
@@ -231,50 +233,11 @@ def _no_command(_args: argparse.Namespace) -> int:
     )
 
 
-# Argument types: argparse turns ArgumentTypeError into "argument --x: message".
-
-
-def _integer_at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
-        return value
-
-    return parse
-
-
-_positive_int = _integer_at_least(1)
-_index = _integer_at_least(0)
-
-
-def _finite_number(*, zero_allowed: bool) -> Callable[[str], float]:
-    bound = ">= 0" if zero_allowed else "> 0"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number {bound}, got {text!r}") from None
-        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_allowed):
-            raise argparse.ArgumentTypeError(f"expected a finite number {bound}, got {text!r}")
-        return value
-
-    return parse
-
-
-_positive_float = _finite_number(zero_allowed=False)
-_nonnegative_float = _finite_number(zero_allowed=True)
-
-
-def _policy(text: str) -> Policy:
-    try:
-        return Policy.parse(text)
-    except PolicyError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+_positive_int = integer_at_least(1)
+_index = integer_at_least(0)
+_positive_float = finite_number(0, inclusive=False)
+_nonnegative_float = finite_number(0, inclusive=True)
+_policy = policy_argument
 
 
 # plan and demo

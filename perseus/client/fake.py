@@ -63,7 +63,8 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -427,6 +428,15 @@ class FakeGpu:
             self._advance(self._clock())
             self._busy = None
             self._power_now_w = self._model.idle_power_w
+
+    @contextmanager
+    def working(self, kind: str, scale: float = 1.0) -> Iterator[None]:
+        """:meth:`begin` and :meth:`end` around the host work of the ``with`` block."""
+        self.begin(kind, scale)
+        try:
+            yield
+        finally:
+            self.end()
 
     def run(self, kind: str, scale: float = 1.0) -> None:
         """Run one unit of ``kind`` with no host work: :meth:`begin` then :meth:`end`."""

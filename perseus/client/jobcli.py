@@ -13,7 +13,6 @@ fast. Command errors are :class:`CommandError` (a bad command line or environmen
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
 import sys
@@ -22,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from perseus.arguments import finite_number, integer_at_least
+from perseus.arguments import policy as policy_argument
 from perseus.errors import (
     AuthError,
     JobNotFound,
@@ -74,36 +75,7 @@ class CommandError(Exception):
 # ----------------------------------------------------------------------------- arguments
 
 
-def _number(minimum: float, *, inclusive: bool) -> Callable[[str], float]:
-    bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number {bound}, got {text!r}") from None
-        if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
-            raise argparse.ArgumentTypeError(f"expected a finite number {bound}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def _policy(text: str) -> Policy:
-    try:
-        return Policy.parse(text)
-    except PolicyError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+_positive_int = integer_at_least(1)
 
 
 def _gpus(text: str) -> list[int] | None:
@@ -131,7 +103,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     connection.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=_number(0, inclusive=False),
+        type=finite_number(0, inclusive=False),
         help="connect, read and write timeout (default 5 s connect, 30 s read and write)",
     )
     job = argparse.ArgumentParser(add_help=False)
@@ -177,14 +149,14 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     create.add_argument(
         "--policy",
         metavar="POLICY",
-        type=_policy,
+        type=policy_argument,
         help="no-slowdown (default), max-slowdown:FACTOR, deadline:SECONDS, min-energy, "
         "zeus-cost:ETA",
     )
     create.add_argument(
         "--p-block",
         metavar="WATTS",
-        type=_number(0, inclusive=False),
+        type=finite_number(0, inclusive=False),
         help="blocking power of one waiting GPU (default: what the ranks measure)",
     )
     create.add_argument("--name", metavar="NAME", help="a name to recognize the job by")
@@ -221,7 +193,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     policy.add_argument(
         "policy",
         metavar="POLICY",
-        type=_policy,
+        type=policy_argument,
         help="no-slowdown, max-slowdown:FACTOR, deadline:SECONDS, min-energy, zeus-cost:ETA",
     )
     policy.set_defaults(job_command=_set_policy)
@@ -237,13 +209,13 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument(
         "--slowdown",
         metavar="X",
-        type=_number(1, inclusive=True),
+        type=finite_number(1, inclusive=True),
         help="iterations take X times this job's plan",
     )
     which.add_argument(
         "--iteration-time",
         metavar="SECONDS",
-        type=_number(0, inclusive=False),
+        type=finite_number(0, inclusive=False),
         help="iterations take this long",
     )
     which.add_argument("--clear", action="store_true", help="no straggler any more")

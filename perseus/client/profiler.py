@@ -31,10 +31,11 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
+from perseus.client.fake import FakeGpu
 from perseus.client.gpu import GpuControl
 from perseus.client.meter import EnergyMeter
 from perseus.client.settings import ProfileBudget
@@ -48,6 +49,7 @@ __all__ = [
     "StageProfile",
     "Workload",
     "calibrated",
+    "device_work",
     "measure_idle_power",
     "profile_csv",
 ]
@@ -59,6 +61,14 @@ _MIN_RUNS = 10
 DeviceWork = Callable[[str], AbstractContextManager[object]]
 """Brackets one unit of device work of a kind (``"forward"``, ``"backward"``); the fake GPU
 uses it to model the work, a real GPU needs nothing."""
+
+
+def device_work(gpu: GpuControl) -> DeviceWork:
+    """The bracket for units of work on ``gpu``: the fake GPU models them, a real one
+    needs nothing."""
+    if isinstance(gpu, FakeGpu):
+        return gpu.working
+    return lambda kind: nullcontext()
 
 
 class Workload(Protocol):
@@ -77,7 +87,10 @@ class Workload(Protocol):
         ...
 
     def synchronize(self) -> None:
-        """Wait until the device has finished all queued work."""
+        """Wait until the device has finished all queued work.
+
+        Called only by the profiling loops (between iterations), never by the hooks.
+        """
         ...
 
 

@@ -32,15 +32,15 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any
 
 from perseus.client.controller import BoundaryEvent, ClockController, Stamp
 from perseus.client.fake import FakeGpu, default_work
-from perseus.client.gpu import GpuControl, open_gpu
+from perseus.client.gpu import GpuControl, GpuMode, open_gpu
 from perseus.client.meter import EnergyMeter
 from perseus.client.planner import Backoff, PlannerClient, retry_call
 from perseus.client.profiler import (
@@ -49,6 +49,7 @@ from perseus.client.profiler import (
     StageProfile,
     Workload,
     calibrated,
+    device_work,
     measure_idle_power,
 )
 from perseus.client.settings import ClientSettings, load_settings
@@ -222,7 +223,6 @@ class Rank:
         self._k = 0
         self._entries: list[tuple[str, int, int | None, int | None]] = []
         self._t_first: Stamp | None = None
-        self._observed: list[Key] = []
         self._profile_state = "off"
         self._sweep: ClockSweep | None = None
         self._reference: ClockMeasurement | None = None
@@ -398,7 +398,6 @@ class Rank:
         self._k = 0
         self._t_first = None
         self._entries = []
-        self._observed = []
 
     def _exit_iteration(self, exc: BaseException | None) -> None:
         if self._closed:
@@ -444,10 +443,9 @@ class Rank:
                     f"instruction {k} of the iteration is {key}, plan version {plan.version} "
                     f"expects {expected}"
                 )
-        elif self.iteration_index == 0:
-            self._observed.append((kind, microbatch, chunk))
         self._controller.apply(frequency)
-        self._entries.append((kind, microbatch, chunk, frequency))
+        if self._log_file is not None:
+            self._entries.append((kind, microbatch, chunk, frequency))
         self._k += 1
         if self._calibrating:
             self._stream_start = (kind, self._controller.mark())
@@ -474,21 +472,6 @@ class Rank:
         self._controller.apply(None)
 
     # ------------------------------------------------------------------ profiling
-
-    def _device_work(self, kind: str) -> AbstractContextManager[object]:
-        fake = self._fake
-        if fake is None:
-            return _NOTHING
-
-        @contextmanager
-        def work() -> Iterator[None]:
-            fake.begin(kind)
-            try:
-                yield
-            finally:
-                fake.end()
-
-        return work()
 
     def _profile_step(self) -> None:
         """One step of online profiling between iterations; never raises."""
@@ -537,7 +520,7 @@ class Rank:
             self._meter,
             workload,  # type: ignore[arg-type]
             self.settings.budget,
-            self._device_work,
+            device_work(self._gpu),
             clock=self._clock,
             lock=lock,
         )
@@ -925,7 +908,7 @@ _said_off = False
 def connect(
     *,
     workload: Workload | Callable[[], Workload | None] | None = None,
-    gpu: GpuControl | None = None,
+    gpu: GpuControl | GpuMode | None = None,
     planner: PlannerClient | None = None,
     install_signal_handlers: bool = True,
     **settings: object,
@@ -935,13 +918,14 @@ def connect(
     Args:
         workload: The stage's work for online profiling (the framework integrations bind
             one themselves), or a callable returning it once the first iteration has run.
-        gpu: A GPU to drive instead of the one ``PERSEUS_GPU`` names (tests).
+        gpu: The GPU mode (``"nvml"``, ``"dry-run"``, ``"fake"``, else ``PERSEUS_GPU``), or
+            a GPU object to drive instead (tests).
         planner: A planner client instead of one for ``PERSEUS_SERVER`` (tests).
         install_signal_handlers: Reset the GPU's clocks on SIGTERM and SIGINT (then let the
             previous handler run). Only possible from the main thread.
         **settings: Any :class:`~perseus.client.settings.ClientSettings` field (``server``,
-            ``job``, ``token``, ``rank``, ``stage``, ``gpu_index``, ``gpu`` as a mode name,
-            ``profile_path``, ...); unset ones come from ``PERSEUS_*`` variables.
+            ``job``, ``token``, ``rank``, ``stage``, ``gpu_index``, ``profile_path``, ...);
+            unset ones come from ``PERSEUS_*`` variables.
 
     Returns:
         The rank. Without a server it does nothing at all (and says so once).
@@ -951,9 +935,9 @@ def connect(
         GpuControlError: The GPU cannot be opened (NVML missing, bad index).
     """
     global _said_off
-    gpu_mode = settings.pop("gpu_mode", None)
-    if gpu_mode is not None:
-        settings["gpu"] = gpu_mode
+    if isinstance(gpu, str):
+        settings["gpu"] = gpu
+        gpu = None
     if "rank" not in settings:
         dist = _distributed()
         if dist is not None and not os.environ.get("PERSEUS_RANK") and not os.environ.get("RANK"):

@@ -31,14 +31,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import get_args
 
+from perseus.client.gpu import GpuMode
 from perseus.errors import PerseusError
 
 __all__ = ["GPU_MODES", "ClientSettings", "ProfileBudget", "SettingsError", "load_settings"]
 
-GpuMode = Literal["nvml", "dry-run", "fake"]
-GPU_MODES: tuple[GpuMode, ...] = ("nvml", "dry-run", "fake")
+GPU_MODES: tuple[GpuMode, ...] = get_args(GpuMode)
 
 
 class SettingsError(PerseusError):

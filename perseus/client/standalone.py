@@ -21,14 +21,11 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-from perseus.client.fake import FakeGpu
 from perseus.client.gpu import GpuControl, open_gpu
 from perseus.client.meter import EnergyMeter
-from perseus.client.profiler import ClockSweep, StageProfile, measure_idle_power
+from perseus.client.profiler import ClockSweep, StageProfile, device_work, measure_idle_power
 from perseus.client.settings import GPU_MODES, ProfileBudget, SettingsError
 from perseus.errors import NvmlPermissionError, PerseusError
 
@@ -129,26 +126,11 @@ def _measure(
     budget: ProfileBudget,
     stream: Any,
 ) -> tuple[StageProfile, float, bool]:
-    fake = gpu if isinstance(gpu, FakeGpu) else None
-
-    def device_work(kind: str) -> AbstractContextManager[object]:
-        if fake is None:
-            return nullcontext()
-
-        @contextmanager
-        def bracket() -> Iterator[None]:
-            fake.begin(kind)
-            try:
-                yield
-            finally:
-                fake.end()
-
-        return bracket()
-
+    work = device_work(gpu)
     workload.warm_up()
     idle_w = measure_idle_power(meter, time.sleep, max(1.2, budget.window_s), time.perf_counter)
     lock = gpu.can_set_clocks
-    sweep = ClockSweep(gpu, meter, workload, budget, device_work, lock=lock)
+    sweep = ClockSweep(gpu, meter, workload, budget, work, lock=lock)
     if lock:
         print(f"sweeping {len(sweep.clocks)} clocks: {budget.describe()}", file=stream, flush=True)
     try:
@@ -166,7 +148,7 @@ def _measure(
     except NvmlPermissionError as err:
         print(f"cannot change clocks ({err}); measuring the current clock only", file=stream)
         lock = False
-        sweep = ClockSweep(gpu, meter, workload, budget, device_work, lock=False)
+        sweep = ClockSweep(gpu, meter, workload, budget, work, lock=False)
         sweep.run()
     return sweep.result(), idle_w or 0.0, lock
 
