@@ -1,6 +1,8 @@
 """Argument types for the ``perseus`` command line, shared by its subcommands.
 
-argparse turns :class:`argparse.ArgumentTypeError` into ``argument --x: message``.
+argparse turns :class:`argparse.ArgumentTypeError` into ``argument --x: message``. Importing
+this module costs only the standard library (``perseus --help`` uses it); the solver is loaded
+when a policy is parsed.
 """
 
 from __future__ import annotations
@@ -8,9 +10,12 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from perseus.errors import PolicyError
-from perseus.solver.policies import Policy
+
+if TYPE_CHECKING:
+    from perseus.solver.policies import Policy
 
 __all__ = ["finite_number", "integer_at_least", "policy"]
 
@@ -48,6 +53,8 @@ def finite_number(minimum: float, *, inclusive: bool) -> Callable[[str], float]:
 
 def policy(text: str) -> Policy:
     """A policy such as ``no-slowdown`` or ``max-slowdown:1.05``."""
+    from perseus.solver.policies import Policy
+
     try:
         return Policy.parse(text)
     except PolicyError as err:

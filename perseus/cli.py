@@ -3,55 +3,49 @@
 Every subcommand computes everything first and writes its files last, each through a temporary
 file renamed into place, so a bad input leaves nothing behind. Errors print one line,
 ``perseus: error: ...`` naming the file, row or field, and exit with status 2.
+
+Importing this module costs only the standard library: each subcommand builds its parser and
+imports what it needs (the solver, the server, the client) when it runs, so ``perseus --help``
+answers at once and ``perseus plan`` shows its progress before the solver has loaded.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
-import json
-import math
+import dataclasses
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
+from perseus import __version__
 from perseus.arguments import finite_number, integer_at_least
 from perseus.arguments import policy as policy_argument
+from perseus.baselines import baseline_label, reference_key, saving_text, shown_baselines
 from perseus.errors import InfeasibleDeadline, PerseusError, PlanError, ProfileError
-from perseus.solver import (
-    FRONTIER_FORMAT,
-    SCHEDULE_NAMES,
-    Baseline,
-    Frontier,
-    Policy,
-    Profile,
-    Schedule,
-    baselines_at,
-    choose_point,
-    compute_frontier,
-    load_profile,
-    make_schedule,
-    replay,
-    straggler_point,
-)
-from perseus.solver.synthetic import EXAMPLE_P_BLOCK_W
 
-__all__ = ["PLAN_FORMAT", "main"]
+if TYPE_CHECKING:
+    from perseus.solver import Baseline, Frontier, Policy, Profile, Schedule
 
-PLAN_FORMAT = "perseus.plan/1"
+__all__ = ["ProgressBar", "command_parser", "install_hint", "main"]
+
 EXIT_ERROR = 2
 DEMO_MICROBATCHES = 8
 DEFAULT_POLISH_S = 30.0  # seconds the no-slowdown plan may be improved by a branch and bound
-_BASELINE_LABELS = {
-    "all_fastest": "all-fastest (default)",
-    "global_clock": "global clock",
-    "per_stage_clock": "per-stage clock",
+DISTRIBUTION = "perseus-planner"
+_COMMAND_HELP = {
+    "plan": "compute the time-energy frontier of a profile and pick a plan",
+    "simulate": "replay a plan on a profile: time, energy, per-stage busy and idle",
+    "demo": "plan the shipped example profile and draw the plots (no GPU needed)",
+    "serve": f"run the planner server (needs {DISTRIBUTION}[server])",
+    "job": "create, inspect and steer jobs on a planner server",
+    "profile": "profile this machine's GPU without a server",
+    "reset-clocks": "restore default SM clocks, e.g. after a training process was killed",
 }
 
 
@@ -65,18 +59,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status: 0 on success, 2 on bad input (after one ``perseus: error:`` line).
     """
     args_list = list(sys.argv[1:] if argv is None else argv)
+    commands: dict[str, Callable[[list[str]], int]] = {
+        "plan": _plan_command,
+        "simulate": _simulate_command,
+        "demo": _demo_command,
+        "serve": _serve,
+        "job": _job,
+        "profile": _profile,
+        "reset-clocks": _reset_clocks,
+    }
     try:
-        if args_list[:1] == ["serve"]:
-            return _serve(args_list[1:])
-        if args_list[:1] == ["job"]:
-            return _job(args_list[1:])
-        if args_list[:1] == ["profile"]:
-            return _profile(args_list[1:])
-        if args_list[:1] == ["reset-clocks"]:
-            return _reset_clocks(args_list[1:])
-        args = _build_parser().parse_args(args_list)
-        run: Callable[[argparse.Namespace], int] = args.run
-        return run(args)
+        if args_list and args_list[0] in commands:
+            return commands[args_list[0]](args_list[1:])
+        _top_parser().parse_args(args_list)  # --help, --version, or a one-line usage error
+        raise _UsageError(
+            "a command is required: plan, simulate, demo, serve, job, profile or reset-clocks "
+            "(see perseus --help)"
+        )
     except (_UsageError, PerseusError) as err:
         print(f"perseus: error: {err}", file=sys.stderr)
         return EXIT_ERROR
@@ -99,89 +98,42 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{self.prog.removeprefix('perseus').strip() or 'perseus'}: {message}")
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def install_hint(extra: str) -> str:
+    """How to install an extra, from the package index and from a checkout."""
+    return f"pip install '{DISTRIBUTION}[{extra}]' (from a checkout: pip install '.[{extra}]')"
+
+
+def _top_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="perseus",
         description="Plan per-instruction GPU clocks for pipeline-parallel training.",
+        epilog="'perseus COMMAND --help' describes each command.",
     )
-    parser.set_defaults(run=_no_command)
+    parser.add_argument("--version", action="version", version=f"perseus {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)
-
-    plan = commands.add_parser(
-        "plan",
-        help="compute the time-energy frontier of a profile and pick a plan",
-        description="Compute the time-energy frontier of a profile, compare it with the "
-        "baselines and pick the point a policy chooses.",
-    )
-    plan.add_argument("profile", metavar="PROFILE", help="profile: Zeus CSV or perseus JSON")
-    _add_planning_arguments(plan)
-    plan.add_argument(
-        "--straggler",
-        metavar="SECONDS",
-        type=_positive_float,
-        help="what-if: another pipeline imposes this iteration time",
-    )
-    plan.add_argument("--output", metavar="FRONTIER.json", help="write the frontier as JSON")
-    plan.add_argument("--plan-output", metavar="PLAN.json", help="write the chosen plan as JSON")
-    plan.add_argument("--plot", metavar="FRONTIER.png", help="plot the frontier")
-    plan.add_argument("--timeline", metavar="TIMELINE.png", help="plot the chosen plan's timeline")
-    plan.set_defaults(run=_run_plan)
-
-    simulate = commands.add_parser(
-        "simulate",
-        help="replay a plan on a profile: time, energy, per-stage busy and idle",
-        description="Replay a plan (a frontier point or a single plan) on a profile.",
-    )
-    simulate.add_argument("profile", metavar="PROFILE", help="profile: Zeus CSV or perseus JSON")
-    simulate.add_argument("plan", metavar="PLAN.json", help="perseus.frontier/1 or perseus.plan/1")
-    simulate.add_argument(
-        "--p-block", metavar="WATTS", type=_positive_float, help="blocking power (default: plan's)"
-    )
-    pick = simulate.add_mutually_exclusive_group()
-    pick.add_argument("--point", metavar="N", type=_index, help="frontier point index")
-    pick.add_argument(
-        "--policy",
-        metavar="POLICY",
-        type=_policy,
-        help="pick the frontier point by policy (default no-slowdown)",
-    )
-    simulate.set_defaults(run=_run_simulate)
-
-    demo = commands.add_parser(
-        "demo",
-        help="plan the shipped example profile and draw the plots (no GPU needed)",
-        description=f"Plan the shipped synthetic H200-like example profile: 1F1B, "
-        f"{DEMO_MICROBATCHES} microbatches, P_block {EXAMPLE_P_BLOCK_W:g} W. Writes "
-        "frontier.json, frontier.png and timeline.png.",
-    )
-    demo.add_argument("--outdir", metavar="DIR", default=".", help="where to write (default .)")
-    demo.set_defaults(run=_run_demo)
-
-    # Built in full only when run (below), so that their imports cost nothing here.
-    commands.add_parser(
-        "serve",
-        help="run the planner server (needs perseus[server]; see 'perseus serve --help')",
-        add_help=False,
-    )
-    commands.add_parser(
-        "job",
-        help="create, inspect and steer jobs on a planner server (see 'perseus job --help')",
-        add_help=False,
-    )
-    commands.add_parser(
-        "profile",
-        help="profile this machine's GPU without a server (see 'perseus profile --help')",
-        add_help=False,
-    )
-    commands.add_parser(
-        "reset-clocks",
-        help="restore default SM clocks, e.g. after a training process was killed",
-        add_help=False,
-    )
+    for name, text in _COMMAND_HELP.items():
+        commands.add_parser(name, help=text, add_help=False)
     return parser
 
 
-def _add_planning_arguments(parser: argparse.ArgumentParser) -> None:
+def _asks_help(argv: Sequence[str]) -> bool:
+    return any(
+        arg in ("-h", "--help") for arg in argv[: argv.index("--") if "--" in argv else None]
+    )
+
+
+# plan and demo
+
+
+def _plan_parser() -> argparse.ArgumentParser:
+    from perseus.solver import SCHEDULE_NAMES
+
+    parser = _Parser(
+        prog="perseus plan",
+        description="Compute the time-energy frontier of a profile, compare it with the "
+        "baselines and pick the point a policy chooses.",
+    )
+    parser.add_argument("profile", metavar="PROFILE", help="profile: Zeus CSV or perseus JSON")
     parser.add_argument(
         "--microbatches", metavar="M", type=_positive_int, required=True, help="microbatches"
     )
@@ -202,7 +154,6 @@ def _add_planning_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         metavar="POLICY",
         type=_policy,
-        default=Policy.parse("no-slowdown"),
         help="no-slowdown (default), max-slowdown:FACTOR, deadline:SECONDS, min-energy, "
         "zeus-cost:ETA",
     )
@@ -224,28 +175,31 @@ def _add_planning_arguments(parser: argparse.ArgumentParser) -> None:
         help="time to spend improving the no-slowdown plan with a branch and bound "
         f"(default {DEFAULT_POLISH_S:g}; 0: off; it stops early once the plan is optimal)",
     )
-
-
-def _no_command(_args: argparse.Namespace) -> int:
-    raise _UsageError(
-        "a command is required: plan, simulate, demo, serve, job, profile or reset-clocks "
-        "(see perseus --help)"
+    parser.add_argument(
+        "--straggler",
+        metavar="SECONDS",
+        type=_positive_float,
+        help="what-if: another pipeline imposes this iteration time",
     )
+    parser.add_argument("--output", metavar="FRONTIER.json", help="write the frontier as JSON")
+    parser.add_argument("--plan-output", metavar="PLAN.json", help="write the chosen plan as JSON")
+    parser.add_argument("--plot", metavar="FRONTIER.png", help="plot the frontier")
+    parser.add_argument(
+        "--timeline", metavar="TIMELINE.png", help="plot the chosen plan's timeline"
+    )
+    return parser
 
 
 _positive_int = integer_at_least(1)
 _index = integer_at_least(0)
 _positive_float = finite_number(0, inclusive=False)
 _nonnegative_float = finite_number(0, inclusive=True)
-_policy = policy_argument
-
-
-# plan and demo
+_policy = policy_argument  # imports the solver only when a policy is parsed
 
 
 @dataclass(frozen=True, slots=True)
 class _PlanRequest:
-    profile_path: str
+    profile: Profile
     microbatches: int
     p_block_w: float | None
     schedule: str
@@ -259,36 +213,74 @@ class _PlanRequest:
     plan_output: str | None = None
     plot: str | None = None
     timeline: str | None = None
+    extra_files: Mapping[str, bytes] = field(default_factory=dict)
 
 
-def _run_plan(args: argparse.Namespace) -> int:
-    request = _PlanRequest(
-        profile_path=args.profile,
-        microbatches=args.microbatches,
-        p_block_w=args.p_block,
-        schedule=args.schedule,
-        virtual_stages=args.virtual_stages,
-        policy=args.policy,
-        resolution_s=args.resolution,
-        exact=args.exact,
-        polish_s=args.polish,
-        straggler_s=args.straggler,
-        output=args.output,
-        plan_output=args.plan_output,
-        plot=args.plot,
-        timeline=args.timeline,
-    )
-    return _plan(request, sys.stdout)
+def _plan_command(argv: list[str]) -> int:
+    with ProgressBar(sys.stderr, enabled=not _asks_help(argv)) as progress:
+        progress.phase("loading the solver")
+        args = command_parser("plan").parse_args(argv)
+        from perseus.solver import Policy, load_profile
 
-
-def _run_demo(args: argparse.Namespace) -> int:
-    outdir = Path(args.outdir).resolve()  # absolute, so the demo says exactly where it wrote
-    if outdir.exists() and not outdir.is_dir():
-        raise _UsageError(f"--outdir: {outdir} exists and is not a directory")
-    outdir.mkdir(parents=True, exist_ok=True)
-    with resources.as_file(resources.files("perseus") / "data" / "example_profile.csv") as path:
+        outputs = _check_outputs(args)
+        progress.phase(f"reading {args.profile}")
         request = _PlanRequest(
-            profile_path=str(path),
+            profile=load_profile(args.profile),
+            microbatches=args.microbatches,
+            p_block_w=args.p_block,
+            schedule=args.schedule,
+            virtual_stages=args.virtual_stages,
+            policy=args.policy or Policy.parse("no-slowdown"),
+            resolution_s=args.resolution,
+            exact=args.exact,
+            polish_s=args.polish,
+            straggler_s=args.straggler,
+            output=args.output,
+            plan_output=args.plan_output,
+            plot=args.plot,
+            timeline=args.timeline,
+        )
+        text, written = _plan(request, outputs, progress)
+    sys.stdout.write(text)
+    for path in written:
+        sys.stdout.write(f"wrote {path}\n")
+    return 0
+
+
+def _demo_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="perseus demo",
+        description=f"Plan the shipped synthetic H200-like example profile: 1F1B, "
+        f"{DEMO_MICROBATCHES} microbatches, P_block 100 W. Writes example_profile.csv (the "
+        "profile, for perseus plan and perseus simulate), frontier.json, plan.json, "
+        "frontier.png and timeline.png.",
+    )
+    parser.add_argument("--outdir", metavar="DIR", default=".", help="where to write (default .)")
+    return parser
+
+
+def _demo_command(argv: list[str]) -> int:
+    from importlib import resources
+
+    with ProgressBar(sys.stderr, enabled=not _asks_help(argv)) as progress:
+        args = command_parser("demo").parse_args(argv)
+        progress.phase("loading the solver")
+        from perseus.solver import Policy, load_profile
+        from perseus.solver.synthetic import EXAMPLE_P_BLOCK_W
+
+        outdir = Path(args.outdir)
+        if outdir.exists() and not outdir.is_dir():
+            raise _UsageError(f"--outdir: {outdir} exists and is not a directory")
+        outdir.mkdir(parents=True, exist_ok=True)
+
+        def at(name: str) -> str:
+            return name if args.outdir == "." else str(outdir / name)
+
+        shipped = resources.files("perseus") / "data" / "example_profile.csv"
+        with resources.as_file(shipped) as shipped_path:
+            profile = load_profile(shipped_path)
+        request = _PlanRequest(
+            profile=dataclasses.replace(profile, source=at("example_profile.csv")),
             microbatches=DEMO_MICROBATCHES,
             p_block_w=EXAMPLE_P_BLOCK_W,
             schedule="1f1b",
@@ -297,19 +289,39 @@ def _run_demo(args: argparse.Namespace) -> int:
             resolution_s=1e-3,
             exact=False,
             polish_s=DEFAULT_POLISH_S,
-            output=str(outdir / "frontier.json"),
-            plot=str(outdir / "frontier.png"),
-            timeline=str(outdir / "timeline.png"),
+            output=at("frontier.json"),
+            plan_output=at("plan.json"),
+            plot=at("frontier.png"),
+            timeline=at("timeline.png"),
+            extra_files={at("example_profile.csv"): shipped.read_bytes()},
         )
-        return _plan(request, sys.stdout)
+        outputs = _Outputs(
+            [request.output, request.plan_output, request.plot, request.timeline],
+            ["--output", "--plan-output", "--plot", "--timeline"],
+        )
+        text, written = _plan(request, outputs, progress)
+    sys.stdout.write(text)
+    for path in written:
+        sys.stdout.write(f"wrote {path}\n")
+    return 0
 
 
-def _plan(request: _PlanRequest, out: TextIO) -> int:
-    outputs = _Outputs(
-        [request.output, request.plan_output, request.plot, request.timeline],
+def _check_outputs(args: argparse.Namespace) -> _Outputs:
+    for option, path in (("--plot", args.plot), ("--timeline", args.timeline)):
+        if path is not None and Path(path).suffix.lower() != ".png":
+            raise _UsageError(f"{option}: {path}: plots are PNG images; give a name ending in .png")
+    return _Outputs(
+        [args.output, args.plan_output, args.plot, args.timeline],
         ["--output", "--plan-output", "--plot", "--timeline"],
     )
-    profile = load_profile(request.profile_path)
+
+
+def _plan(request: _PlanRequest, outputs: _Outputs, progress: ProgressBar) -> tuple[str, list[str]]:
+    """Plan, render every file and write them; returns the report and the paths written."""
+    from perseus.files import FrontierFile, PlanFile, profile_fingerprint
+    from perseus.solver import baselines_at, choose_point, compute_frontier, make_schedule, replay
+
+    profile = request.profile
     p_block_w = _blocking_power(request.p_block_w, profile)
     virtual_stages = request.virtual_stages
     if virtual_stages is None:
@@ -317,64 +329,76 @@ def _plan(request: _PlanRequest, out: TextIO) -> int:
     schedule = make_schedule(
         request.schedule, profile.num_stages, request.microbatches, virtual_stages
     )
+    fingerprint = profile_fingerprint(profile)
+    _check_feasible(profile, schedule, p_block_w, request)
 
+    progress.phase("planning")
     started = time.monotonic()
-    bar = ProgressBar(sys.stderr)
-    try:
-        frontier = compute_frontier(
-            profile,
-            schedule,
-            p_block_w=p_block_w,
-            resolution_s=request.resolution_s,
-            exact=request.exact,
-            polish_s=request.polish_s,
-            progress=bar,
-        )
-    finally:
-        bar.close()
+    frontier = compute_frontier(
+        profile,
+        schedule,
+        p_block_w=p_block_w,
+        resolution_s=request.resolution_s,
+        exact=request.exact,
+        polish_s=request.polish_s,
+        progress=progress,
+    )
     solved_s = time.monotonic() - started
+    progress.phase("comparing with the baselines")
+    policy = request.policy
     try:
-        chosen = choose_point(frontier, request.policy)
+        chosen = choose_point(frontier, policy)
     except InfeasibleDeadline as err:
-        raise InfeasibleDeadline(f"--policy {request.policy}: {err}") from err
+        raise InfeasibleDeadline(f"--policy {policy}: {err}") from err
     straggler = None
     if request.straggler_s is not None:
+        from perseus.solver import straggler_point
+
         try:
             straggler = (request.straggler_s, straggler_point(frontier, request.straggler_s))
         except InfeasibleDeadline as err:
             raise InfeasibleDeadline(f"--straggler: {err}") from err
-
-    # Baselines at the same deadline as the chosen point: the policy's own limit where it has
-    # one, else the point's iteration time.
-    policy = request.policy
-    if policy.kind == "max-slowdown":
-        deadline_s = float(policy.value or 1.0) * float(frontier.times_s[0])
-    elif policy.kind == "deadline":
-        deadline_s = float(policy.value or 0.0)
-    else:
-        deadline_s = float(frontier.times_s[chosen])
+    # The run's one set of baselines, shown alike by the table, frontier.json and the plot: at
+    # the policy's own limit where it has one (max-slowdown, deadline), else at the chosen
+    # point's time.
+    deadline_s = _baselines_deadline(frontier, policy, chosen)
     baselines = baselines_at(profile, schedule, frontier.p_block_w, deadline_s)
 
     # Everything that can fail on bad input has run; render the files in memory, then write.
-    point = frontier.point(chosen)
+    for path, data in request.extra_files.items():
+        outputs.put(path, data)
     if request.output:
-        text = io.StringIO()
-        frontier.write_json(text)
-        outputs.put(request.output, text.getvalue().encode())
+        progress.phase(f"rendering {request.output}")
+        document = FrontierFile.of_run(
+            frontier, baselines, profile=fingerprint, baselines_deadline_s=deadline_s
+        )
+        outputs.put(request.output, document.render())
     if request.plan_output:
-        outputs.put(request.plan_output, _plan_bytes(frontier, chosen))
+        outputs.put(
+            request.plan_output, PlanFile.of_point(frontier, chosen, profile=fingerprint).render()
+        )
     if request.plot or request.timeline:
-        from perseus import plots  # matplotlib is slow to import; only load it when drawing
+        progress.phase("loading matplotlib")
+        from perseus import plots
 
         title = f"{Path(profile.source).name}: {_schedule_text(schedule)}"
         if request.plot:
+            progress.phase(f"drawing {request.plot}")
             outputs.put(
                 request.plot,
                 plots.frontier_png(
-                    frontier, chosen, title=title, policy=str(request.policy), straggler=straggler
+                    frontier,
+                    chosen,
+                    baselines=baselines,
+                    title=title,
+                    policy=str(policy),
+                    deadline_s=deadline_s if policy.kind in ("max-slowdown", "deadline") else None,
+                    straggler=straggler,
                 ),
             )
         if request.timeline:
+            progress.phase(f"drawing {request.timeline}")
+            point = frontier.point(chosen)
             replayed = replay(profile, schedule, frontier.p_block_w, point.frequencies_mhz)
             outputs.put(
                 request.timeline,
@@ -383,17 +407,58 @@ def _plan(request: _PlanRequest, out: TextIO) -> int:
                     replayed,
                     point.frequencies_mhz,
                     clock_range_mhz=_clock_range(profile),
-                    title=f"{title}: {request.policy}, point {chosen}",
+                    title=f"{title}: {policy}, point {chosen}",
                 ),
             )
-
+    progress.phase("writing files")
     written = outputs.write()
-    out.write(_describe(profile, schedule, frontier, solved_s))
-    out.write("\n")
-    out.write(_plan_table(frontier, baselines, chosen, str(request.policy), straggler))
-    for path in written:
-        out.write(f"wrote {path}\n")
-    return 0
+    text = _describe(profile, schedule, frontier, solved_s) + "\n"
+    text += _plan_table(frontier, baselines, chosen, str(policy), straggler)
+    return text, written
+
+
+def _check_feasible(
+    profile: Profile, schedule: Schedule, p_block_w: float, request: _PlanRequest
+) -> None:
+    """Refuse a deadline or straggler time that no plan meets, before any solving."""
+    from perseus.solver import replay
+
+    limits = []
+    if request.policy.kind == "deadline":
+        limits.append((f"--policy {request.policy}", float(request.policy.value or 0.0)))
+    if request.straggler_s is not None:
+        limits.append(("--straggler", request.straggler_s))
+    if not limits:
+        return
+    fastest = [
+        tuple(
+            min(profile.stages[gpu][ins.kind], key=lambda o: o.time_s).frequency_mhz for ins in seq
+        )
+        for gpu, seq in enumerate(schedule.order)
+    ]
+    try:
+        fastest_s = replay(profile, schedule, p_block_w, fastest).time_s
+    except PlanError:  # the profile does not fit the schedule: compute_frontier says how
+        return
+    for option, limit_s in limits:
+        if limit_s < fastest_s * (1 - 1e-12):
+            raise InfeasibleDeadline(
+                f"{option}: no plan finishes within {limit_s:.6f} s; the fastest, every "
+                f"instruction at its fastest clock, takes {fastest_s:.6f} s"
+            )
+
+
+def _baselines_deadline(frontier: Frontier, policy: Policy, chosen: int) -> float:
+    value = float(policy.value or 0.0)
+    if policy.kind == "deadline":
+        return value
+    if policy.kind == "max-slowdown":
+        key = reference_key(frontier.baselines)
+        reference_s = (
+            frontier.baselines[key].time_s if key is not None else float(frontier.times_s[0])
+        )
+        return value * reference_s
+    return float(frontier.times_s[chosen])
 
 
 def _blocking_power(given: float | None, profile: Profile) -> float:
@@ -427,35 +492,30 @@ def _schedule_text(schedule: Schedule) -> str:
 
 def _plan_table(
     frontier: Frontier,
-    baselines: dict[str, Baseline],
+    baselines: Mapping[str, Baseline],
     chosen: int,
     policy: str,
     straggler: tuple[float, int] | None,
 ) -> str:
-    fastest = baselines["all_fastest"]
+    key = reference_key(baselines)
+    if key is None:
+        raise PlanError("baselines: neither default nor all_fastest was computed")
+    reference = baselines[key]
 
-    def row(label: str, time_s: float, energy_j: float, gap: str, base: float) -> list[str]:
+    def row(label: str, time_s: float, energy_j: float, gap: str, base_j: float) -> list[str]:
         return [
             label,
             f"{time_s:.4f}",
             f"{energy_j:.1f}",
-            f"{100 * (1 - energy_j / base):.2f} %",
-            f"{100 * (time_s / fastest.time_s - 1):.2f} %",
+            saving_text(energy_j, base_j),
+            f"{100 * (time_s / reference.time_s - 1):.2f} %",
             gap,
         ]
 
     rows = [["plan", "time (s)", "energy (J)", "saving", "slowdown", "gap"]]
-    for key, label in _BASELINE_LABELS.items():
-        baseline = baselines[key]
-        rows.append(
-            row(
-                f"{label}{_clocks_note(baseline.frequencies_mhz)}",
-                baseline.time_s,
-                baseline.energy_j,
-                "-",
-                fastest.energy_j,
-            )
-        )
+    for name, baseline in shown_baselines(baselines):
+        label = f"{baseline_label(name)}{_clocks_note(baseline.frequencies_mhz)}"
+        rows.append(row(label, baseline.time_s, baseline.energy_j, "-", reference.energy_j))
     point = frontier.point(chosen)
     rows.append(
         row(
@@ -463,15 +523,19 @@ def _plan_table(
             point.time_s,
             point.energy_j,
             f"{100 * point.gap:.2f} %",
-            fastest.energy_j,
+            reference.energy_j,
         )
     )
+    notes = [f"saving and slowdown are against {baseline_label(key)}"]
     if straggler is not None:
         imposed_s, index = straggler
-        stretched_j = fastest.energy_j + frontier.p_block_w * frontier.schedule.stages * (
-            imposed_s - fastest.time_s
+        stretched_s = max(imposed_s, reference.time_s)
+        stretched_j = reference.energy_j + frontier.p_block_w * frontier.schedule.stages * (
+            stretched_s - reference.time_s
         )
-        rows.append(row("all-fastest, stretched", imposed_s, stretched_j, "-", stretched_j))
+        rows.append(
+            row(f"{baseline_label(key)}, stretched", stretched_s, stretched_j, "-", stretched_j)
+        )
         rows.append(
             row(
                 f"straggler (point {index} of {len(frontier)})",
@@ -481,18 +545,16 @@ def _plan_table(
                 stretched_j,
             )
         )
-    text = _format_table(rows, right=range(1, 6))
-    if straggler is not None:
-        text += (
-            f"straggler rows: the iteration takes {straggler[0]:.4f} s because of another "
-            "pipeline; saving is against all-fastest stretched to that time\n"
+        notes.append(
+            f"straggler rows: the iteration takes {imposed_s:.4f} s because of another pipeline;\n"
+            f"their saving is against {baseline_label(key)} stretched to that time"
         )
-    return text
+    return _format_table(rows, right=range(1, 6)) + "".join(f"{note}\n" for note in notes)
 
 
 def _clocks_note(frequencies_mhz: Sequence[Sequence[int]]) -> str:
     per_gpu = [set(clocks) for clocks in frequencies_mhz]
-    if all(len(clocks) == 1 for clocks in per_gpu):
+    if per_gpu and all(len(clocks) == 1 for clocks in per_gpu):
         distinct = [next(iter(clocks)) for clocks in per_gpu]
         if len(set(distinct)) == 1:
             return f" {distinct[0]} MHz"
@@ -521,44 +583,80 @@ def _clock_range(profile: Profile) -> tuple[int, int]:
 # simulate
 
 
-def _run_simulate(args: argparse.Namespace) -> int:
+def _simulate_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="perseus simulate",
+        description="Replay a plan (a frontier point or a single plan) on a profile.",
+    )
+    parser.add_argument("profile", metavar="PROFILE", help="profile: Zeus CSV or perseus JSON")
+    parser.add_argument("plan", metavar="PLAN.json", help="perseus.frontier/1 or perseus.plan/1")
+    parser.add_argument(
+        "--p-block", metavar="WATTS", type=_positive_float, help="blocking power (default: plan's)"
+    )
+    pick = parser.add_mutually_exclusive_group()
+    pick.add_argument("--point", metavar="N", type=_index, help="frontier point index")
+    pick.add_argument(
+        "--policy",
+        metavar="POLICY",
+        type=_policy,
+        help="pick the frontier point by policy (default no-slowdown)",
+    )
+    return parser
+
+
+def _simulate_command(argv: list[str]) -> int:
+    args = command_parser("simulate").parse_args(argv)
+    from perseus.files import FrontierFile, profile_fingerprint, read_plan_or_frontier
+    from perseus.solver import Policy, choose_point, load_profile, replay
+
     profile = load_profile(args.profile)
-    data = _read_json(args.plan)
-    fmt = data.get("format")
+    document = read_plan_or_frontier(args.plan)
     stated: tuple[float, float] | None = None
-    if fmt == FRONTIER_FORMAT:
-        try:
-            frontier = Frontier.from_json(data)
-        except PlanError as err:
-            raise PlanError(f"{args.plan}: {err}") from err
-        if args.point is not None:
-            if args.point >= len(frontier):
-                raise _UsageError(
-                    f"--point: {args.point} is out of range; {args.plan} has points "
-                    f"0..{len(frontier) - 1}"
-                )
-            index = args.point
+    try:
+        if isinstance(document, FrontierFile):
+            frontier = document.to_frontier()
+            if args.point is not None:
+                if args.point >= len(frontier):
+                    raise _UsageError(
+                        f"--point: {args.point} is out of range; {args.plan} has points "
+                        f"0..{len(frontier) - 1}"
+                    )
+                index = args.point
+            else:
+                index = choose_point(frontier, args.policy or Policy.parse("no-slowdown"))
+            point = frontier.point(index)
+            schedule, frequencies = frontier.schedule, point.frequencies_mhz
+            stated = (point.time_s, point.energy_j)
+            what = f"point {index} of {len(frontier)} in {args.plan}"
         else:
-            index = choose_point(frontier, args.policy or Policy.parse("no-slowdown"))
-        point = frontier.point(index)
-        schedule, frequencies = frontier.schedule, point.frequencies_mhz
-        plan_p_block = frontier.p_block_w
-        stated = (point.time_s, point.energy_j)
-        what = f"point {index} of {len(frontier)} in {args.plan}"
-    elif fmt == PLAN_FORMAT:
-        if args.point is not None or args.policy is not None:
-            raise _UsageError(f"--point and --policy pick a frontier point; {args.plan} is a plan")
-        schedule, frequencies, plan_p_block = _parse_plan(data, args.plan)
-        what = args.plan
-    else:
-        raise PlanError(
-            f"{args.plan}: format: expected {FRONTIER_FORMAT!r} or {PLAN_FORMAT!r}, got {fmt!r}"
+            if args.point is not None or args.policy is not None:
+                raise _UsageError(
+                    f"--point and --policy pick a frontier point; {args.plan} is a plan"
+                )
+            schedule, frequencies = document.to_schedule(), document.clocks
+            if document.time_s is not None and document.energy_j is not None:
+                stated = (document.time_s, document.energy_j)
+            what = args.plan
+    except PlanError as err:
+        raise PlanError(f"{args.plan}: {err}") from err
+    planned_on = document.profile
+    mismatch = ""
+    if planned_on is not None and planned_on.sha256 != profile_fingerprint(profile).sha256:
+        mismatch = (
+            f"{args.plan} was planned on another profile ({planned_on.source}, sha256 "
+            f"{planned_on.sha256[:12]}), not on {Path(profile.source).name}"
         )
-    p_block_w = args.p_block if args.p_block is not None else plan_p_block
+    p_block_w = args.p_block if args.p_block is not None else document.p_block_w
     try:
         result = replay(profile, schedule, p_block_w, frequencies)
     except PlanError as err:
-        raise PlanError(f"{args.plan}: {err} (profile {profile.source})") from err
+        why = mismatch or f"it does not fit profile {profile.source}"
+        raise PlanError(f"{args.plan}: {err}; {why}") from err
+    if mismatch:
+        print(
+            f"perseus: warning: {mismatch}; replayed, its clocks take what this profile says",
+            file=sys.stderr,
+        )
 
     out = sys.stdout
     out.write(f"plan      {what}\n")
@@ -566,8 +664,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
     out.write(f"schedule  {_schedule_text(schedule)}, P_block {p_block_w:g} W\n\n")
     out.write(f"iteration time  {result.time_s:.6f} s\n")
     out.write(f"energy          {result.energy_j:.3f} J\n")
-    if stated is not None and p_block_w == plan_p_block:
-        out.write(f"(the frontier states {stated[0]:.6f} s and {stated[1]:.3f} J)\n")
+    if stated is not None and p_block_w == document.p_block_w and not mismatch:
+        out.write(f"(the plan states {stated[0]:.6f} s and {stated[1]:.3f} J)\n")
     out.write("\n")
     rows = [["stage", "busy (s)", "idle (s)", "busy"]]
     for stage, (busy, idle) in enumerate(zip(result.busy_s, result.idle_s, strict=True)):
@@ -578,117 +676,84 @@ def _run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_json(path: str) -> Mapping[str, Any]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise PlanError(f"{path}: cannot read plan: {err}") from err
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise PlanError(f"{path}: line {err.lineno}: not valid JSON: {err.msg}") from err
-    if not isinstance(data, dict):
-        raise PlanError(f"{path}: expected a JSON object with a 'format' field")
-    return data
+# serve, job, profile, reset-clocks: each imports its side (server, client) only when it runs
 
 
-def _parse_plan(
-    data: Mapping[str, Any], path: str
-) -> tuple[Schedule, tuple[tuple[int, ...], ...], float]:
-    """Validate a ``perseus.plan/1`` object; returns its schedule, clocks and blocking power."""
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The full argument parser of subcommand ``name``, e.g. to check a command line.
 
-    def integer(name: str) -> int:
-        value = data.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PlanError(f"{path}: {name}: expected an integer >= 1, got {value!r}")
-        return value
+    Imports what that subcommand needs (the solver for ``plan``, the server for ``serve``...).
 
-    name = data.get("schedule")
-    if not isinstance(name, str):
-        raise PlanError(f"{path}: schedule: expected one of {', '.join(SCHEDULE_NAMES)}")
-    p_block = data.get("p_block_w")
-    if (
-        isinstance(p_block, bool)
-        or not isinstance(p_block, int | float)
-        or not math.isfinite(p_block)
-        or p_block <= 0
-    ):
-        raise PlanError(f"{path}: p_block_w: expected a finite number > 0, got {p_block!r}")
-    try:
-        schedule = make_schedule(
-            name, integer("stages"), integer("microbatches"), integer("virtual_stages")
-        )
-    except PerseusError as err:
-        raise PlanError(f"{path}: {err}") from err
-    raw = data.get("frequencies_mhz")
-    if not isinstance(raw, list) or len(raw) != schedule.stages:
-        raise PlanError(
-            f"{path}: frequencies_mhz: expected a list of {schedule.stages} lists (one per GPU)"
-        )
-    frequencies = []
-    for gpu, clocks in enumerate(raw):
-        expected = len(schedule.order[gpu])
-        if not isinstance(clocks, list) or len(clocks) != expected:
-            raise PlanError(
-                f"{path}: frequencies_mhz[{gpu}]: expected {expected} clocks, one per instruction"
+    Raises:
+        _UsageError: Unknown command, or its extra is not installed (the message says how).
+    """
+    if name == "plan":
+        return _plan_parser()
+    if name == "simulate":
+        return _simulate_parser()
+    if name == "demo":
+        return _demo_parser()
+    if name == "serve":
+        try:
+            from perseus.server.cli import add_serve_arguments
+        except ImportError as err:
+            raise _UsageError(
+                f"serve: the planner server is not installed ({err}); " + install_hint("server")
+            ) from err
+        parser = _Parser(prog="perseus serve", description="Run the planner server.")
+        add_serve_arguments(parser)
+        return parser
+    if name in ("job", "reset-clocks"):
+        try:
+            from perseus.client.jobcli import add_job_arguments, add_reset_clocks_arguments
+        except ImportError as err:
+            raise _UsageError(
+                f"{name}: the client is not installed ({err}); " + install_hint("client")
+            ) from err
+        if name == "job":
+            parser = _Parser(
+                prog="perseus job",
+                description="Create, inspect and steer jobs on a planner server. The server, "
+                "job and token default to $PERSEUS_SERVER, $PERSEUS_JOB and $PERSEUS_TOKEN, as "
+                'eval "$(perseus job create ...)" sets them.',
             )
-        for k, clock in enumerate(clocks):
-            if isinstance(clock, bool) or not isinstance(clock, int) or clock < 1:
-                raise PlanError(
-                    f"{path}: frequencies_mhz[{gpu}][{k}]: expected a clock in MHz, got {clock!r}"
-                )
-        frequencies.append(tuple(clocks))
-    return schedule, tuple(frequencies), float(p_block)
-
-
-def _plan_bytes(frontier: Frontier, index: int) -> bytes:
-    schedule = frontier.schedule
-    head = {
-        "format": PLAN_FORMAT,
-        "schedule": schedule.name,
-        "stages": schedule.stages,
-        "microbatches": schedule.microbatches,
-        "virtual_stages": schedule.virtual_stages,
-        "p_block_w": frontier.p_block_w,
-    }
-    # One line per GPU keeps a plan readable; json.dumps(indent=...) would give one per clock.
-    lines = [f"  {json.dumps(key)}: {json.dumps(value)}," for key, value in head.items()]
-    per_gpu = [f"    {json.dumps(list(c))}" for c in frontier.point(index).frequencies_mhz]
-    text = "{\n" + "\n".join(lines) + '\n  "frequencies_mhz": [\n'
-    text += ",\n".join(per_gpu) + "\n  ]\n}\n"
-    return text.encode()
-
-
-# serve
+            add_job_arguments(parser)
+            return parser
+        parser = _Parser(
+            prog="perseus reset-clocks",
+            description="Restore the default SM clocks of GPUs, e.g. after a training process "
+            "that locked them was killed with -9. Usually needs root.",
+        )
+        add_reset_clocks_arguments(parser)
+        return parser
+    if name == "profile":
+        try:
+            from perseus.client.standalone import add_profile_arguments
+        except ImportError as err:
+            raise _UsageError(
+                f"profile: the client is not installed ({err}); " + install_hint("client")
+            ) from err
+        parser = _Parser(
+            prog="perseus profile",
+            description="Profile this machine's GPU: time and energy per instruction and clock.",
+        )
+        add_profile_arguments(parser)
+        return parser
+    raise _UsageError(f"unknown command {name!r}; see perseus --help")
 
 
 def _serve(argv: list[str]) -> int:
-    try:
-        from perseus.server.cli import add_serve_arguments, run_serve
-    except ImportError as err:
-        raise _UsageError(
-            f"serve: the planner server is not installed ({err}); install perseus[server]"
-        ) from err
-    parser = _Parser(prog="perseus serve", description="Run the planner server.")
-    add_serve_arguments(parser)
-    status: int = run_serve(parser.parse_args(argv))
+    args = command_parser("serve").parse_args(argv)
+    from perseus.server.cli import run_serve
+
+    status: int = run_serve(args)
     return status
 
 
-# job, profile, reset-clocks: the client side, imported only when one of them runs
-
-
 def _job(argv: list[str]) -> int:
-    from perseus.client.jobcli import CommandError, add_job_arguments, run_job
+    args = command_parser("job").parse_args(argv)
+    from perseus.client.jobcli import CommandError, run_job
 
-    parser = _Parser(
-        prog="perseus job",
-        description="Create, inspect and steer jobs on a planner server. The server, job and "
-        "token default to $PERSEUS_SERVER, $PERSEUS_JOB and $PERSEUS_TOKEN, as "
-        'eval "$(perseus job create ...)" sets them.',
-    )
-    add_job_arguments(parser)
-    args = parser.parse_args(argv)
     try:
         return run_job(args)
     except (CommandError, PerseusError) as err:
@@ -696,31 +761,18 @@ def _job(argv: list[str]) -> int:
 
 
 def _profile(argv: list[str]) -> int:
-    try:
-        from perseus.client.standalone import add_profile_arguments, run_profile
-    except ImportError as err:
-        raise _UsageError(
-            f"profile: the client is not installed ({err}); install perseus[client]"
-        ) from err
-    parser = _Parser(
-        prog="perseus profile",
-        description="Profile this machine's GPU: time and energy per instruction and clock.",
-    )
-    add_profile_arguments(parser)
-    status: int = run_profile(parser.parse_args(argv))
+    args = command_parser("profile").parse_args(argv)
+    from perseus.client.standalone import run_profile
+
+    status: int = run_profile(args)
     return status
 
 
 def _reset_clocks(argv: list[str]) -> int:
-    from perseus.client.jobcli import add_reset_clocks_arguments, run_reset_clocks
+    args = command_parser("reset-clocks").parse_args(argv)
+    from perseus.client.jobcli import run_reset_clocks
 
-    parser = _Parser(
-        prog="perseus reset-clocks",
-        description="Restore the default SM clocks of GPUs, e.g. after a training process "
-        "that locked them was killed with -9. Usually needs root.",
-    )
-    add_reset_clocks_arguments(parser)
-    return run_reset_clocks(parser.parse_args(argv))
+    return run_reset_clocks(args)
 
 
 # output files and progress
@@ -775,20 +827,27 @@ class _Outputs:
 
 
 class ProgressBar:
-    """A ``progress(done, total)`` callback that draws a bar on a terminal.
+    """Shows on a terminal what a long command is doing: its phase, a bar, the time so far.
 
-    Nothing is drawn during the first ``delay_s`` seconds, so quick runs stay silent, nor when
-    the stream is not a terminal (logs and pipes). Redraws at most every ``interval_s`` seconds.
+    Used as a context manager: a thread redraws the line every ``interval_s`` seconds from
+    ``delay_s`` on (so it keeps moving while a phase reports nothing, and commands quicker than
+    ``delay_s`` stay silent), and it is erased at the end. Called as ``progress(done, total)``
+    (the solver's callback) it fills the bar; the bar never moves back within a phase, even
+    when the total grows. Nothing is drawn when the stream is not a terminal (logs, pipes).
     """
+
+    _SPIN = "|/-\\"
 
     def __init__(
         self,
         stream: TextIO,
         *,
-        delay_s: float = 0.5,
+        enabled: bool = True,
+        delay_s: float = 0.2,
         interval_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
-        width: int = 30,
+        width: int = 24,
+        thread: bool = True,
     ) -> None:
         self._stream = stream
         self._clock = clock
@@ -796,30 +855,71 @@ class ProgressBar:
         self._delay_s = delay_s
         self._interval_s = interval_s
         self._width = width
-        self._last_draw = -math.inf
+        self._enabled = enabled and stream.isatty()
+        self._phase = "starting"
+        self._fraction: float | None = None
+        self._draws = 0
         self._drawn = False
-        self._enabled = stream.isatty()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = (
+            threading.Thread(target=self._run, name="perseus-progress", daemon=True)
+            if thread and self._enabled
+            else None
+        )
+
+    def __enter__(self) -> ProgressBar:
+        if self._thread is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def phase(self, text: str) -> None:
+        """Start a phase: ``text`` replaces the previous one and the bar empties."""
+        self._phase = text
+        self._fraction = None
 
     def __call__(self, done: int, total: int) -> None:
+        if total > 0:
+            fraction = min(max(done / total, 0.0), 1.0)
+            self._fraction = max(fraction, self._fraction or 0.0)
+
+    def draw(self) -> None:
+        """Redraw the line now (the thread does this; tests call it with a fake clock)."""
         if not self._enabled:
             return
-        now = self._clock()
-        if now - self._start < self._delay_s or now - self._last_draw < self._interval_s:
+        elapsed = self._clock() - self._start
+        if elapsed < self._delay_s:
             return
-        self._last_draw = now
-        fraction = min(max(done / total, 0.0), 1.0) if total > 0 else 0.0
-        filled = round(fraction * self._width)
-        bar = "#" * filled + "." * (self._width - filled)
-        self._stream.write(f"\rplanning [{bar}] {done}/{total} {now - self._start:.1f} s")
-        self._stream.flush()
-        self._drawn = True
+        spin = self._SPIN[self._draws % len(self._SPIN)]
+        self._draws += 1
+        fraction = self._fraction
+        if fraction is None:
+            bar = ""
+        else:
+            filled = round(fraction * self._width)
+            bar = f" [{'#' * filled}{'.' * (self._width - filled)}] {100 * fraction:3.0f} %"
+        with self._lock:
+            self._stream.write(f"\r\033[Kperseus: {self._phase}{bar} {spin} {elapsed:.1f} s")
+            self._stream.flush()
+            self._drawn = True
 
     def close(self) -> None:
-        """Erase the bar, if one was drawn."""
-        if self._drawn:
-            self._stream.write("\r\033[K")
-            self._stream.flush()
-            self._drawn = False
+        """Stop redrawing and erase the line, if one was drawn."""
+        self._stop.set()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join()
+        with self._lock:
+            if self._drawn:
+                self._stream.write("\r\033[K")
+                self._stream.flush()
+                self._drawn = False
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.draw()
 
 
 if __name__ == "__main__":

@@ -9,13 +9,17 @@ import re
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
 import pytest
 
+import perseus
+from perseus.baselines import baseline_label, reference_key
 from perseus.cli import ProgressBar, main
+from perseus.files import FrontierFile
 from perseus.solver import Frontier
 
 MICROBATCHES = "4"
@@ -56,6 +60,17 @@ def planned(
     return frontier, plan, out, stdout.getvalue()
 
 
+def _frontier(path: Path) -> Frontier:
+    return FrontierFile.model_validate_json(path.read_text()).to_frontier()
+
+
+def _reference(path: Path) -> str:
+    """The label of the baseline a frontier file's savings are against."""
+    key = reference_key(json.loads(path.read_text())["baselines"])
+    assert key is not None
+    return baseline_label(key)
+
+
 def _numbers(text: str, label: str) -> float:
     found = re.search(rf"^{label}\s+([0-9.]+)", text, re.MULTILINE)
     assert found, f"no {label!r} line in:\n{text}"
@@ -66,13 +81,17 @@ def test_plan_prints_every_baseline_and_the_chosen_point(
     planned: tuple[Path, Path, Path, str],
 ) -> None:
     frontier_path, _, _, out = planned
-    frontier = Frontier.from_json(json.loads(frontier_path.read_text()))
-    for label in ("all-fastest (default)", "global clock", "per-stage clock", "no-slowdown"):
+    frontier = _frontier(frontier_path)
+    reference = _reference(frontier_path)
+    for label in (reference, "global clock", "per-stage clock", "no-slowdown"):
         assert label in out
+    assert f"saving and slowdown are against {reference}" in out
     assert re.search(r"^plan\s+time \(s\)\s+energy \(J\)\s+saving\s+slowdown\s+gap$", out, re.M)
-    fastest = frontier.baselines["all_fastest"]
+    key = reference_key(frontier.baselines)
+    assert key is not None
+    fastest = frontier.baselines[key]
     assert re.search(
-        rf"^all-fastest \(default\) .*{fastest.time_s:.4f}\s+{fastest.energy_j:.1f}"
+        rf"^{re.escape(reference)} .*{fastest.time_s:.4f}\s+{fastest.energy_j:.1f}"
         r"\s+0\.00 %\s+0\.00 %\s+-$",
         out,
         re.M,
@@ -130,16 +149,20 @@ def test_plan_straggler_rows(
 ) -> None:
     base = ["plan", str(example), "--microbatches", "2", "--p-block", "100"]
     assert main(base) == 0
-    fastest = re.search(
-        r"^all-fastest \(default\)\s+\S+ MHz\s+([0-9.]+)", capsys.readouterr().out, re.M
-    )
-    assert fastest
+    out = capsys.readouterr().out
+    reference = re.search(r"^saving and slowdown are against (.*)$", out, re.M)
+    assert reference, out
+    label = reference.group(1)
+    fastest = re.search(rf"^{re.escape(label)}\s+\S+ MHz\s+([0-9.]+)", out, re.M)
+    assert fastest, out
     fastest_s = float(fastest.group(1))
     imposed = f"{fastest_s * 1.2:.4f}"
     plot = tmp_path / "frontier.png"
     assert main([*base, "--straggler", imposed, "--plot", str(plot)]) == 0
     out = capsys.readouterr().out
-    stretched = re.search(rf"^all-fastest, stretched\s+{imposed}\s+([0-9.]+)\s+0\.00 %", out, re.M)
+    stretched = re.search(
+        rf"^{re.escape(label)}, stretched\s+{imposed}\s+([0-9.]+)\s+0\.00 %", out, re.M
+    )
     lagging = re.search(
         rf"^straggler \(point \d+ of \d+\)\s+{imposed}\s+([0-9.]+)\s+([0-9.]+) %", out, re.M
     )
@@ -249,7 +272,7 @@ def test_simulate_round_trips_a_frontier(
     example: Path, planned: tuple[Path, Path, Path, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     frontier_path = planned[0]
-    frontier = Frontier.from_json(json.loads(frontier_path.read_text()))
+    frontier = _frontier(frontier_path)
     for index in sorted({0, len(frontier) // 2, len(frontier) - 1}):
         point = frontier.point(index)
         time_s, energy_j = _simulated(
@@ -269,7 +292,7 @@ def test_simulate_round_trips_a_plan(
     example: Path, planned: tuple[Path, Path, Path, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     frontier_path, plan_path, _, _ = planned
-    frontier = Frontier.from_json(json.loads(frontier_path.read_text()))
+    frontier = _frontier(frontier_path)
     plan = json.loads(plan_path.read_text())
     assert plan["schedule"] == "1f1b" and plan["stages"] == 4 and plan["p_block_w"] == 100
     chosen = next(
@@ -285,8 +308,11 @@ def test_simulate_round_trips_a_plan(
 @pytest.mark.parametrize(
     ("content", "extra", "expected"),
     [
-        ("{not json", [], ["line 1", "JSON"]),
-        ('{"format": "perseus.plan/9"}', [], ["format"]),
+        ("{not json", [], ["not JSON", "perseus.frontier/1", "perseus.plan/1"]),
+        ("stage,instruction,frequency,time,energy\n", [], ["CSV profile", "perseus.plan/1"]),
+        ('{"format": "perseus.plan/9"}', [], ["format", "perseus.plan/1"]),
+        ('{"rows": []}', [], ["no format field", "perseus.frontier/1"]),
+        ("plan-with-string-clock", [], ["frequencies_mhz[2][3]", "'1980'"]),
         ("plan-with-short-row", [], ["frequencies_mhz[1]"]),
         ("plan-with-unknown-clock", [], ["1234"]),
         ("plan", ["--point", "3"], ["--point"]),
@@ -307,6 +333,9 @@ def test_simulate_bad_plan_files(
     plan = json.loads(plan_path.read_text())
     if content == "plan-with-short-row":
         plan["frequencies_mhz"][1].pop()
+        content = json.dumps(plan)
+    elif content == "plan-with-string-clock":
+        plan["frequencies_mhz"][2][3] = "1980"
         content = json.dumps(plan)
     elif content == "plan-with-unknown-clock":
         plan["frequencies_mhz"][0][0] = 1234
@@ -342,8 +371,14 @@ def test_demo_as_a_subprocess(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    for label in ("all-fastest (default)", "global clock", "per-stage clock", "no-slowdown"):
+    reference = _reference(outdir / "frontier.json")
+    for label in (reference, "global clock", "per-stage clock", "no-slowdown"):
         assert label in done.stdout
+    # The demo leaves its profile beside the plans, so that perseus simulate can replay them.
+    assert (outdir / "example_profile.csv").read_bytes() == (
+        resources.files("perseus") / "data" / "example_profile.csv"
+    ).read_bytes()
+    assert f"profile   {outdir / 'example_profile.csv'}: 4 stages" in done.stdout
     for name in ("frontier.png", "timeline.png"):
         assert (outdir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"wrote {outdir / name}" in done.stdout
@@ -379,7 +414,7 @@ def test_serve_without_the_server_extras(
 ) -> None:
     monkeypatch.setitem(sys.modules, "perseus.server.cli", None)  # makes the import fail
     assert main(["serve", "--port", "1"]) == 2
-    assert "install perseus[server]" in capsys.readouterr().err
+    assert "pip install 'perseus-planner[server]'" in capsys.readouterr().err
 
 
 class _Terminal(io.StringIO):
@@ -387,23 +422,170 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_progress_bar_waits_then_draws_on_a_terminal_only() -> None:
+def test_progress_bar_shows_the_phase_and_a_bar_that_never_moves_back() -> None:
     now = [0.0]
     terminal = _Terminal()
-    bar = ProgressBar(terminal, clock=lambda: now[0])
-    bar(1, 10)
+    bar = ProgressBar(terminal, clock=lambda: now[0], delay_s=0.2, thread=False)
+    bar.phase("loading the solver")
+    now[0] = 0.1
+    bar.draw()
+    assert terminal.getvalue() == ""  # quick commands stay silent
     now[0] = 0.3
-    bar(2, 10)
-    assert terminal.getvalue() == ""  # quick work stays silent
-    now[0] = 0.6
+    bar.draw()
+    assert "perseus: loading the solver" in terminal.getvalue()
+    bar.phase("planning")
     bar(5, 10)
-    assert "5/10" in terminal.getvalue() and "#" * 15 in terminal.getvalue()
+    bar.draw()
+    line = terminal.getvalue().rsplit("\r", 1)[-1]
+    assert "planning [" in line and " 50 %" in line and "0.3 s" in line
+    bar(5, 40)  # the total grew: the bar holds its place
+    now[0] = 0.4
+    bar.draw()
+    assert " 50 %" in terminal.getvalue().rsplit("\r", 1)[-1]
     bar.close()
     assert terminal.getvalue().endswith("\r\033[K")
 
     log = io.StringIO()  # not a terminal
-    bar = ProgressBar(log, clock=lambda: now[0])
+    bar = ProgressBar(log, clock=lambda: now[0], thread=False)
     now[0] = 5.0
     bar(5, 10)
+    bar.draw()
     bar.close()
     assert log.getvalue() == ""
+
+
+def test_progress_bar_thread_redraws_until_closed() -> None:
+    terminal = _Terminal()
+    with ProgressBar(terminal, delay_s=0.0, interval_s=0.01) as bar:
+        bar.phase("working")
+        deadline = time.monotonic() + 5
+        while terminal.getvalue().count("perseus: working") < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert terminal.getvalue().count("perseus: working") >= 3
+    assert terminal.getvalue().endswith("\r\033[K")
+
+
+def test_help_and_version_load_no_heavy_module() -> None:
+    code = (
+        "import sys\n"
+        "from perseus.cli import main\n"
+        "for argv in (['--help'], ['--version']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = {'numpy', 'scipy', 'networkx', 'matplotlib', 'pydantic', 'highspy'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    *_, last = done.stdout.strip().splitlines()
+    assert last == "[]", done.stdout
+    assert f"perseus {perseus.__version__}" in done.stdout
+    assert "plan" in done.stdout and "reset-clocks" in done.stdout
+
+
+@pytest.mark.parametrize("option", ["--plot", "--timeline"])
+def test_plots_must_be_png_files(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    target = tmp_path / "f.txt"
+    args = ["plan", str(example), "--microbatches", "2", "--p-block", "100", option, str(target)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and option in err and ".png" in err
+    assert not target.exists()
+
+
+def test_infeasible_deadline_is_refused_before_planning(
+    example: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import perseus.solver
+
+    def no_solving(*args: object, **kwargs: object) -> None:
+        raise AssertionError("compute_frontier ran")
+
+    monkeypatch.setattr(perseus.solver, "compute_frontier", no_solving)
+    base = ["plan", str(example), "--microbatches", "8", "--p-block", "100"]
+    assert main([*base, "--policy", "deadline:1.0"]) == 2
+    assert "--policy deadline:1.0: no plan finishes within 1.000000 s" in capsys.readouterr().err
+    assert main([*base, "--straggler", "1.0"]) == 2
+    assert "--straggler: no plan finishes" in capsys.readouterr().err
+
+
+def test_files_carry_the_profile_fingerprint_and_the_runs_baselines(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    frontier_path, plan_path = tmp_path / "f.json", tmp_path / "p.json"
+    args = ["plan", str(example), "--microbatches", "4", "--p-block", "100"]
+    args += ["--policy", "max-slowdown:1.1", "--output", str(frontier_path)]
+    args += ["--plan-output", str(plan_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    data = json.loads(frontier_path.read_text())
+    plan = json.loads(plan_path.read_text())
+    assert data["profile"] == plan["profile"]
+    assert data["profile"]["source"] == "example_profile.csv"
+    assert len(data["profile"]["sha256"]) == 64
+    # The file's baselines are the table's, at the policy's limit, not the no-slowdown ones.
+    for key, baseline in data["baselines"].items():
+        row = re.search(
+            rf"^{re.escape(baseline_label(key))}\b.*?\s([0-9.]+)\s+([0-9.]+)\s", out, re.M
+        )
+        if row is None:  # all-fastest folded into an identical default row
+            assert key == "all_fastest" and "default" in data["baselines"]
+            continue
+        assert float(row.group(1)) == pytest.approx(baseline["time_s"], abs=5e-5)
+        assert float(row.group(2)) == pytest.approx(baseline["energy_j"], abs=0.05)
+    reference = data["baselines"][reference_key(data["baselines"]) or ""]
+    assert data["baselines_deadline_s"] == pytest.approx(1.1 * reference["time_s"])
+    assert data["baselines"]["global_clock"]["time_s"] <= data["baselines_deadline_s"]
+    chosen_s = _numbers(out, r"max-slowdown:1\.1 \(point \d+ of \d+\)")
+    assert plan["time_s"] == pytest.approx(chosen_s, abs=5e-5)
+
+
+def test_simulate_warns_when_the_profile_differs_and_fails_when_it_does_not_fit(
+    example: Path,
+    planned: tuple[Path, Path, Path, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, plan_path, _, _ = planned
+    lines = example.read_text().splitlines()
+    header = lines[0].split(",")
+    cells = lines[1].split(",")
+    cells[header.index("energy")] = str(float(cells[header.index("energy")]) * 1.5)
+    other = tmp_path / "other.csv"
+    other.write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
+    assert main(["simulate", str(other), str(plan_path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith("perseus: warning: ") and captured.err.count("\n") == 1
+    assert "example_profile.csv" in captured.err and "other.csv" in captured.err
+    assert "states" not in captured.out
+
+    assert main(["simulate", str(example), str(plan_path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "(the plan states" in captured.out
+
+    two = tmp_path / "two-stages.csv"
+    two.write_text("\n".join(line for line in lines if line.split(",")[0] in ("stage", "0", "1")))
+    assert main(["simulate", str(two), str(plan_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stages" in err and "another profile" in err
+
+
+def test_older_plan_files_without_a_fingerprint_still_replay(
+    example: Path,
+    planned: tuple[Path, Path, Path, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, plan_path, _, _ = planned
+    plan = json.loads(plan_path.read_text())
+    for key in ("profile", "time_s", "energy_j"):
+        del plan[key]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(plan))
+    assert main(["simulate", str(example), str(old)]) == 0
+    assert capsys.readouterr().err == ""

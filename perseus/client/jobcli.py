@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from perseus.arguments import finite_number, integer_at_least
 from perseus.arguments import policy as policy_argument
+from perseus.baselines import baseline_label, reference_key, saving_text, shown_baselines
 from perseus.errors import (
     AuthError,
     JobNotFound,
@@ -61,11 +62,6 @@ TOKEN_ENV = "PERSEUS_TOKEN"
 ADMIN_TOKEN_ENV = "PERSEUS_ADMIN_TOKEN"
 
 _POLICY_FIELDS = {"max-slowdown": "factor", "deadline": "seconds", "zeus-cost": "eta"}
-_BASELINE_LABELS = {
-    "all_fastest": "all-fastest (default)",
-    "global_clock": "global clock",
-    "per_stage_clock": "per-stage clock",
-}
 
 
 class CommandError(Exception):
@@ -577,9 +573,9 @@ def format_frontier(view: FrontierView) -> str:
     if not points:
         return "frontier  no points\n"
     first, last = points[0], points[-1]
-    fastest = view.baselines.get("all_fastest")
-    ref_s = fastest.time_s if fastest is not None else first.time_s
-    ref_j = fastest.energy_j if fastest is not None else first.energy_j
+    key = reference_key(view.baselines)
+    reference = view.baselines[key] if key is not None else first
+    ref_s, ref_j = reference.time_s, reference.energy_j
     head = (
         f"frontier  {len(points)} points\n"
         f"time      {first.time_s:.4f} s to {last.time_s:.4f} s\n"
@@ -591,17 +587,13 @@ def format_frontier(view: FrontierView) -> str:
             label,
             f"{time_s:.4f}",
             f"{energy_j:.1f}",
-            f"{100 * (1 - energy_j / ref_j):.2f} %",
+            saving_text(energy_j, ref_j),
             f"{100 * (time_s / ref_s - 1):.2f} %",
         ]
 
     rows = [["plan", "time (s)", "energy (J)", "saving", "slowdown"]]
-    for key, baseline in view.baselines.items():
-        rows.append(
-            row(
-                _BASELINE_LABELS.get(key, key.replace("_", " ")), baseline.time_s, baseline.energy_j
-            )
-        )
+    for name, baseline in shown_baselines(view.baselines):
+        rows.append(row(baseline_label(name), baseline.time_s, baseline.energy_j))
     n = len(points)
     chosen = points[view.chosen_index]
     if view.policy_index == view.chosen_index:
@@ -610,7 +602,8 @@ def format_frontier(view: FrontierView) -> str:
         policy = points[view.policy_index]
         rows.append(row(f"policy (point {view.policy_index} of {n})", *_te(policy)))
         rows.append(row(f"chosen: straggler (point {view.chosen_index} of {n})", *_te(chosen)))
-    return head + _table(rows, right=range(1, 5))
+    against = baseline_label(key) if key is not None else "the fastest point"
+    return head + _table(rows, right=range(1, 5)) + f"saving and slowdown are against {against}\n"
 
 
 def _te(point: FrontierPoint) -> tuple[float, float]:

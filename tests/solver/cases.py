@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -33,7 +34,11 @@ def examples(n: int) -> settings:
 RTOL = 1e-9  # truthfulness: stated vs replayed
 NEAR = 0.005  # near-optimality: fast mode within 0.5 % of the exact optimum
 CLOCKS = tuple(range(1980, 344, -15))  # the H200's supported SM clocks
-SHARED_PROFILES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "profiles"
+# The real profiles: $PERSEUS_TEST_PROFILES, else ../shared/data/profiles beside the checkout.
+SHARED_PROFILES = Path(
+    os.environ.get("PERSEUS_TEST_PROFILES")
+    or Path(__file__).resolve().parents[2].parent / "shared" / "data" / "profiles"
+)
 
 
 Row = tuple[int, str, int, float, float]

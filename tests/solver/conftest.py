@@ -1,4 +1,5 @@
-"""Fixtures of the solver tests: the shared real profiles (skipped cleanly when absent)."""
+"""Fixtures of the solver tests: the real profiles (``$PERSEUS_TEST_PROFILES``, else
+``../shared/data/profiles``; skipped cleanly when absent)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ REAL_PROFILES = {
 
 @pytest.fixture(params=sorted(REAL_PROFILES))
 def real_profile(request: pytest.FixtureRequest) -> tuple[Path, float]:
-    """(path, blocking power) of one shared profile; skips when ../shared is not there."""
+    """(path, blocking power) of one real profile; skips when it is not there."""
     path = SHARED_PROFILES / request.param
     if not path.is_file():
-        pytest.skip(f"shared profile {path} not present")
+        pytest.skip(
+            f"real profile {path} not present; set PERSEUS_TEST_PROFILES to their directory"
+        )
     return path, REAL_PROFILES[request.param]
