@@ -212,8 +212,10 @@ class SyntheticStage:
             import torch
             from torch import nn
         except ImportError as err:
+            from perseus.cli import install_hint
+
             raise SettingsError(
-                f"perseus profile needs torch ({err}); install perseus[torch]"
+                f"perseus profile needs torch ({err}); {install_hint('torch')}"
             ) from None
         cuda = torch.cuda.is_available() and args.gpu != "fake"
         device = torch.device("cuda", args.gpu_index) if cuda else torch.device("cpu")

@@ -21,7 +21,9 @@ from perseus.solver import load_profile, profile_to_json
 
 from .conftest import SHARED, LiveServer
 
-PROFILE = SHARED / "data" / "profiles" / "bloom+a100_sxm_bf16.csv"
+PROFILE = Path(os.environ.get("PERSEUS_TEST_PROFILES") or SHARED / "data" / "profiles") / (
+    "bloom+a100_sxm_bf16.csv"
+)
 P_BLOCK_W = 83.64
 STAGES = 8
 REPLICAS = 4
