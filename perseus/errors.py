@@ -8,6 +8,7 @@
     ├── PlanError               a plan does not fit its schedule or profile
     ├── InfeasibleDeadline      no plan meets the requested iteration time
     ├── SolverTimeout           an exact solve ran out of its time
+    ├── PlanningTooLarge        a job's planning would exceed the planner's work limit
     ├── PolicyError             a policy name or parameter is invalid
     ├── GpuControlError         reading or setting GPU clocks failed
     │   ├── NvmlPermissionError     the process may not change clocks
@@ -34,6 +35,7 @@ __all__ = [
     "PlanError",
     "PlanNotReady",
     "PlannerUnavailable",
+    "PlanningTooLarge",
     "PolicyError",
     "ProfileError",
     "RequestRejected",
@@ -67,6 +69,23 @@ class InfeasibleDeadline(PerseusError):
 
 class SolverTimeout(PerseusError):
     """An exact (MILP) solve did not finish within its time limit."""
+
+
+class PlanningTooLarge(PerseusError):
+    """Planning a job would take more work than the planner allows (the server answers 422).
+
+    The message names the estimate, the limit (its setting) and what would fit: fewer
+    microbatches, a coarser ``resolution_s``.
+
+    Attributes:
+        cells: the estimated work, instructions x deadlines.
+        max_cells: the limit.
+    """
+
+    def __init__(self, message: str, *, cells: int = 0, max_cells: int = 0) -> None:
+        super().__init__(message)
+        self.cells = cells
+        self.max_cells = max_cells
 
 
 class PolicyError(PerseusError):

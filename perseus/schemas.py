@@ -8,7 +8,7 @@ a rank within its world size) are done by the server's job logic.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -16,7 +16,6 @@ __all__ = [
     "API_PREFIX",
     "FRONTIER_PATH",
     "HEALTHZ_PATH",
-    "INSTRUCTION_NAMES",
     "ITERATIONS_PATH",
     "JOBS_PATH",
     "JOB_PATH",
@@ -32,7 +31,6 @@ __all__ = [
     "PROFILES_PATH",
     "PROFILE_CSV_PATH",
     "RANKS_PATH",
-    "SCHEDULE_NAMES",
     "STRAGGLER_PATH",
     "Baseline",
     "ChosenPoint",
@@ -55,8 +53,10 @@ __all__ = [
     "MinEnergyPolicy",
     "NoSlowdownPolicy",
     "PlanInstruction",
+    "PlanQuery",
     "PlanResponse",
     "PlanVersion",
+    "PolicyModel",
     "PolicySpec",
     "ProfileAccepted",
     "ProfileReport",
@@ -86,10 +86,6 @@ PROFILE_CSV_PATH = f"{JOB_PATH}/profile.csv"
 HEALTHZ_PATH = "/healthz"
 METRICS_PATH = "/metrics"
 
-SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved-1f1b")
-INSTRUCTION_NAMES = ("forward", "backward")
-JOB_STATES = ("registering", "profiling", "planning", "ready", "failed")
-
 MAX_WORLD_SIZE = 131_072
 """Most ranks (stages x data parallel x tensor parallel) one job may have."""
 MAX_INSTRUCTIONS = 262_144
@@ -97,14 +93,25 @@ MAX_INSTRUCTIONS = 262_144
 MAX_PROFILE_ROWS = 10_000
 MAX_CLOCKS = 1_000
 
+# The wire names of the solver's schedules (tests/server/test_schemas.py keeps them equal).
 ScheduleName = Literal["1f1b", "gpipe", "interleaved-1f1b"]
 InstructionName = Literal["forward", "backward"]
 JobState = Literal["registering", "profiling", "planning", "ready", "failed"]
+JOB_STATES: tuple[JobState, ...] = get_args(JobState)
+"""Every job state, in lifecycle order."""
 
-PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-PositiveSeconds = Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
-PowerW = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
-FrequencyMhz = Annotated[int, Field(ge=1, le=100_000)]
+MAX_WAIT_QUERY_S = 3600.0
+"""Longest ``wait_s`` a plan fetch may ask for (the server caps it further)."""
+
+# Request numbers are strict: a JSON boolean, a numeric string or 2.0 for an integer is an
+# error, never silently converted (an integer is fine where a float is expected).
+StrictInt = Annotated[int, Field(strict=True)]
+StrictFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+PositiveSeconds = Annotated[StrictFloat, Field(gt=0, le=1e7)]
+PowerW = Annotated[StrictFloat, Field(gt=0, le=1e6)]
+FrequencyMhz = Annotated[StrictInt, Field(ge=1, le=100_000)]
+RankNumber = Annotated[StrictInt, Field(ge=0, lt=MAX_WORLD_SIZE)]
+StageNumber = Annotated[StrictInt, Field(ge=0, lt=1024)]
 
 
 def _storable(text: str) -> str:
@@ -141,7 +148,7 @@ class MaxSlowdownPolicy(_Model):
     """Least energy with iteration time at most ``factor`` times the fastest."""
 
     kind: Literal["max-slowdown"]
-    factor: Annotated[float, Field(ge=1.0, le=100.0, allow_inf_nan=False)]
+    factor: Annotated[StrictFloat, Field(ge=1.0, le=100.0)]
 
 
 class DeadlinePolicy(_Model):
@@ -161,13 +168,15 @@ class ZeusCostPolicy(_Model):
     """Zeus's cost ``eta * energy + (1 - eta) * max_power * time``."""
 
     kind: Literal["zeus-cost"]
-    eta: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+    eta: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
 
 
-PolicySpec = Annotated[
-    NoSlowdownPolicy | MaxSlowdownPolicy | DeadlinePolicy | MinEnergyPolicy | ZeusCostPolicy,
-    Field(discriminator="kind"),
-]
+PolicyModel = (
+    NoSlowdownPolicy | MaxSlowdownPolicy | DeadlinePolicy | MinEnergyPolicy | ZeusCostPolicy
+)
+"""Any one policy (a plain union, for annotations)."""
+PolicySpec = Annotated[PolicyModel, Field(discriminator="kind")]
+"""Any one policy, told apart by ``kind`` (for validation)."""
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -178,25 +187,27 @@ class JobCreate(_Model):
 
     name: Name | None = None
     schedule: ScheduleName
-    stages: Annotated[int, Field(ge=1, le=1024)]
-    microbatches: Annotated[int, Field(ge=1, le=100_000)]
-    virtual_stages: Annotated[int, Field(ge=1, le=64)] = 1
-    data_parallel: Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]
-    tensor_parallel: Annotated[int, Field(ge=1, le=1024)]
+    stages: Annotated[StrictInt, Field(ge=1, le=1024)]
+    microbatches: Annotated[StrictInt, Field(ge=1, le=100_000)]
+    virtual_stages: Annotated[StrictInt, Field(ge=1, le=64)] = 1
+    data_parallel: Annotated[StrictInt, Field(ge=1, le=MAX_WORLD_SIZE)]
+    tensor_parallel: Annotated[StrictInt, Field(ge=1, le=1024)]
     p_block_w: PowerW | None = Field(
         default=None,
         description="Blocking power of one GPU while it waits; overrides the profiles' value.",
     )
     policy: PolicySpec = Field(default_factory=lambda: NoSlowdownPolicy(kind="no-slowdown"))
-    resolution_s: Annotated[float, Field(ge=1e-5, le=1e-3, allow_inf_nan=False)] | None = Field(
+    # le: the solver's RESOLUTION_S, written out so ranks need not import the solver
+    # (tests/server/test_schemas.py keeps them equal).
+    resolution_s: Annotated[StrictFloat, Field(ge=1e-5, le=1e-3)] | None = Field(
         default=None, description="Time quantum of the frontier; the solver's default if unset."
     )
-    auto_straggler: bool = Field(
+    auto_straggler: Annotated[bool, Field(strict=True)] = Field(
         default=False,
         description="Switch other replicas to the straggler plan when one is consistently slower.",
     )
-    straggler_threshold: Annotated[float, Field(gt=1.0, le=10.0, allow_inf_nan=False)] = 1.05
-    straggler_window: Annotated[int, Field(ge=2, le=1000)] = 5
+    straggler_threshold: Annotated[StrictFloat, Field(gt=1.0, le=10.0)] = 1.05
+    straggler_window: Annotated[StrictInt, Field(ge=2, le=1000)] = 5
 
     @model_validator(mode="after")
     def _check_sizes(self) -> JobCreate:
@@ -255,7 +266,7 @@ class StragglerSpec(_Model):
     """``PUT /v1/jobs/{id}/straggler``: exactly one of the two fields."""
 
     iteration_time_s: PositiveSeconds | None = None
-    slowdown: Annotated[float, Field(ge=1.0, le=100.0, allow_inf_nan=False)] | None = None
+    slowdown: Annotated[StrictFloat, Field(ge=1.0, le=100.0)] | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StragglerSpec:
@@ -327,10 +338,10 @@ class JobList(_Model):
 class RankRegistration(_Model):
     """``POST /v1/jobs/{id}/ranks``."""
 
-    rank: Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]
-    stage: Annotated[int, Field(ge=0, lt=1024)]
-    data_parallel_rank: Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]
-    tensor_parallel_rank: Annotated[int, Field(ge=0, lt=1024)]
+    rank: RankNumber
+    stage: StageNumber
+    data_parallel_rank: RankNumber
+    tensor_parallel_rank: StageNumber
     gpu_name: GpuName
     supported_clocks_mhz: Annotated[list[FrequencyMhz], Field(min_length=1, max_length=MAX_CLOCKS)]
 
@@ -345,14 +356,14 @@ class ProfileRow(_Model):
     instruction: InstructionName
     frequency_mhz: FrequencyMhz
     time_s: PositiveSeconds
-    energy_j: Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
+    energy_j: Annotated[StrictFloat, Field(gt=0, le=1e9)]
 
 
 class ProfileReport(_Model):
     """``POST /v1/jobs/{id}/profiles``: one rank's measured profile of its stage."""
 
-    rank: Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]
-    stage: Annotated[int, Field(ge=0, lt=1024)]
+    rank: RankNumber
+    stage: StageNumber
     rows: Annotated[list[ProfileRow], Field(min_length=2, max_length=MAX_PROFILE_ROWS)]
     p_block_w: PowerW | None = Field(default=None, description="Measured idle power of this GPU.")
 
@@ -373,11 +384,11 @@ class IterationReport(_Model):
     counting the wait at the data-parallel gradient synchronization.
     """
 
-    rank: Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]
-    iteration: Annotated[int, Field(ge=0, le=2**62)]
+    rank: RankNumber
+    iteration: Annotated[StrictInt, Field(ge=0, le=2**62)]
     time_s: PositiveSeconds
-    energy_j: Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]
-    plan_version: Annotated[int, Field(ge=0, le=2**62)] | None = Field(
+    energy_j: Annotated[StrictFloat, Field(ge=0, le=1e12)]
+    plan_version: Annotated[StrictInt, Field(ge=0, le=2**62)] | None = Field(
         default=None,
         description="The plan version the iteration ran; samples of other versions are kept "
         "out of the comparison with the current plan.",
@@ -420,6 +431,29 @@ class PlanVersion(_Model):
     version: int
     state: JobState
     chosen: ChosenPoint | None
+
+
+class PlanQuery(BaseModel):
+    """The query of ``GET /v1/jobs/{id}/plan``: ``?rank=R&wait_s=S``.
+
+    One model for both readers of the query, the FastAPI route and the server's fast path.
+    Query values are text, so numbers parse from it; an unknown parameter is an error (a
+    misspelt ``wait_s`` would otherwise turn a long poll into a busy loop).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]
+    wait_s: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=MAX_WAIT_QUERY_S,
+            allow_inf_nan=False,
+            description="Long poll: wait up to this long "
+            "for a plan newer than If-None-Match (capped by the server).",
+        ),
+    ] = 0.0
 
 
 class PlanInstruction(_Model):

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import random
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -50,6 +50,7 @@ from perseus.errors import (
     PerseusError,
     PlanError,
     PlannerUnavailable,
+    PlanningTooLarge,
     PlanNotReady,
     PolicyError,
     ProfileError,
@@ -86,7 +87,9 @@ from perseus.schemas import (
 )
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "DEFAULT_TIMEOUT",
+    "KEEPALIVE_EXPIRY_S",
     "LONG_POLL_MARGIN_S",
     "Backoff",
     "PlannerClient",
@@ -100,6 +103,16 @@ _M = TypeVar("_M", bound=BaseModel)
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=30.0, pool=10.0)
 """Timeouts of :meth:`PlannerClient.open` when none are given, in seconds."""
+
+KEEPALIVE_EXPIRY_S = 60.0
+"""An idle pooled connection is dropped after this long: below the server's keep-alive
+(``PERSEUS_KEEP_ALIVE_S``, 75 s), so the client never reuses a connection the server is
+closing at that moment (which fails with "Server disconnected without sending a response")."""
+
+DEFAULT_LIMITS = httpx.Limits(
+    max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_EXPIRY_S
+)
+"""Connection pool of :meth:`PlannerClient.open`: httpx's defaults but the idle expiry."""
 
 LONG_POLL_MARGIN_S = 10.0
 """A long poll's read timeout is its ``wait_s`` plus this: the server's time to answer."""
@@ -117,12 +130,19 @@ _ERROR_CLASSES: Mapping[str, type[PerseusError]] = {
         ScheduleError,
         PolicyError,
         InfeasibleDeadline,
+        PlanningTooLarge,
     )
 }
 _GARBAGE_SHOWN = 200  # characters of an unexpected body quoted in the error
 
 
 # ----------------------------------------------------------------------------- errors
+
+
+def _located(loc: Sequence[str | int], msg: str) -> str:
+    """``body.rows.3.time_s: msg``; an error about a whole body is its message alone."""
+    where = ".".join(str(part) for part in loc)
+    return msg if where in ("", "body", "query", "path") else f"{where}: {msg}"
 
 
 @contextmanager
@@ -173,7 +193,7 @@ def _error_from_response(response: httpx.Response, where: str) -> PerseusError:
         except ValidationError:
             return _garbage(where, status, f"not a planner error: {_shown(response.content)}")
         name = fields.error
-        message = "; ".join(f"{'.'.join(str(p) for p in f.loc)}: {f.msg}" for f in fields.detail)
+        message = "; ".join(_located(f.loc, f.msg) for f in fields.detail)
         state = None
     else:
         try:
@@ -314,7 +334,9 @@ class PlannerClient:
             token: the job's token, or the admin token.
             timeout: connect, read, write and pool timeouts; :data:`DEFAULT_TIMEOUT` if None.
         """
-        http = httpx.Client(base_url=server_url, timeout=timeout or DEFAULT_TIMEOUT)
+        http = httpx.Client(
+            base_url=server_url, timeout=timeout or DEFAULT_TIMEOUT, limits=DEFAULT_LIMITS
+        )
         client = cls(http, job_id, token)
         client._owns_http = True
         return client

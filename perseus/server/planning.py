@@ -19,29 +19,43 @@ Frontier energies are therefore those of one pipeline (one data-parallel replica
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
+import resource
 import threading
+import traceback
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
-from perseus.errors import ProfileError
+from perseus.errors import PerseusError, PlanningTooLarge, ProfileError
 
 if TYPE_CHECKING:
     from perseus.solver import Frontier, Profile
 
 __all__ = [
+    "DEFAULT_MAX_CELLS",
+    "InstructionTimes",
+    "PlanningFailure",
     "PlanningInput",
     "PlanningResult",
+    "PlanningWork",
     "RankProfile",
     "StoredProfile",
+    "check_planning_work",
     "combine_profiles",
+    "estimate_planning_work",
+    "failure_reason",
     "init_worker",
+    "instruction_times",
     "merged_profile",
     "plan_frontier",
+    "planning_process",
+    "sample_planning_work",
     "stage_p_block_w",
     "unprofiled_stages",
     "warm_up",
@@ -49,6 +63,20 @@ __all__ = [
 
 ProfileRowTuple = tuple[str, int, float, float]
 _NO_P_BLOCK = "no blocking power: set p_block_w on the job or report it with the profiles"
+
+DEFAULT_MAX_CELLS = 400_000_000
+"""Default limit on a job's planning work, instructions x deadlines: about 4.7 GiB and
+8 minutes (a shared 2-core host) at most; 16 stages x 128 microbatches interleaved is 1.5e8."""
+
+# Deadlines the solver adds past the relaxed optimum (perseus.solver.frontier._deadline_grid).
+_TAIL_DEADLINES = 513
+# Calibrated with benchmarks/planning_work.py: a worker's data segment after imports (~215
+# MiB), and per cell its peak memory (7-10 bytes measured, rounded up) and time (0.8-1.3 us
+# on a shared 2-core host, local search included), plus a fixed time per job.
+_BASE_BYTES = 256 * 2**20
+_BYTES_PER_CELL = 12.0
+_SECONDS_PER_CELL = 1.2e-6
+_SECONDS_FIXED = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +127,50 @@ class PlanningInput:
     resolution_s: float | None
     profiles: tuple[StoredProfile, ...]
     polish_s: float = 0.0
+    max_cells: int | None = None  # refuse (PlanningTooLarge) when the estimate is over
+
+
+@dataclass(frozen=True, slots=True)
+class InstructionTimes:
+    """The measured range of one instruction type on one stage (whole stage, every chunk).
+
+    Attributes:
+        stage: the pipeline stage.
+        instruction: ``forward`` or ``backward``.
+        fastest_s: its shortest measured time.
+        slowest_s: its longest measured time.
+        clocks: how many clocks were measured.
+    """
+
+    stage: int
+    instruction: str
+    fastest_s: float
+    slowest_s: float
+    clocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlanningWork:
+    """What computing one job's frontier implies, estimated before it runs.
+
+    Attributes:
+        instructions: DAG nodes, ``2 x stages x microbatches x virtual_stages``.
+        deadlines: frontier deadlines the solver sweeps (its grid), at most.
+        options: (instruction, clock) pairs the linear programs choose among.
+        cells: ``instructions x deadlines``, the size of the solver's main table and of its
+            O(n * G) rounding passes: the number the limit applies to.
+        memory_bytes: the worker's likely peak memory.
+        seconds: the likely computing time (``polish_s`` included), for ordering the queue
+            and for messages; the limit is on ``cells``, which decides the same way on a
+            busy machine as on an idle one.
+    """
+
+    instructions: int
+    deadlines: int
+    options: int
+    cells: int
+    memory_bytes: int
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -207,6 +279,173 @@ def unprofiled_stages(inp: PlanningInput) -> list[int]:
     ]
 
 
+def instruction_times(stage: int, rows: Iterable[ProfileRowTuple]) -> list[InstructionTimes]:
+    """The range of each instruction type in one stage's rows (one rank's, or combined).
+
+    Complexity: O(rows).
+    """
+    ranges: dict[str, tuple[float, float, int]] = {}
+    for name, _freq, time_s, _energy in rows:
+        low, high, count = ranges.get(name, (math.inf, 0.0, 0))
+        ranges[name] = (min(low, time_s), max(high, time_s), count + 1)
+    return [
+        InstructionTimes(stage, name, low, high, count)
+        for name, (low, high, count) in sorted(ranges.items())
+    ]
+
+
+def estimate_planning_work(
+    *,
+    stages: int,
+    microbatches: int,
+    virtual_stages: int,
+    times: Iterable[InstructionTimes],
+    resolution_s: float | None,
+    polish_s: float = 0.0,
+) -> PlanningWork:
+    """Estimate the work of a frontier computation from the job's shape and profile ranges.
+
+    The solver (``perseus.solver.frontier``, fast mode) sweeps ``G`` deadlines spaced
+    ``resolution_s`` apart from the all-fastest iteration time to the relaxed optimum's,
+    plus at most 513 more; it keeps an ``n x G`` table of choices and makes a few passes over
+    the ``n`` instructions per 1,024 deadlines. ``G`` follows from the iteration-time span
+    ``(microbatches x virtual_stages + stages - 1) x (slowest - fastest)`` of the stage with
+    the widest forward-plus-backward range, per model chunk: the length of a 1F1B (or GPipe,
+    or interleaved) pipeline's critical path. That bounds the real span from above when the
+    stages are alike, and the relaxed optimum is usually well before the slowest plan, so the
+    estimate errs large; the memory and time coefficients are measured
+    (``benchmarks/planning_work.py``).
+
+    The schedule's name does not matter: the three schedules share the critical-path length.
+    Ranges from a subset of the stages (or of the ranks) never give a larger estimate than
+    all of them, so a rank's own profile can be checked on arrival.
+
+    Args:
+        stages: pipeline stages.
+        microbatches: microbatches per iteration.
+        virtual_stages: model chunks per GPU (1 unless interleaved).
+        times: measured ranges, any number per (stage, instruction): several ranks of a
+            stage, or several clocks, combine by the widest range.
+        resolution_s: the job's deadline spacing; the solver's default when None.
+        polish_s: seconds the worker may spend polishing the no-slowdown point.
+
+    Returns:
+        The estimate. O(len(times)).
+    """
+    from perseus.solver.frontier import RESOLUTION_S
+
+    resolution = RESOLUTION_S if resolution_s is None else resolution_s
+    low: dict[tuple[int, str], float] = {}
+    high: dict[tuple[int, str], float] = {}
+    clocks: dict[tuple[int, str], int] = {}
+    for t in times:
+        key = (t.stage, t.instruction)
+        low[key] = min(low.get(key, math.inf), t.fastest_s)
+        high[key] = max(high.get(key, 0.0), t.slowest_s)
+        clocks[key] = max(clocks.get(key, 0), t.clocks)
+    widest: dict[int, float] = defaultdict(float)
+    for key, fastest_s in low.items():
+        widest[key[0]] += max(high[key] - fastest_s, 0.0)
+    spread_s = max(widest.values(), default=0.0) / virtual_stages
+    span_s = (microbatches * virtual_stages + stages - 1) * spread_s
+    instructions = 2 * stages * microbatches * virtual_stages
+    # Up to the relaxed optimum every resolution_s, then at most 513 more (_deadline_grid).
+    deadlines = math.ceil(span_s / resolution) + 1 + _TAIL_DEADLINES
+    per_gpu = max(clocks.values(), default=1)
+    cells = instructions * deadlines
+    return PlanningWork(
+        instructions=instructions,
+        deadlines=deadlines,
+        options=instructions * per_gpu,
+        cells=cells,
+        memory_bytes=int(_BASE_BYTES + _BYTES_PER_CELL * cells),
+        seconds=_SECONDS_FIXED + _SECONDS_PER_CELL * cells + polish_s,
+    )
+
+
+def check_planning_work(
+    *,
+    stages: int,
+    microbatches: int,
+    virtual_stages: int,
+    times: Sequence[InstructionTimes],
+    resolution_s: float | None,
+    max_cells: int,
+) -> PlanningWork:
+    """Estimate a job's planning work and refuse it when over ``max_cells``.
+
+    Args:
+        stages, microbatches, virtual_stages, times, resolution_s: as for
+            :func:`estimate_planning_work`.
+        max_cells: the planner's limit on ``instructions x deadlines``
+            (the ``planning_max_cells`` setting).
+
+    Returns:
+        The estimate, within the limit.
+
+    Raises:
+        PlanningTooLarge: over the limit; the message names the limit, the setting and what
+            would fit (microbatches, ``resolution_s``).
+
+    Complexity: O(len(times) + log(microbatches)) (a bisection over microbatches).
+    """
+    from perseus.solver.frontier import RESOLUTION_S
+
+    def work(microbatches: int, resolution_s: float | None) -> PlanningWork:
+        return estimate_planning_work(
+            stages=stages,
+            microbatches=microbatches,
+            virtual_stages=virtual_stages,
+            times=times,
+            resolution_s=resolution_s,
+        )
+
+    estimate = work(microbatches, resolution_s)
+    if estimate.cells <= max_cells:
+        return estimate
+    step = stages if virtual_stages > 1 else 1  # interleaved: a multiple of stages
+    fits, lo, hi = 0, 1, microbatches // step
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if work(mid * step, resolution_s).cells <= max_cells:
+            fits, lo = mid * step, mid + 1
+        else:
+            hi = mid - 1
+    knobs = [f"at most {fits:,} microbatches fit" if fits else "no number of microbatches fits"]
+    resolution = RESOLUTION_S if resolution_s is None else resolution_s
+    if resolution < RESOLUTION_S:
+        coarsest = work(microbatches, RESOLUTION_S)
+        knobs.append(
+            f"resolution_s {RESOLUTION_S:g} would need {coarsest.cells:.3g} cells"
+            if coarsest.cells > max_cells
+            else f"a coarser resolution_s (now {resolution:g} s, at most {RESOLUTION_S:g}) helps"
+        )
+    else:
+        knobs.append(f"resolution_s is already the coarsest ({RESOLUTION_S:g} s)")
+    if not fits:
+        slowest_s = max((t.slowest_s for t in times), default=0.0)
+        knobs.append(
+            f"the profile's instruction times (up to {slowest_s:.3g} s) are too long to plan "
+            "at this resolution"
+        )
+    raise PlanningTooLarge(
+        f"planning this job needs about {estimate.cells:.3g} cells "
+        f"({estimate.instructions:,} instructions x {estimate.deadlines:,} deadlines, "
+        f"about {_gib(estimate.memory_bytes)} and {estimate.seconds:,.0f} s), over the "
+        f"planner's limit of {max_cells:.3g} (setting planning_max_cells); " + "; ".join(knobs),
+        cells=estimate.cells,
+        max_cells=max_cells,
+    )
+
+
+def _gib(size_bytes: float) -> str:
+    return (
+        f"{size_bytes / 2**30:,.1f} GiB"
+        if size_bytes >= 2**30
+        else f"{size_bytes / 2**20:,.0f} MiB"
+    )
+
+
 def merged_profile(inp: PlanningInput) -> Profile:
     """The job's profile as planning sees it: every stage's ranks combined.
 
@@ -235,6 +474,7 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
 
     Raises:
         ProfileError, ScheduleError: the profiles or schedule are unusable.
+        PlanningTooLarge: the work estimate is over ``inp.max_cells``.
     """
     from perseus.solver import compute_frontier, make_schedule
     from perseus.solver.frontier import RESOLUTION_S
@@ -243,6 +483,28 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
     p_block_w = profile.p_block_w
     if p_block_w is None:
         raise ProfileError(_NO_P_BLOCK)
+    if inp.max_cells is not None:
+        # Again here, on every rank's rows combined: the job may have been admitted by
+        # another server, or planned on request (plan:compute) with the profiles in so far.
+        check_planning_work(
+            stages=inp.stages,
+            microbatches=inp.microbatches,
+            virtual_stages=inp.virtual_stages,
+            times=[
+                InstructionTimes(
+                    stage,
+                    name,
+                    min(o.time_s for o in options),
+                    max(o.time_s for o in options),
+                    len(options),
+                )
+                for stage, by_name in enumerate(profile.stages)
+                for name, options in by_name.items()
+                if options
+            ],
+            resolution_s=inp.resolution_s,
+            max_cells=inp.max_cells,
+        )
     schedule = make_schedule(inp.schedule, inp.stages, inp.microbatches, inp.virtual_stages)
     frontier = compute_frontier(
         profile,
@@ -252,6 +514,100 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
         polish_s=inp.polish_s,
     )
     return PlanningResult(json.dumps(frontier.to_json(), separators=(",", ":")), frontier)
+
+
+def sample_planning_work(inp: PlanningInput) -> PlanningWork:
+    """A quick estimate from one profile per stage, for ordering the planning queue.
+
+    Decodes ``stages`` profiles rather than every rank's: cheap enough for the server
+    process. Ranks of one stage measure alike, so this is close to the full estimate
+    (:func:`plan_frontier` checks the limit on all of them).
+
+    Complexity: O(stages x rows of one profile).
+    """
+    first: dict[int, StoredProfile] = {}
+    for stored in inp.profiles:
+        first.setdefault(stored.stage, stored)
+    return estimate_planning_work(
+        stages=inp.stages,
+        microbatches=inp.microbatches,
+        virtual_stages=inp.virtual_stages,
+        times=[
+            t
+            for stored in first.values()
+            for t in instruction_times(stored.stage, stored.decode().rows)
+        ],
+        resolution_s=inp.resolution_s,
+        polish_s=inp.polish_s,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlanningFailure:
+    """Why a planning run failed, as the job's ``reason`` says it.
+
+    Attributes:
+        reason: one line for people: what failed and what to change.
+        internal: a bug (not the job's inputs): the server logs it as an error.
+        details: for an internal error, the traceback (logged, never shown to callers).
+    """
+
+    reason: str
+    internal: bool = False
+    details: str = ""
+
+
+def failure_reason(exc: BaseException, memory_limit_bytes: int | None) -> PlanningFailure:
+    """The readable reason for an exception a planning run raised (never numpy's text)."""
+    if isinstance(exc, MemoryError):
+        limit = (
+            f"its memory limit of {_gib(memory_limit_bytes)} (setting planning_memory_mb)"
+            if memory_limit_bytes is not None
+            else "the memory available"
+        )
+        return PlanningFailure(
+            f"planning ran out of memory: it needed more than {limit}; use fewer "
+            "microbatches or a coarser resolution_s"
+        )
+    if isinstance(exc, PerseusError):
+        return PlanningFailure(f"{type(exc).__name__}: {exc}")
+    return PlanningFailure(
+        f"internal error while planning: {type(exc).__name__}: {str(exc)[:200]}",
+        internal=True,
+        details="".join(traceback.format_exception(exc)),
+    )
+
+
+def planning_process(conn: Connection, niceness: int, memory_limit_bytes: int | None) -> None:
+    """Body of a planning process: set up, then plan each job that arrives on ``conn``.
+
+    Answers each job with ``(PlanningResult or PlanningFailure, peak memory in bytes)``;
+    exits when the server closes the connection (or dies). The server kills the process to
+    stop a run. ``memory_limit_bytes`` caps its data segment (``RLIMIT_DATA``: heap and
+    anonymous mappings, what numpy allocates), so a run over it gets a MemoryError,
+    reported as such, rather than the host's OOM killer.
+    """
+    init_worker(niceness)
+    warm_up()
+    if memory_limit_bytes is not None:
+        resource.setrlimit(resource.RLIMIT_DATA, (memory_limit_bytes, memory_limit_bytes))
+    while True:
+        try:
+            inp = conn.recv()
+        except EOFError:  # the server stopped, or retired this process
+            return
+        outcome: PlanningResult | PlanningFailure
+        try:
+            outcome = plan_frontier(inp)
+        except Exception as exc:  # reported to the server, which logs it
+            outcome = failure_reason(exc, memory_limit_bytes)
+            del exc  # free what the failed run allocated before pickling the answer
+        peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        try:
+            conn.send((outcome, peak_bytes))
+        except MemoryError:
+            conn.send((failure_reason(MemoryError(), memory_limit_bytes), peak_bytes))
+        del inp, outcome
 
 
 def init_worker(niceness: int) -> None:

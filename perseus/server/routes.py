@@ -6,14 +6,17 @@ processes, and plan fetches are answered from memory whenever the plan is cached
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Annotated
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -24,6 +27,7 @@ from perseus.errors import (
     JobStateError,
     PerseusError,
     PlanError,
+    PlanningTooLarge,
     PlanNotReady,
     PolicyError,
     ProfileError,
@@ -36,7 +40,6 @@ from perseus.schemas import (
     ITERATIONS_PATH,
     JOB_PATH,
     JOBS_PATH,
-    MAX_WORLD_SIZE,
     METRICS_PATH,
     PLAN_COMPUTE_PATH,
     PLAN_PATH,
@@ -54,8 +57,10 @@ from perseus.schemas import (
     JobCreated,
     JobList,
     JobView,
+    PlanQuery,
     PlanResponse,
     PlanVersion,
+    PolicyModel,
     PolicySpec,
     ProfileAccepted,
     ProfileReport,
@@ -64,10 +69,12 @@ from perseus.schemas import (
     StragglerSpec,
 )
 from perseus.server.auth import bearer_token, check_admin, check_job_token
-from perseus.server.jobs import JobService, PolicyModel, RequestFieldError
+from perseus.server.jobs import RequestFieldError
 from perseus.server.metrics import Metrics
 from perseus.server.planning import PlanningInput, merged_profile, unprofiled_stages
-from perseus.server.runtime import Coalescer, JobHeads, PlanningRunner, TelemetryBuffer
+from perseus.server.plans import has_plan
+from perseus.server.runtime import Coalescer, JobHeads, PlanningRunner, RankPlace, TelemetryBuffer
+from perseus.server.service import JobService
 from perseus.server.settings import Settings
 from perseus.server.store import JobRow
 from perseus.solver.profiles import profile_to_csv
@@ -80,6 +87,8 @@ __all__ = [
     "error_status",
     "router",
 ]
+
+log = logging.getLogger("perseus.server")
 
 _JOB_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -97,6 +106,7 @@ _STATUS: tuple[tuple[type[PerseusError], int], ...] = (
     (ScheduleError, 422),
     (PolicyError, 422),
     (InfeasibleDeadline, 422),
+    (PlanningTooLarge, 422),
     (SolverTimeout, 503),
 )
 
@@ -141,6 +151,24 @@ class ServerState:
     admin_token_hash: str | None
     # A new version makes every waiting rank of a stage miss the cache at once: render once.
     renders: Coalescer = field(default_factory=Coalescer)
+    # (job, rank) pairs already warned about for reporting from another host than registered.
+    foreign_reports: set[tuple[str, int]] = field(default_factory=set)
+
+    def check_host(self, job_id: str, rank: int, place: RankPlace, host: str | None) -> None:
+        """Warn once per rank when a report comes from another host than its registration."""
+        registered = place[2]
+        if registered is None or host is None or host == registered:
+            return
+        if (job_id, rank) in self.foreign_reports:
+            return
+        self.foreign_reports.add((job_id, rank))
+        log.warning(
+            "job %s: rank %d registered from %s reports from %s (two processes with one rank?)",
+            job_id,
+            rank,
+            registered,
+            host,
+        )
 
 
 async def server_state(request: Request) -> ServerState:
@@ -195,7 +223,7 @@ async def healthz() -> Health:
 @router.get(METRICS_PATH, tags=["server"], response_class=Response)
 async def metrics(state: State) -> Response:
     """Prometheus text: requests, latencies, jobs by state, planning seconds."""
-    jobs_by_state = await run_in_threadpool(state.service.count_jobs_by_state)
+    jobs_by_state = await run_in_threadpool(state.service.jobs.count_by_state)
     return Response(state.metrics.render(jobs_by_state), media_type="text/plain; version=0.0.4")
 
 
@@ -205,7 +233,7 @@ async def metrics(state: State) -> Response:
 async def create_job(spec: JobCreate, state: State, credentials: Credentials) -> JobCreated:
     """Create a job; the reply's token is its secret (needs the admin token if one is set)."""
     check_admin(_token(credentials), state.admin_token_hash)
-    created, row = await run_in_threadpool(state.service.create_job, spec)
+    created, row = await run_in_threadpool(state.service.jobs.create, spec)
     state.heads.put(row)
     return created
 
@@ -219,14 +247,14 @@ async def list_jobs(
 ) -> JobList:
     """List jobs, oldest first (needs the admin token if one is set)."""
     check_admin(_token(credentials), state.admin_token_hash)
-    return JobList(jobs=await run_in_threadpool(state.service.list_jobs, limit, offset))
+    return JobList(jobs=await run_in_threadpool(state.service.jobs.list, limit, offset))
 
 
 @router.get(JOB_PATH, response_model=JobView, tags=["jobs"])
 async def get_job(job: AuthorizedJob, state: State) -> JobView:
     """State, counts, policy, straggler, the chosen point, predicted against measured."""
     await state.telemetry.flush(job.id)
-    view = await run_in_threadpool(state.service.job_view, job.id)
+    view = await run_in_threadpool(state.service.jobs.view, job.id)
     return view
 
 
@@ -239,25 +267,34 @@ async def delete_job(state: State, job_id: JobIdPath, credentials: Credentials) 
         await _job(state, job_id, _token(credentials))
     if not _JOB_ID.fullmatch(job_id):
         raise JobNotFound(f"no job {job_id!r}")
-    await run_in_threadpool(state.service.delete_job, job_id)
+    await run_in_threadpool(state.service.jobs.delete, job_id)
     state.heads.forget(job_id)
     state.telemetry.forget(job_id)
+    state.foreign_reports = {key for key in state.foreign_reports if key[0] != job_id}
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post(RANKS_PATH, response_model=RankRegistered, tags=["ranks"])
-async def register_rank(job: AuthorizedJob, body: RankRegistration, state: State) -> RankRegistered:
+async def register_rank(
+    job: AuthorizedJob, body: RankRegistration, state: State, request: Request
+) -> RankRegistered:
     """Register a rank (again after a restart: same coordinates, nothing changes)."""
-    reply, row = await run_in_threadpool(state.service.register_rank, job.id, body)
+    host = _host(request.scope)
+    reply, row = await run_in_threadpool(state.service.jobs.register_rank, job.id, body, host)
     state.heads.put(row)
-    state.heads.add_rank(job.id, body.rank, body.stage, body.data_parallel_rank)
+    state.heads.add_rank(job.id, body.rank, (body.stage, body.data_parallel_rank, host))
+    state.foreign_reports.discard((job.id, body.rank))
     return reply
 
 
 @router.post(PROFILES_PATH, response_model=ProfileAccepted, tags=["ranks"])
-async def report_profile(job: AuthorizedJob, body: ProfileReport, state: State) -> ProfileAccepted:
+async def report_profile(
+    job: AuthorizedJob, body: ProfileReport, state: State, request: Request
+) -> ProfileAccepted:
     """A rank's measured profile; the last one missing starts planning."""
-    reply, row, claimed = await run_in_threadpool(state.service.add_profile, job.id, body)
+    reply, row, claimed = await run_in_threadpool(state.service.lease.add_profile, job.id, body)
+    place = await state.heads.rank_position(job.id, body.rank)
+    state.check_host(job.id, body.rank, place, _host(request.scope))
     state.heads.put(row)
     if claimed:
         state.runner.start(job.id)
@@ -272,7 +309,7 @@ async def report_profile(job: AuthorizedJob, body: ProfileReport, state: State) 
 )
 async def compute_plan(job: AuthorizedJob, state: State) -> PlanVersion:
     """Plan now with the profiles in (each stage needs one from every tensor-parallel rank)."""
-    row = await run_in_threadpool(state.service.claim_planning, job.id)
+    row = await run_in_threadpool(state.service.lease.claim_planning, job.id)
     state.heads.put(row)
     state.runner.start(job.id)
     return PlanVersion(version=row.version, state="planning", chosen=None)
@@ -281,7 +318,7 @@ async def compute_plan(job: AuthorizedJob, state: State) -> PlanVersion:
 @router.get(FRONTIER_PATH, response_model=FrontierView, tags=["plans"])
 async def get_frontier(job: AuthorizedJob, state: State) -> FrontierView:
     """The time-energy frontier and baselines; 409 with the state while not ready."""
-    view = await run_in_threadpool(state.service.frontier_view, job)
+    view = await run_in_threadpool(state.service.plans.frontier_view, job)
     return view
 
 
@@ -289,7 +326,7 @@ async def get_frontier(job: AuthorizedJob, state: State) -> FrontierView:
 async def set_policy(job: AuthorizedJob, body: PolicySpec, state: State) -> PlanVersion:
     """Change the policy; with a frontier, a new plan version."""
     policy: PolicyModel = body
-    reply, row = await run_in_threadpool(state.service.set_policy, job.id, policy)
+    reply, row = await run_in_threadpool(state.service.choices.set_policy, job.id, policy)
     state.heads.put(row)
     return reply
 
@@ -297,7 +334,7 @@ async def set_policy(job: AuthorizedJob, body: PolicySpec, state: State) -> Plan
 @router.put(STRAGGLER_PATH, response_model=PlanVersion, tags=["plans"])
 async def set_straggler(job: AuthorizedJob, body: StragglerSpec, state: State) -> PlanVersion:
     """Another pipeline takes this long (or this much slower): plans move along the frontier."""
-    reply, row = await run_in_threadpool(state.service.set_straggler, job.id, body)
+    reply, row = await run_in_threadpool(state.service.choices.set_straggler, job.id, body)
     state.heads.put(row)
     return reply
 
@@ -305,7 +342,7 @@ async def set_straggler(job: AuthorizedJob, body: StragglerSpec, state: State) -
 @router.delete(STRAGGLER_PATH, response_model=PlanVersion, tags=["plans"])
 async def clear_straggler(job: AuthorizedJob, state: State) -> PlanVersion:
     """No straggler any more: plans go back to the policy's point."""
-    reply, row = await run_in_threadpool(state.service.clear_straggler, job.id)
+    reply, row = await run_in_threadpool(state.service.choices.clear_straggler, job.id)
     state.heads.put(row)
     return reply
 
@@ -352,7 +389,7 @@ async def get_profile_csv(job: AuthorizedJob, state: State) -> Response:
     blocking power; the ``X-Perseus-P-Block-W`` header carries the stage's (the job's
     ``p_block_w``, else the ranks' mean, times the tensor-parallel size) when known.
     """
-    inp = await run_in_threadpool(state.service.planning_input, job.id)
+    inp = await run_in_threadpool(state.service.lease.planning_input, job.id)
     text, p_block_w = await run_in_threadpool(_profile_csv, inp)
     headers = {"Cache-Control": "no-cache"}
     if p_block_w is not None:
@@ -374,47 +411,56 @@ def _etag_versions(if_none_match: str | None) -> tuple[bool, set[int]]:
     return False, versions
 
 
-def _has_plan(row: JobRow) -> bool:
-    return bool(row.frontier_rev) and row.chosen_index is not None
+def _host(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return None if not client else str(client[0])
 
 
 async def plan_reply(
     state: ServerState,
     job_id: str,
     token: str | None,
-    rank: int,
-    wait_s: float,
+    query: PlanQuery,
     if_none_match: str | None,
 ) -> Response:
     """The plan route's logic, shared by the FastAPI route and :class:`PlanFastPath`.
+
+    A rank that names a version in If-None-Match is never sent an older one: versions only
+    grow, so when this process's cached row is older than the rank's version, another
+    process made a newer one; the row is re-read, and a long poll waits for a version
+    newer than every one named.
 
     Raises:
         PerseusError: unknown job (404), token (401/403), rank not registered or no plan (409).
     """
     row = await _job(state, job_id, token)
-    stage, dp_rank = await state.heads.rank_position(job_id, rank)
+    place = await state.heads.rank_position(job_id, query.rank)
     anything, known = _etag_versions(if_none_match)
-    wait_s = min(wait_s, state.settings.max_wait_s)
+    newest_known = max(known, default=-1)
+    if row.version < newest_known:
+        row = await state.heads.refresh(job_id)
+    wait_s = min(query.wait_s, state.settings.max_wait_s)
     if wait_s > 0:
         row = await state.heads.wait_until(
             job_id,
             lambda r: (
-                (_has_plan(r) and not anything and r.version not in known)
-                or (r.state == "failed" and not _has_plan(r))
+                (has_plan(r) and not anything and r.version > newest_known)
+                or (r.state == "failed" and not has_plan(r))
             ),
             wait_s,
         )
     headers = {"Cache-Control": "no-cache"}
-    if _has_plan(row):
+    if has_plan(row):
         headers["ETag"] = f'"{row.version}"'
-        if anything or row.version in known:
+        if anything or row.version <= newest_known:
             return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
-    straggler = row.straggler is not None and dp_rank in row.straggler["data_parallel_ranks"]
-    body = state.service.cached_plan(row, stage, straggler)
+    stage, dp_rank, _ = place
+    straggler = row.straggler is not None and dp_rank in row.straggler.data_parallel_ranks
+    body = state.service.plans.cached(row, stage, straggler)
     if body is None:
         body = await state.renders.run(
             (job_id, row.version, stage, straggler),
-            lambda: run_in_threadpool(state.service.render_plan, row, stage, straggler),
+            lambda: run_in_threadpool(state.service.plans.render, row, stage, straggler),
         )
     return Response(body, media_type="application/json", headers=headers)
 
@@ -432,51 +478,55 @@ async def get_plan(
     state: State,
     job_id: JobIdPath,
     credentials: Credentials,
-    rank: Annotated[int, Query(ge=0, lt=MAX_WORLD_SIZE)],
-    wait_s: Annotated[
-        float,
-        Query(
-            ge=0,
-            le=MAX_WAIT_QUERY_S,
-            allow_inf_nan=False,
-            description="Long poll: wait up to this long "
-            "for a plan newer than If-None-Match (capped by the server).",
-        ),
-    ] = 0.0,
+    query: Annotated[PlanQuery, Query()],
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """The rank's plan: clocks per instruction in execution order.
 
     Well-formed requests are answered by :class:`PlanFastPath` before they reach this
-    route; this one serves the rest (and documents the API).
+    route; this one answers the rest (with the same :class:`PlanQuery`, the usual 422 for
+    a bad query) and documents the API.
     """
-    return await plan_reply(state, job_id, _token(credentials), rank, wait_s, if_none_match)
+    return await plan_reply(state, job_id, _token(credentials), query, if_none_match)
 
 
 class PlanFastPath:
     """Answers well-formed plan fetches without FastAPI's per-request machinery.
 
     Plan fetches are the one hot path (every rank, every iteration or long poll); routing
-    and dependency injection cost more than the answer itself, which is cached bytes. A
-    request this class cannot parse cleanly goes on to the FastAPI route, which validates
-    it and answers with the usual 422; both share :func:`plan_reply`.
+    and dependency injection cost more than the answer itself, which is cached bytes. The
+    query is validated by the route's own model, :class:`PlanQuery`; a request it rejects
+    goes on to the FastAPI route, which answers it with the usual 422. Both share
+    :func:`plan_reply`.
     """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        # Each rank sends the same query string every time: validate each one once.
+        self._queries: dict[bytes, PlanQuery | None] = {}
+
+    def _query(self, query_string: bytes) -> PlanQuery | None:
+        try:
+            return self._queries[query_string]
+        except KeyError:
+            pass
+        if len(self._queries) >= _QUERY_MEMO:
+            self._queries.clear()
+        query = self._queries[query_string] = _plan_query(query_string)
+        return query
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "GET":
             match = _PLAN_PATH.fullmatch(scope["path"])
             if match is not None:
-                query = _plan_query(scope["query_string"])
+                query = self._query(scope["query_string"])
                 if query is not None:
-                    await self._answer(scope, receive, send, match.group(1), *query)
+                    await self._answer(scope, receive, send, match.group(1), query)
                     return
         await self.app(scope, receive, send)
 
     async def _answer(
-        self, scope: Scope, receive: Receive, send: Send, job_id: str, rank: int, wait_s: float
+        self, scope: Scope, receive: Receive, send: Send, job_id: str, query: PlanQuery
     ) -> None:
         headers = {name: value for name, value in scope["headers"]}
         authorization = headers.get(b"authorization")
@@ -488,8 +538,7 @@ class PlanFastPath:
                 state,
                 job_id,
                 bearer_token(None if authorization is None else authorization.decode("latin-1")),
-                rank,
-                wait_s,
+                query,
                 None if if_none_match is None else if_none_match.decode("latin-1"),
             )
         except PerseusError as exc:
@@ -497,42 +546,38 @@ class PlanFastPath:
         await response(scope, receive, send)
 
 
-MAX_WAIT_QUERY_S = 3600.0
 _PLAN_PATH = re.compile(PLAN_PATH.replace("{job_id}", "([^/]+)"))
+_QUERY_MEMO = 16_384  # distinct plan queries remembered (a few per rank)
 _FAST_ROUTE = SimpleNamespace(path=PLAN_PATH)
 
 
-def _plan_query(query_string: bytes) -> tuple[int, float] | None:
-    """``(rank, wait_s)`` of a clean query string, else None (let FastAPI explain)."""
-    rank: int | None = None
-    wait_s = 0.0
-    for part in query_string.split(b"&"):
-        name, _, value = part.partition(b"=")
-        if name == b"rank" and rank is None and value.isdigit() and len(value) < 10:
-            rank = int(value)
-            if rank >= MAX_WORLD_SIZE:
-                return None
-        elif name == b"wait_s" and value:
-            try:
-                wait_s = float(value)
-            except ValueError:
-                return None
-            if not 0 <= wait_s <= MAX_WAIT_QUERY_S:  # also rejects NaN
-                return None
-        else:
-            return None
-    return None if rank is None else (rank, wait_s)
+def _plan_query(query_string: bytes) -> PlanQuery | None:
+    """The query as :class:`PlanQuery` validates it, or None (let the route explain)."""
+    text = query_string.decode("latin-1")
+    # As Starlette reads a query: blank values kept, the last of a repeated name wins.
+    # Ranks send plain ``rank=R&wait_s=S``: split it directly, unquote only when needed.
+    if "%" in text or "+" in text:
+        values = dict(parse_qsl(text, keep_blank_values=True))
+    else:
+        values = {
+            name: value for name, _, value in (p.partition("=") for p in text.split("&") if p)
+        }
+    try:
+        return PlanQuery.model_validate(values)
+    except ValidationError:
+        return None
 
 
 @router.post(ITERATIONS_PATH, response_model=IterationAccepted, tags=["ranks"])
 async def report_iteration(
-    job: AuthorizedJob, body: IterationReport, state: State
+    job: AuthorizedJob, body: IterationReport, state: State, request: Request
 ) -> IterationAccepted:
     """A rank's measured iteration time and energy (predicted against measured).
 
     Accepted reports are written in batches (every ``telemetry_flush_s``); the job's view
     always includes them.
     """
-    await state.heads.rank_position(job.id, body.rank)  # 409 unless registered
+    place = await state.heads.rank_position(job.id, body.rank)  # 409 unless registered
+    state.check_host(job.id, body.rank, place, _host(request.scope))
     state.telemetry.add(job, body)
     return IterationAccepted(rank=body.rank, iteration=body.iteration, version=job.version)

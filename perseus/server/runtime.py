@@ -7,9 +7,10 @@ a cached row is older than ``cache_ttl_s``.
 
 :class:`TelemetryBuffer` writes iteration reports in batches.
 
-:class:`PlanningRunner` computes frontiers in a process pool, never on the event loop,
-keeps a reference to every background task, renews a heartbeat for the jobs it computes
-and takes over jobs whose owner stopped (a crashed or restarted server).
+:class:`PlanningRunner` computes frontiers in processes of their own (one per run, within
+a time and a memory limit), never on the event loop, keeps a reference to every background
+task, renews a heartbeat for the jobs it computes and takes over jobs whose owner stopped
+(a crashed or restarted server).
 """
 
 from __future__ import annotations
@@ -17,22 +18,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import multiprocessing
+import signal
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
 from perseus.errors import JobNotFound, JobStateError, PerseusError
 from perseus.schemas import IterationReport
-from perseus.server.jobs import JobService
+from perseus.server.choices import PlanChoices
+from perseus.server.jobs import Jobs
+from perseus.server.lease import PlanningLease
 from perseus.server.metrics import Metrics
-from perseus.server.planning import init_worker, plan_frontier, warm_up
+from perseus.server.planning import (
+    DEFAULT_MAX_CELLS,
+    PlanningFailure,
+    PlanningInput,
+    PlanningResult,
+    PlanningWork,
+    planning_process,
+    sample_planning_work,
+)
 from perseus.server.store import JobRow
+from perseus.server.telemetry import IterationLog
 
 __all__ = ["Coalescer", "JobHeads", "PlanningRunner", "TelemetryBuffer"]
 
@@ -40,8 +52,16 @@ log = logging.getLogger("perseus.server")
 
 T = TypeVar("T")
 
+RankPlace = tuple[int, int, str | None]
+"""A registered rank's ``(stage, data_parallel_rank, host)``."""
+
 # Planning runs at this lower CPU priority than the server (see planning.init_worker).
 _WORKER_NICENESS = 19
+# Jobs estimated at most this share of the work limit may use the extra small-job turn.
+_SMALL_SHARE = 16
+# A planning process whose peak memory passed this exits after its run (memory back to the
+# host); smaller ones serve the next run (no start, ~0.7 s of CPU, per job).
+_RETIRE_BYTES = 1 << 30
 
 
 class Coalescer:
@@ -64,20 +84,31 @@ class Coalescer:
 class JobHeads:
     """Per-process cache of job rows and rank layouts, with change notification.
 
-    Must be used from the event loop thread only.
+    Must be used from the event loop thread only, except :meth:`changed_threadsafe`.
+
+    A cached row never goes back to an older version. While ranks wait for a job's next
+    version, changes made by other server processes are watched for: every ``poll_s`` one
+    query reads the versions of every waited-for job, and on PostgreSQL a notification
+    (:meth:`perseus.server.store.Store.listen`) wakes the wait at once.
 
     Args:
-        service: the job service (its methods run in the thread pool).
+        jobs: the jobs (their methods run in the thread pool).
         ttl_s: how long a cached row is trusted without re-reading the database.
+        poll_s: how often waited-for jobs are checked for changes made elsewhere.
     """
 
-    def __init__(self, service: JobService, ttl_s: float) -> None:
-        self._service = service
+    def __init__(self, jobs: Jobs, ttl_s: float, poll_s: float = 0.1) -> None:
+        self._jobs = jobs
         self._ttl_s = ttl_s
+        self._poll_s = poll_s
         self._rows: dict[str, tuple[float, JobRow]] = {}
-        self._layouts: dict[str, tuple[float, dict[int, tuple[int, int]]]] = {}
+        self._layouts: dict[str, tuple[float, dict[int, RankPlace]]] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._loads = Coalescer()
+        self._waiting: dict[str, int] = {}  # job id -> ranks waiting for its next version
+        self._watch: asyncio.Task[None] | None = None
+        self._refreshes: set[asyncio.Future[JobRow]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def get(self, job_id: str) -> JobRow:
         """The job, from the cache when fresh enough.
@@ -95,7 +126,7 @@ class JobHeads:
 
         async def load() -> JobRow:
             try:
-                row = await run_in_threadpool(self._service.get_job, job_id)
+                row = await run_in_threadpool(self._jobs.get, job_id)
             except JobNotFound:
                 self.forget(job_id)
                 raise
@@ -105,8 +136,16 @@ class JobHeads:
         return await self._loads.run(("job", job_id), load)
 
     def put(self, row: JobRow) -> None:
-        """Record a row this process read or wrote; wakes waiters if the plan changed."""
+        """Record a row this process read or wrote; wakes waiters if the plan changed.
+
+        A row older than the cached one (a read that raced a write) is ignored.
+        """
         old = self._rows.get(row.id)
+        if old is not None and (old[1].version, old[1].updated_at_s) > (
+            row.version,
+            row.updated_at_s,
+        ):
+            return
         self._rows[row.id] = (time.monotonic(), row)
         if old is None or (old[1].version, old[1].state) != (row.version, row.state):
             self._wake(row.id)
@@ -117,13 +156,13 @@ class JobHeads:
         self._layouts.pop(job_id, None)
         self._wake(job_id)
 
-    def add_rank(self, job_id: str, rank: int, stage: int, data_parallel_rank: int) -> None:
+    def add_rank(self, job_id: str, rank: int, place: RankPlace) -> None:
         entry = self._layouts.get(job_id)
         if entry is not None:
-            entry[1][rank] = (stage, data_parallel_rank)
+            entry[1][rank] = place
 
-    async def rank_position(self, job_id: str, rank: int) -> tuple[int, int]:
-        """``(stage, data_parallel_rank)`` of a registered rank.
+    async def rank_position(self, job_id: str, rank: int) -> RankPlace:
+        """``(stage, data_parallel_rank, host)`` of a registered rank.
 
         Raises:
             JobStateError: the rank has not registered.
@@ -133,8 +172,8 @@ class JobHeads:
             return entry[1][rank]
         if entry is None or time.monotonic() - entry[0] > self._ttl_s:
 
-            async def load() -> dict[int, tuple[int, int]]:
-                layout = await run_in_threadpool(self._service.rank_layout, job_id)
+            async def load() -> dict[int, RankPlace]:
+                layout = await run_in_threadpool(self._jobs.rank_layout, job_id)
                 self._layouts[job_id] = (time.monotonic(), layout)
                 return layout
 
@@ -149,18 +188,84 @@ class JobHeads:
         """Wait until ``done(row)`` or the timeout; returns the latest row either way.
 
         A change made here wakes the wait at once; a change made by another server
-        process is seen within ``ttl_s`` (the row is re-read that often while waiting).
+        process within ``poll_s`` (at once on PostgreSQL).
         """
         deadline = time.monotonic() + timeout_s
-        poll_s = max(self._ttl_s, 0.05)
-        while True:
-            row = await self.get(job_id)
-            remaining = deadline - time.monotonic()
-            if done(row) or remaining <= 0:
-                return row
-            event = self._changed.setdefault(job_id, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), min(remaining, poll_s))
+        self._waiting[job_id] = self._waiting.get(job_id, 0) + 1
+        if self._watch is None:
+            self._watch = asyncio.create_task(self._watch_changes(), name="job change watch")
+        try:
+            while True:
+                row = await self.get(job_id)
+                remaining = deadline - time.monotonic()
+                if done(row) or remaining <= 0:
+                    return row
+                event = self._changed.setdefault(job_id, asyncio.Event())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), min(remaining, max(self._ttl_s, 0.05)))
+        finally:
+            left = self._waiting.pop(job_id) - 1
+            if left:
+                self._waiting[job_id] = left
+
+    async def _watch_changes(self) -> None:
+        """While ranks wait: re-read the jobs whose version or state changed elsewhere."""
+        try:
+            while self._waiting:
+                await asyncio.sleep(self._poll_s)
+                job_ids = sorted(self._waiting)
+                try:
+                    heads = await run_in_threadpool(self._jobs.heads, job_ids)
+                except Exception:
+                    # A database hiccup: waits still end by their timeout; try again.
+                    log.exception("checking jobs for changes failed")
+                    continue
+                for job_id in job_ids:
+                    self._check(job_id, heads.get(job_id))
+        finally:
+            self._watch = None
+
+    def _check(self, job_id: str, head: tuple[int, str] | None) -> None:
+        """React to a job's stored ``(version, state)`` (None: deleted)."""
+        entry = self._rows.get(job_id)
+        if head is None:
+            if entry is not None:
+                self.forget(job_id)
+            return
+        if entry is not None and (entry[1].version, entry[1].state) == head:
+            return
+        if job_id in self._waiting:
+            task = asyncio.ensure_future(self.refresh(job_id))
+            self._refreshes.add(task)
+            task.add_done_callback(self._refreshed)
+        else:
+            self._rows.pop(job_id, None)  # the next read fetches it
+
+    def _refreshed(self, task: asyncio.Future[JobRow]) -> None:
+        self._refreshes.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and not isinstance(exc, JobNotFound):  # deleted: waiters see it
+            log.error("re-reading a changed job failed", exc_info=exc)
+
+    def changed_threadsafe(self, job_id: str, version: int, state: str) -> None:
+        """A change made by some server process (a PostgreSQL notification's thread)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._check, job_id, (version, state))
+
+    async def close(self) -> None:
+        """Stop watching for changes (at shutdown)."""
+        tasks: list[asyncio.Future[Any]] = [*self._refreshes]
+        if self._watch is not None:
+            tasks.append(self._watch)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def bind_loop(self) -> None:
+        """Remember the running event loop, for :meth:`changed_threadsafe`."""
+        self._loop = asyncio.get_running_loop()
 
     def _wake(self, job_id: str) -> None:
         event = self._changed.pop(job_id, None)
@@ -169,21 +274,37 @@ class JobHeads:
 
 
 class PlanningRunner:
-    """Computes frontiers in worker processes and stores them.
+    """Computes frontiers in worker processes, within limits, fairly, and stores them.
+
+    Each planning run has a process to itself (no pool): a run that passes ``timeout_s``
+    is stopped by killing its process; one that needs more than ``memory_mb`` fails with a
+    MemoryError inside it (``RLIMIT_DATA``); either way, and when a process dies of anything
+    else, only that job fails, with a reason that names the limit and what to change, and
+    no other job notices. A process that ended its run normally serves the next one (it
+    exits instead once it has used over 1 GiB), and with ``warm`` one more waits, solver
+    imported, so that a job rarely pays for a start (about 0.7 s of CPU).
+
+    Fairness: ``workers`` runs at a time, taken from the queue by ``arrival + estimated
+    seconds`` (short jobs first, and no job waits forever). When every worker is busy, one
+    more process runs a small job (at most 1/16 of ``max_cells``): a small job waits for
+    another small one at most, never for a large one's ``timeout_s``.
 
     Args:
-        service: the job service.
+        service: the planning lease (inputs, results, heartbeats).
         heads: the row cache to update when a job's planning ends.
         metrics: where planning durations go.
-        workers: worker processes.
+        workers: planning runs at a time (besides the one for small jobs).
         lease_s: a job whose planning heartbeat is older than this is taken over.
-        warm: start a worker process (and import the solver) right away.
+        warm: keep a planning process started (and the solver imported) ahead of jobs.
         polish_s: seconds each frontier may spend improving its no-slowdown point.
+        timeout_s: wall-clock limit of one planning run (None: none).
+        memory_mb: memory (data segment) limit of one planning process (None: none).
+        max_cells: jobs whose estimated work is over this fail at once (None: none).
     """
 
     def __init__(
         self,
-        service: JobService,
+        service: PlanningLease,
         heads: JobHeads,
         metrics: Metrics,
         *,
@@ -191,33 +312,46 @@ class PlanningRunner:
         lease_s: float,
         warm: bool,
         polish_s: float = 0.0,
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+        max_cells: int | None = None,
     ) -> None:
         self._service = service
         self._heads = heads
         self._metrics = metrics
         self._workers = workers
         self._lease_s = lease_s
+        self._warm = warm
         self._polish_s = polish_s
-        self._executor = self._new_executor()
+        self._timeout_s = timeout_s
+        self._memory_bytes = None if memory_mb is None else memory_mb * 2**20
+        self._max_cells = max_cells
+        self._small_cells = (max_cells or DEFAULT_MAX_CELLS) // _SMALL_SHARE
+        # spawn: a fresh interpreter, no copy of the server's threads, sockets or locks.
+        self._context = multiprocessing.get_context("spawn")
         self._tasks: set[asyncio.Task[None]] = set()
         self._computing: set[str] = set()
+        self._running: dict[str, _PlanningProcess] = {}
+        self._queue: list[_Queued] = []
+        self._arrivals = itertools.count()
+        self._busy = 0
+        self._small_busy = False
+        self._idle: list[_PlanningProcess] = []  # started, solver imported, waiting
+        self._starting = False
+        self._closing = False
         self._maintenance: asyncio.Task[None] | None = None
         if warm:
-            self._executor.submit(warm_up)
-
-    def _new_executor(self) -> ProcessPoolExecutor:
-        # spawn: a fresh interpreter, no copy of the server's threads, sockets or locks.
-        return ProcessPoolExecutor(
-            self._workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=init_worker,
-            initargs=(_WORKER_NICENESS,),
-        )
+            self._idle.append(self._new_process())
 
     @property
     def computing(self) -> frozenset[str]:
-        """Ids of the jobs this process is computing."""
+        """Ids of the jobs this process is computing (queued or running)."""
         return frozenset(self._computing)
+
+    @property
+    def processes(self) -> dict[str, int]:
+        """Process id of every running planning run, by job id."""
+        return {job_id: p.pid for job_id, p in self._running.items()}
 
     def start(self, job_id: str) -> None:
         """Compute the frontier of a job this process claimed, in the background."""
@@ -241,41 +375,154 @@ class PlanningRunner:
 
     async def _run(self, job_id: str) -> None:
         started_s = time.perf_counter()
-        loop = asyncio.get_running_loop()
         try:
             planning = await run_in_threadpool(self._service.planning_input, job_id)
-            planning = dataclasses.replace(planning, polish_s=self._polish_s)
-            result = await loop.run_in_executor(self._executor, plan_frontier, planning)
-            planning_s = time.perf_counter() - started_s
-            row = await run_in_threadpool(
-                self._service.finish_planning,
-                job_id,
-                result.frontier_json,
-                planning_s,
-                result.frontier,
+            planning = dataclasses.replace(
+                planning, polish_s=self._polish_s, max_cells=self._max_cells
             )
-            self._metrics.observe_planning(planning_s, ok=True)
-            log.info("job %s: frontier computed in %.2f s", job_id, planning_s)
+            work = await run_in_threadpool(sample_planning_work, planning)
+            small = await self._slot(work)
+            try:
+                outcome = await self._compute(job_id, planning)
+            finally:
+                self._release(small)
+            if isinstance(outcome, PlanningFailure):
+                if outcome.internal:
+                    log.error("job %s: %s\n%s", job_id, outcome.reason, outcome.details)
+                reason = outcome.reason
+            else:
+                planning_s = time.perf_counter() - started_s
+                row = await run_in_threadpool(
+                    self._service.finish_planning,
+                    job_id,
+                    outcome.frontier_json,
+                    planning_s,
+                    outcome.frontier,
+                )
+                self._metrics.observe_planning(planning_s, ok=True)
+                log.info("job %s: frontier computed in %.2f s", job_id, planning_s)
+                reason = None
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if isinstance(exc, BrokenProcessPool):
-                log.error("planning worker died; starting a new pool")
-                old, self._executor = self._executor, self._new_executor()
-                old.shutdown(wait=False, cancel_futures=True)
-                reason = "the planning worker process died (out of memory?)"
-            elif isinstance(exc, PerseusError):
+            if isinstance(exc, PerseusError):
                 reason = f"{type(exc).__name__}: {exc}"
             else:
                 log.error("job %s: planning failed", job_id, exc_info=exc)
                 reason = f"internal error while planning: {type(exc).__name__}: {exc}"
+        finally:
+            self._computing.discard(job_id)
+        if reason is not None:
             self._metrics.observe_planning(time.perf_counter() - started_s, ok=False)
             log.warning("job %s: planning failed: %s", job_id, reason)
             row = await run_in_threadpool(self._service.fail_planning, job_id, reason)
-        finally:
-            self._computing.discard(job_id)
         if row is not None:
             self._heads.put(row)
+
+    async def _slot(self, work: PlanningWork) -> bool:
+        """Wait for a turn to run; True when it is the extra turn for small jobs."""
+        entry = _Queued(
+            due_s=time.monotonic() + work.seconds,
+            arrival=next(self._arrivals),
+            small=work.cells <= self._small_cells,
+            turn=asyncio.get_running_loop().create_future(),
+        )
+        self._queue.append(entry)
+        self._dispatch()
+        try:
+            return await entry.turn
+        except asyncio.CancelledError:
+            if entry in self._queue:
+                self._queue.remove(entry)
+            elif entry.turn.done() and not entry.turn.cancelled():
+                self._release(entry.turn.result())
+            raise
+
+    def _dispatch(self) -> None:
+        self._queue.sort(key=lambda e: (e.due_s, e.arrival))
+        while self._queue:
+            if self._busy < self._workers:
+                self._busy += 1
+                self._queue.pop(0).turn.set_result(False)
+            elif not self._small_busy and (
+                entry := next((e for e in self._queue if e.small), None)
+            ):
+                self._small_busy = True
+                self._queue.remove(entry)
+                entry.turn.set_result(True)
+            else:
+                return
+
+    def _release(self, small: bool) -> None:
+        if small:
+            self._small_busy = False
+        else:
+            self._busy -= 1
+        self._dispatch()
+
+    async def _compute(
+        self, job_id: str, planning: PlanningInput
+    ) -> PlanningResult | PlanningFailure:
+        """Run one job in a planning process, within its time limit."""
+        worker = None
+        while self._idle and worker is None:
+            worker = self._idle.pop()
+            if not worker.alive():
+                await asyncio.to_thread(worker.close)
+                worker = None
+        if worker is None:
+            worker = await asyncio.to_thread(self._new_process)
+        if self._warm and not self._idle:
+            self._spawn(self._add_spare(), "planning spare")  # ready for the next job
+        self._running[job_id] = worker
+        call = asyncio.ensure_future(asyncio.to_thread(worker.run, planning))
+        reuse = False
+        try:
+            done, _ = await asyncio.wait({call}, timeout=self._timeout_s)
+            if not done:
+                return PlanningFailure(
+                    f"planning took longer than its limit of {self._timeout_s:g} s "
+                    "(setting planning_timeout_s) and was stopped; use fewer microbatches "
+                    "or a coarser resolution_s"
+                )
+            try:
+                outcome, peak_bytes = call.result()
+            except (EOFError, OSError):
+                return PlanningFailure(worker.death())
+            # A process that grew large gives its memory back to the host by exiting.
+            reuse = peak_bytes <= _RETIRE_BYTES
+            return outcome
+        finally:
+            del self._running[job_id]
+            if reuse and not self._closing and len(self._idle) <= self._workers:
+                self._idle.append(worker)
+            else:
+                worker.kill()
+                await asyncio.wait({call})  # the thread ends once the process is gone
+                if not call.cancelled():
+                    call.exception()  # retrieved; a death is reported above
+                await asyncio.to_thread(worker.close)
+
+    def _new_process(self) -> _PlanningProcess:
+        return _PlanningProcess(self._context, self._memory_bytes)
+
+    async def _add_spare(self) -> None:
+        if self._starting:
+            return
+        self._starting = True
+        starting = asyncio.ensure_future(asyncio.to_thread(self._new_process))
+        try:
+            worker = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            starting.add_done_callback(_kill_started)  # closing: no process left behind
+            raise
+        finally:
+            self._starting = False
+        if self._closing or self._idle:
+            worker.kill()
+            await asyncio.to_thread(worker.close)
+        else:
+            self._idle.append(worker)
 
     async def _maintain(self) -> None:
         period_s = self._lease_s / 3
@@ -293,22 +540,105 @@ class PlanningRunner:
                 log.exception("planning maintenance failed; retrying")
 
     async def close(self) -> None:
-        """Stop background work and the worker processes.
+        """Stop background work and the planning processes.
 
         Jobs being computed stay ``planning``; with no heartbeat, the next server to run
         (or another one sharing the database) takes them over after ``lease_s``.
         """
+        self._closing = True
         tasks = list(self._tasks)
         if self._maintenance is not None:
             tasks.append(self._maintenance)
+        # A frontier can take minutes; do not make shutdown wait for it.
+        for worker in self._running.values():
+            worker.kill()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        processes = list(getattr(self._executor, "_processes", {}).values())
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            # A frontier can take minutes; do not make shutdown wait for it.
-            process.terminate()
+        idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.kill()
+            await asyncio.to_thread(worker.close)
+
+
+def _kill_started(starting: asyncio.Future[_PlanningProcess]) -> None:
+    if not starting.cancelled() and starting.exception() is None:
+        starting.result().kill()
+
+
+@dataclasses.dataclass(eq=False)
+class _Queued:
+    """A planning run waiting for its turn."""
+
+    due_s: float  # arrival + estimated seconds: shortest first, and none waits forever
+    arrival: int
+    small: bool
+    turn: asyncio.Future[bool]  # set when it may run: True for the small-job turn
+
+
+class _PlanningProcess:
+    """One planning process: started ahead, given one job at a time; killed when it must stop.
+
+    Args:
+        context: the multiprocessing context (spawn).
+        memory_bytes: the process's data-segment limit.
+    """
+
+    def __init__(self, context: Any, memory_bytes: int | None) -> None:
+        self._conn, child = context.Pipe()
+        self._process = context.Process(
+            target=planning_process,
+            args=(child, _WORKER_NICENESS, memory_bytes),
+            name="perseus planning",
+            daemon=True,
+        )
+        self._process.start()
+        child.close()  # ours closed: the process's death ends our recv with EOFError
+
+    @property
+    def pid(self) -> int:
+        return int(self._process.pid or 0)
+
+    def alive(self) -> bool:
+        return bool(self._process.is_alive())
+
+    def run(self, planning: PlanningInput) -> tuple[PlanningResult | PlanningFailure, int]:
+        """Hand the job over and wait (blocks: run it in a thread).
+
+        Returns:
+            The outcome and the process's peak memory so far, in bytes.
+
+        Raises:
+            EOFError, OSError: the process died.
+        """
+        self._conn.send(planning)
+        answer: tuple[PlanningResult | PlanningFailure, int] = self._conn.recv()
+        return answer
+
+    def kill(self) -> None:
+        if self._process.is_alive():
+            self._process.kill()
+
+    def death(self) -> str:
+        """Why the process ended, for people (after it did)."""
+        self._process.join(5.0)
+        code = self._process.exitcode
+        if code == -signal.SIGKILL:
+            # Not our memory limit (that is a MemoryError, reported by the process itself).
+            how = "killed by SIGKILL: the host ran out of memory, or someone stopped it"
+        elif code is not None and code < 0:
+            try:
+                how = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        else:
+            how = f"exit code {code}"
+        return f"the planning process died ({how}); no other job was affected"
+
+    def close(self) -> None:
+        """Reap the (killed) process and close the pipe; blocks briefly."""
+        self._process.join(5.0)
+        self._conn.close()
 
 
 class TelemetryBuffer:
@@ -324,9 +654,15 @@ class TelemetryBuffer:
     """
 
     def __init__(
-        self, service: JobService, heads: JobHeads, flush_s: float, check_period_s: float = 1.0
+        self,
+        iterations: IterationLog,
+        choices: PlanChoices,
+        heads: JobHeads,
+        flush_s: float,
+        check_period_s: float = 1.0,
     ) -> None:
-        self._service = service
+        self._iterations = iterations
+        self._choices = choices
         self._heads = heads
         self._flush_s = flush_s
         self._check_period_s = check_period_s
@@ -374,13 +710,13 @@ class TelemetryBuffer:
             await run_in_threadpool(self._write, batch, jobs)
             now_s = time.monotonic()
             for job in jobs.values():
-                if not job.spec.get("auto_straggler"):
+                if not job.spec.auto_straggler:
                     continue
                 if now_s - self._checked_s.get(job.id, 0.0) < self._check_period_s:
                     continue
                 self._checked_s[job.id] = now_s
                 try:
-                    moved = await run_in_threadpool(self._service.detect_straggler, job.id)
+                    moved = await run_in_threadpool(self._choices.detect_straggler, job.id)
                 except PerseusError:
                     continue  # the job changed or went away meanwhile; checked next time
                 if moved is not None:
@@ -388,9 +724,8 @@ class TelemetryBuffer:
 
     def _write(self, batch: dict[str, list[IterationReport]], jobs: dict[str, JobRow]) -> None:
         for job_id, reports in batch.items():
-            window = int(jobs[job_id].spec["straggler_window"])
             try:
-                self._service.record_iterations(job_id, reports, window)
+                self._iterations.record(job_id, reports, jobs[job_id].spec.straggler_window)
             except Exception:
                 log.exception("job %s: writing %d iteration reports failed", job_id, len(reports))
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from perseus.server.planning import DEFAULT_MAX_CELLS
+
 __all__ = ["DEFAULT_DATABASE", "Settings"]
 
 DEFAULT_DATABASE = "sqlite:///./perseus.db"
@@ -29,7 +31,35 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(
         default=None, description="When set, creating, listing and deleting jobs needs it."
     )
-    planning_workers: int = Field(default=1, ge=1, le=256, description="Processes per server.")
+    planning_workers: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Planning runs at a time per server, each in a process of its own; one "
+        "more runs a small job (1/16 of planning_max_cells) when these are all busy.",
+    )
+    planning_max_cells: int = Field(
+        default=DEFAULT_MAX_CELLS,
+        ge=1_000_000,
+        description="Most planning work a job may imply, instructions x frontier deadlines "
+        "(estimated from its profiles; about 12 bytes and 1 us each); a job over it gets "
+        "422 naming what would fit. The default admits 16 stages x 128 microbatches "
+        "interleaved (1.5e8) and refuses what would take many GiB or minutes.",
+    )
+    planning_timeout_s: float = Field(
+        default=900.0,
+        gt=0,
+        le=86_400,
+        description="Wall-clock limit of one planning run; past it the run's process is "
+        "killed and the job fails with a reason. About twice what a job at "
+        "planning_max_cells takes on a busy 2-core host.",
+    )
+    planning_memory_mb: int | None = Field(
+        default=8192,
+        ge=512,
+        description="Memory limit of one planning process (RLIMIT_DATA, MiB); a run that "
+        "needs more fails with a reason. Unset: no limit.",
+    )
     planning_lease_s: float = Field(
         default=30.0,
         gt=0,
@@ -56,5 +86,40 @@ class Settings(BaseSettings):
         default=0.25, gt=0, le=60, description="Iteration reports are written this often."
     )
     max_wait_s: float = Field(default=60.0, ge=0, le=3600, description="Longest plan long poll.")
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    change_poll_s: float = Field(
+        default=0.1,
+        gt=0,
+        le=60,
+        description="While ranks long-poll, how often other server processes' changes are "
+        "looked for (PostgreSQL also notifies at once).",
+    )
+    max_body_bytes: int = Field(
+        default=2 * 1024 * 1024,
+        ge=1024,
+        description="Larger request bodies get 413. The largest legitimate request, a "
+        "10,000-row profile report with 17-digit numbers, is 1.16 MB as the perseus client "
+        "sends it (1.58 MB indented): 2 MiB leaves a margin and no more.",
+    )
+    keep_alive_s: int = Field(
+        default=75,
+        ge=1,
+        le=3600,
+        description="An idle keep-alive connection is closed after this long. Keep it longer "
+        "than any client's pool expiry (the perseus client's is 60 s, httpx's default 5 s): "
+        "a client that reuses a connection just as the server closes it sees an error.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="A connection must send a complete request head within this long of "
+        "opening (or of its first byte after a keep-alive pause); else it is closed.",
+    )
+    max_connections: int | None = Field(
+        default=None,
+        ge=16,
+        description="Open connections per server process; past it the ones that have waited "
+        "longest for a request are closed, and when none waits, requests get 503. Unset: the "
+        "open-file limit (raised to its hard limit at start) less 128.",
+    )
     log_level: str = Field(default="info")

@@ -15,12 +15,14 @@ process claim a job's planning.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import TypeAdapter
 from sqlalchemy import (
     JSON,
     Column,
@@ -42,6 +44,7 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    inspect,
     or_,
     select,
     text,
@@ -50,7 +53,11 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
+from perseus.schemas import JobCreate, JobState, PolicyModel, PolicySpec, StragglerView
+
 __all__ = [
+    "CHANGES_CHANNEL",
+    "ChangeListener",
     "FrontierRow",
     "IterationWindow",
     "JobRow",
@@ -64,6 +71,11 @@ __all__ = [
 
 # An arbitrary constant: the advisory lock that serializes schema creation on PostgreSQL.
 _SCHEMA_LOCK_KEY = 7787_0001
+
+CHANGES_CHANNEL = "perseus_job_changes"
+"""PostgreSQL notification channel: ``"<job id> <version> <state>"`` on each plan change."""
+
+_log = logging.getLogger("perseus.server")
 
 _metadata = MetaData()
 
@@ -116,6 +128,7 @@ _ranks = Table(
     Column("window_version", Integer, nullable=False),
     Column("recent_times_s", JSON, nullable=False),
     Column("recent_energies_j", JSON, nullable=False),
+    Column("host", String(255)),
     UniqueConstraint("job_id", "stage", "data_parallel_rank", "tensor_parallel_rank"),
 )
 
@@ -136,18 +149,18 @@ _profiles = Table(
 
 @dataclass(frozen=True, slots=True)
 class JobRow:
-    """One job as stored. ``spec`` is the creation request as JSON."""
+    """One job as stored, its JSON columns decoded: ``spec`` is the creation request."""
 
     id: str
     name: str | None
     token_hash: str
     created_at_s: float
     updated_at_s: float
-    spec: dict[str, Any]
-    state: str
+    spec: JobCreate
+    state: JobState
     reason: str | None
-    policy: dict[str, Any]
-    straggler: dict[str, Any] | None
+    policy: PolicyModel
+    straggler: StragglerView | None
     version: int
     frontier_rev: int
     policy_index: int | None
@@ -177,6 +190,13 @@ class RankRow:
     window_version: int = 0
     recent_times_s: tuple[float, ...] = ()
     recent_energies_j: tuple[float, ...] = ()
+    host: str | None = None
+    """The address the rank registered from."""
+
+    @property
+    def coordinates(self) -> tuple[int, int, int]:
+        """``(stage, data_parallel_rank, tensor_parallel_rank)``."""
+        return self.stage, self.data_parallel_rank, self.tensor_parallel_rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +250,34 @@ _PROFILE_COLUMNS = [
 ]
 
 
+_POLICY: TypeAdapter[PolicyModel] = TypeAdapter(PolicySpec)
+_STATE: TypeAdapter[JobState] = TypeAdapter(JobState)
+_JSON_COLUMNS = ("spec", "policy", "straggler")
+
+
+def _job_row(values: Sequence[Any]) -> JobRow:
+    """Decode a job row once, here: the rest of the server sees typed values only.
+
+    A row this version did not write fails loudly (pydantic's ValidationError, a 500).
+    """
+    row = dict(zip(_JOB_FIELDS, values, strict=True))
+    row["spec"] = JobCreate.model_validate(row["spec"])
+    row["policy"] = _POLICY.validate_python(row["policy"])
+    if row["straggler"] is not None:
+        row["straggler"] = StragglerView.model_validate(row["straggler"])
+    row["state"] = _STATE.validate_python(row["state"])
+    return JobRow(**row)
+
+
+def _job_values(row: JobRow, names: Sequence[str]) -> dict[str, Any]:
+    """The columns ``names`` of ``row``, JSON columns encoded."""
+    values = {name: getattr(row, name) for name in names}
+    for name in _JSON_COLUMNS:
+        if name in values and values[name] is not None:
+            values[name] = values[name].model_dump(mode="json")
+    return values
+
+
 def _rank_row(values: Sequence[Any]) -> RankRow:
     row = dict(zip(_RANK_FIELDS, values, strict=True))
     for name in _RANK_TUPLES:
@@ -256,9 +304,10 @@ def _profile_record(values: Sequence[Any]) -> ProfileRecord:
 class Transaction:
     """Typed reads and writes inside one database transaction."""
 
-    def __init__(self, connection: Connection, *, locking: bool) -> None:
+    def __init__(self, connection: Connection, *, locking: bool, notify: bool = False) -> None:
         self._conn = connection
         self._locking = locking
+        self._notify = notify
         self._read: dict[str, JobRow] = {}  # as read here: save_job writes only what changed
 
     # jobs
@@ -271,23 +320,29 @@ class Transaction:
         found = self._conn.execute(query).first()
         if found is None:
             return None
-        row = JobRow(*found)
+        row = _job_row(found)
         self._read[job_id] = row
         return row
 
     def insert_job(self, row: JobRow) -> None:
-        self._conn.execute(insert(_jobs).values(dataclasses.asdict(row)))
+        self._conn.execute(insert(_jobs).values(_job_values(row, _JOB_FIELDS)))
 
     def save_job(self, row: JobRow) -> None:
         """Write ``row`` back: the columns that differ from the row as read here."""
         before = self._read.get(row.id)
-        values = {
-            name: getattr(row, name)
+        changed = [
+            name
             for name in _JOB_FIELDS
             if name != "id" and (before is None or getattr(row, name) != getattr(before, name))
-        }
+        ]
+        values = _job_values(row, changed)
         if values:
             self._conn.execute(update(_jobs).where(_jobs.c.id == row.id).values(values))
+        if self._notify and ("version" in values or "state" in values):
+            # Delivered at commit to every process listening (Store.listen).
+            self._conn.execute(
+                select(func.pg_notify(CHANGES_CHANNEL, f"{row.id} {row.version} {row.state}"))
+            )
         self._read[row.id] = row
 
     def delete_job(self, job_id: str) -> bool:
@@ -303,11 +358,21 @@ class Transaction:
             .limit(limit)
             .offset(offset)
         )
-        return [JobRow(*found) for found in self._conn.execute(query)]
+        return [_job_row(found) for found in self._conn.execute(query)]
 
     def count_jobs_by_state(self) -> dict[str, int]:
         query = select(_jobs.c.state, func.count()).group_by(_jobs.c.state)
         return {str(state): int(count) for state, count in self._conn.execute(query)}
+
+    def job_heads(self, job_ids: Sequence[str]) -> dict[str, tuple[int, JobState]]:
+        """``job id -> (version, state)`` of these jobs (those that exist)."""
+        query = select(_jobs.c.id, _jobs.c.version, _jobs.c.state).where(
+            _jobs.c.id.in_(list(job_ids))
+        )
+        return {
+            str(job_id): (int(version), _STATE.validate_python(state))
+            for job_id, version, state in self._conn.execute(query)
+        }
 
     def stale_planning_jobs(self, heartbeat_before_s: float) -> list[str]:
         """Ids of jobs in ``planning`` whose owner stopped sending heartbeats."""
@@ -418,6 +483,13 @@ class Transaction:
             _ranks.c.tensor_parallel_rank,
         ).where(_ranks.c.job_id == job_id)
         return {int(r): (int(s), int(d), int(t)) for r, s, d, t in self._conn.execute(query)}
+
+    def rank_hosts(self, job_id: str) -> dict[int, tuple[int, int, str | None]]:
+        """``rank -> (stage, data_parallel_rank, host)`` of every rank."""
+        query = select(
+            _ranks.c.rank, _ranks.c.stage, _ranks.c.data_parallel_rank, _ranks.c.host
+        ).where(_ranks.c.job_id == job_id)
+        return {int(r): (int(s), int(d), h) for r, s, d, h in self._conn.execute(query)}
 
     def put_rank(self, row: RankRow, *, new: bool) -> None:
         """Insert a new rank (``new``) or replace an existing one."""
@@ -555,6 +627,59 @@ def _sqlite_engine(url: str, begin: str, *, in_memory: bool) -> Engine:
     return engine
 
 
+class ChangeListener:
+    """A thread that LISTENs on :data:`CHANGES_CHANNEL`, reconnecting after errors.
+
+    Args:
+        url: the store's SQLAlchemy URL (PostgreSQL).
+        callback: called in the thread with ``(job_id, version, state)``.
+    """
+
+    def __init__(self, url: str, callback: Callable[[str, int, str], None]) -> None:
+        self._conninfo = (
+            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        self._callback = callback
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="perseus listen", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psycopg
+
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._conninfo, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANGES_CHANNEL}")
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            job_id, version, state = note.payload.split(" ")
+                            self._callback(job_id, int(version), state)
+            except Exception:
+                # Waits fall back to polling meanwhile (JobHeads); reconnect shortly.
+                _log.warning("listening for job changes failed; retrying", exc_info=True)
+                self._stop.wait(1.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+
+
+def _add_missing_columns(connection: Connection) -> None:
+    """Add nullable columns that newer versions introduced to tables made by older ones."""
+    inspector = inspect(connection)
+    for table in _metadata.sorted_tables:
+        present = {column["name"] for column in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in present and column.nullable:
+                kind = column.type.compile(dialect=connection.dialect)
+                connection.execute(
+                    text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}')
+                )
+
+
 class Store:
     """The job store.
 
@@ -593,6 +718,7 @@ class Store:
                     text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK_KEY}
                 )
             _metadata.create_all(connection)
+            _add_missing_columns(connection)
 
     def drop_schema(self) -> None:
         """Drop every table (tests only)."""
@@ -609,7 +735,17 @@ class Store:
     def write(self) -> Iterator[Transaction]:
         """A write transaction; :meth:`Transaction.job` locks the job row."""
         with self._write_lock, self._write_engine.begin() as connection:
-            yield Transaction(connection, locking=True)
+            yield Transaction(connection, locking=True, notify=self.backend == "postgresql")
+
+    def listen(self, callback: Callable[[str, int, str], None]) -> ChangeListener | None:
+        """Call ``callback(job_id, version, state)`` in a thread on every job's plan change
+        made by any process (PostgreSQL's LISTEN); None where the database cannot notify.
+        """
+        if self.backend != "postgresql":
+            return None
+        listener = ChangeListener(self.url, callback)
+        listener.start()
+        return listener
 
     def close(self) -> None:
         self._write_engine.dispose()

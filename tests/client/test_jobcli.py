@@ -260,7 +260,7 @@ def test_job_commands_follow_a_job(
     r = run(capsys, "job", "frontier")
     assert r.status == 0, r.err
     assert "plan version 1" in r.out
-    assert "all-fastest" in r.out and "saving and slowdown are against" in r.out
+    assert "default (max clock)" in r.out and "saving and slowdown are against" in r.out
     assert "chosen: policy (point 0 of" in r.out
     raw = run(capsys, "job", "frontier", "--json")
     assert '"chosen_index": 0' in raw.out

@@ -21,8 +21,12 @@ from perseus.server.settings import Settings
 from perseus.server.store import Store
 from perseus.solver import load_profile, profile_to_json
 
-SHARED = Path(__file__).parents[2] / ".." / "shared"
-REAL_PROFILE = SHARED / "data" / "profiles" / "bloom+a100_sxm_bf16.csv"
+# The real profiles: $PERSEUS_TEST_PROFILES, else ../shared/data/profiles beside the checkout.
+REAL_PROFILES = Path(
+    os.environ.get("PERSEUS_TEST_PROFILES")
+    or Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles"
+)
+REAL_PROFILE = REAL_PROFILES / "bloom+a100_sxm_bf16.csv"
 REAL_P_BLOCK_W = 83.64
 POSTGRES_ENV = "PERSEUS_TEST_POSTGRES_URL"
 
@@ -46,9 +50,11 @@ def example_rows() -> ProfileRows:
 
 @pytest.fixture(scope="session")
 def real_rows() -> ProfileRows:
-    """A real 8-stage profile from ../shared; skips when it is absent."""
+    """A real 8-stage profile; skips when it is absent (see REAL_PROFILES)."""
     if not REAL_PROFILE.is_file():
-        pytest.skip(f"shared profile {REAL_PROFILE} not present")
+        pytest.skip(
+            f"real profile {REAL_PROFILE} not present; set PERSEUS_TEST_PROFILES to its directory"
+        )
     return read_profile_rows(REAL_PROFILE)
 
 

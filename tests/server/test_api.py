@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from perseus.schemas import PlanResponse, RankRegistration
 from perseus.server.settings import Settings
 
 from .conftest import Job, ProfileRows, clocks_of, create_job
@@ -94,11 +95,9 @@ def test_long_poll_wakes_on_a_new_version(ready_job: Job) -> None:
     result: dict[str, Any] = {}
 
     def poll() -> None:
-        started = time.monotonic()
         r = ready_job.wait_plan(etag='"1"', wait_s=30)
         result["status"] = r.status_code
         result["etag"] = r.headers.get("etag")
-        result["waited_s"] = time.monotonic() - started
 
     thread = threading.Thread(target=poll)
     thread.start()
@@ -108,17 +107,15 @@ def test_long_poll_wakes_on_a_new_version(ready_job: Job) -> None:
         json={"kind": "max-slowdown", "factor": 1.1},
         headers=ready_job.auth,
     )
-    thread.join(30)
+    thread.join(60)
     assert result["status"] == 200
     assert result["etag"] == '"2"'
-    assert result["waited_s"] < 20
 
 
 def test_long_poll_times_out_with_304(ready_job: Job) -> None:
-    started = time.monotonic()
     r = ready_job.wait_plan(etag='"1"', wait_s=0.3)
     assert r.status_code == 304
-    assert time.monotonic() - started >= 0.25
+    assert r.headers["etag"] == '"1"'
 
 
 @pytest.mark.parametrize(
@@ -277,6 +274,16 @@ def test_interleaved_plans_carry_chunks(client: TestClient, example_rows: Profil
     plan = job.wait_plan().json()
     assert len(plan["instructions"]) == 2 * 4 * 2
     assert {i["chunk"] for i in plan["instructions"]} == {0, 1}
+    PlanResponse.model_validate_json(job.wait_plan().content, strict=True)
+
+
+def test_plan_bytes_are_a_strict_plan_response(ready_job: Job) -> None:
+    for rank in range(ready_job.stages * ready_job.data_parallel):
+        r = ready_job.wait_plan(rank=rank)
+        plan = PlanResponse.model_validate_json(r.content, strict=True)
+        assert r.headers["etag"] == f'"{plan.version}"'
+        assert all(i.chunk is None for i in plan.instructions)
+        assert b'"chunk"' not in r.content  # absent, not null, without chunks
 
 
 def test_tensor_parallel_ranks_share_their_stage_plan(
@@ -612,7 +619,13 @@ def test_invalid_json_is_422(client: TestClient) -> None:
 
 
 def test_bad_plan_query_is_422(ready_job: Job) -> None:
-    for params in ({"rank": -1}, {"rank": 0, "wait_s": -1}, {}, {"rank": 0, "wait_s": "inf"}):
+    for params in (
+        {"rank": -1},
+        {"rank": 0, "wait_s": -1},
+        {},
+        {"rank": 0, "wait_s": "inf"},
+        {"rank": 0, "wait": 30},
+    ):
         r = ready_job.client.get(ready_job.url("/plan"), params=params, headers=ready_job.auth)
         assert r.status_code == 422, params
 
@@ -688,3 +701,105 @@ def test_metrics_count_requests_jobs_and_planning(ready_job: Job) -> None:
     assert 'perseus_jobs{state="ready"} 1' in text
     assert 'perseus_planning_seconds_count{outcome="ok"} 1' in text
     assert "perseus_http_request_duration_seconds_bucket" in text
+
+
+# ----------------------------------------------------------------------------- strict numbers
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"stages": "2"}, "stages"),
+        ({"stages": 2.0}, "stages"),
+        ({"stages": True}, "stages"),
+        ({"p_block_w": True}, "p_block_w"),
+        ({"p_block_w": "100"}, "p_block_w"),
+        ({"auto_straggler": 1}, "auto_straggler"),
+        ({"straggler_window": 5.0}, "straggler_window"),
+        ({"policy": {"kind": "zeus-cost", "eta": False}}, "policy"),
+    ],
+)
+def test_job_numbers_are_strict(client: TestClient, change: dict[str, Any], field: str) -> None:
+    body: dict[str, Any] = {
+        "schedule": "1f1b",
+        "stages": 4,
+        "microbatches": 4,
+        "data_parallel": 2,
+        "tensor_parallel": 1,
+    }
+    body.update(change)
+    r = client.post("/v1/jobs", json=body)
+    assert r.status_code == 422, r.text
+    assert field in [err["loc"][1] for err in r.json()["detail"]]
+
+
+def test_rank_profile_and_iteration_numbers_are_strict(ready_job: Job) -> None:
+    client, auth = ready_job.client, ready_job.auth
+    registration = _rank(stage=0)
+    for change in ({"tensor_parallel_rank": False}, {"rank": 0.0}, {"stage": "0"}):
+        r = client.post(ready_job.url("/ranks"), json={**registration, **change}, headers=auth)
+        assert r.status_code == 422, change
+    iteration = {"rank": 0, "iteration": 1, "time_s": 1.0, "energy_j": 1.0}
+    for change in (
+        {"time_s": True},
+        {"time_s": "1.0"},
+        {"plan_version": False},
+        {"iteration": 1.0},
+        {"energy_j": None},
+    ):
+        r = client.post(ready_job.url("/iterations"), json={**iteration, **change}, headers=auth)
+        assert r.status_code == 422, change
+    assert client.post(ready_job.url("/iterations"), json=iteration, headers=auth).is_success
+    row = {"instruction": "forward", "frequency_mhz": 1000, "time_s": True, "energy_j": 1.0}
+    r = client.post(
+        ready_job.url("/profiles"), json={"rank": 0, "stage": 0, "rows": [row, row]}, headers=auth
+    )
+    assert r.status_code == 422
+    for body in ({"slowdown": True}, {"iteration_time_s": "2"}):
+        assert client.put(ready_job.url("/straggler"), json=body, headers=auth).status_code == 422
+
+
+# ----------------------------------------------------------------------------- hosts
+
+
+def test_reports_from_another_host_are_logged_once(
+    ready_job: Job, caplog: pytest.LogCaptureFixture
+) -> None:
+    # TestClient's requests come from "testclient"; re-register rank 1 as if from elsewhere.
+    service = ready_job.client.app.state.perseus.service  # type: ignore[attr-defined]
+    service.jobs.register_rank(
+        ready_job.job_id,
+        RankRegistration.model_validate(_rank(rank=1, stage=1)),
+        "10.0.0.7",
+    )
+    ready_job.client.app.state.perseus.heads.forget(ready_job.job_id)  # type: ignore[attr-defined]
+    with caplog.at_level("WARNING", logger="perseus.server"):
+        for iteration in range(3):
+            r = ready_job.client.post(
+                ready_job.url("/iterations"),
+                json={"rank": 1, "iteration": iteration, "time_s": 1.0, "energy_j": 1.0},
+                headers=ready_job.auth,
+            )
+            assert r.status_code == 200
+    warnings = [rec for rec in caplog.records if "10.0.0.7" in rec.getMessage()]
+    assert len(warnings) == 1
+    assert "testclient" in warnings[0].getMessage()
+
+
+# ----------------------------------------------------------------------------- planning work
+
+
+def test_a_job_too_large_to_plan_is_refused_when_its_profile_arrives(
+    client: TestClient, example_rows: ProfileRows
+) -> None:
+    job = create_job(client, microbatches=32_768, data_parallel=1)
+    job.register_all(clocks_of(example_rows))
+    r = client.post(
+        job.url("/profiles"),
+        json={"rank": 0, "stage": 0, "rows": example_rows[0]},
+        headers=job.auth,
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "PlanningTooLarge"
+    assert "planning_max_cells" in r.text
+    assert job.view()["counts"]["profiles_reported"] == 0

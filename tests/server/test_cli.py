@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import socket
+from pathlib import Path
 
 import pytest
 
-from perseus.server.cli import add_serve_arguments, run_serve
+from perseus.server.cli import add_serve_arguments, bind_socket, run_serve, serve_settings
 from perseus.server.settings import DEFAULT_DATABASE, Settings
 
 
@@ -36,7 +39,7 @@ def test_environment_then_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PERSEUS_WORKERS", "3")
     monkeypatch.setenv("PERSEUS_ADMIN_TOKEN", "s3cr3t-value")
     args = _parse("--port", "9001", "--database", "postgresql+psycopg://u:p@h/db")
-    settings = Settings(**{k: v for k, v in vars(args).items() if v is not None})
+    settings = serve_settings(args)
     assert settings.port == 9001
     assert settings.workers == 3
     assert settings.database == "postgresql+psycopg://u:p@h/db"
@@ -58,3 +61,64 @@ def test_polish_seconds_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("PERSEUS_POLISH_S", "-1")
     with pytest.raises(ValueError, match="polish_s"):
         Settings()
+
+
+def _start_fails(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert run_serve(_parse(*argv)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err  # one line, no traceback
+    return err
+
+
+def test_a_busy_port_creates_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    database = tmp_path / "perseus.db"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        err = _start_fails(capsys, "--port", str(port), "--database", f"sqlite:///{database}")
+    assert "in use" in err and "--port" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("not a url", "not a database URL"),
+        ("mysql://u:secret@h/db", "unsupported database"),
+        ("sqlite:////nonexistent-dir/sub/perseus.db", "cannot create or write the SQLite"),
+        ("postgresql+psycopg://u:secret@127.0.0.1:1/db", "cannot reach PostgreSQL"),
+    ],
+)
+def test_database_problems_are_one_line(
+    url: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _start_fails(capsys, "--port", "0", "--database", url)
+    assert says in err
+    assert "secret" not in err
+
+
+def test_the_listening_socket_gives_connections_tcp_nodelay() -> None:
+    """Without TCP_NODELAY every response written in two parts waited 40 ms (delayed ACK)."""
+
+    async def accepted_nodelay() -> int:
+        sock = bind_socket("127.0.0.1", 0)
+        sock.listen()
+        seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                accepted = transport.get_extra_info("socket")
+                seen.set_result(accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        server = await asyncio.get_running_loop().create_server(Probe, sock=sock)
+        port = sock.getsockname()[1]
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            return await asyncio.wait_for(seen, 5)
+        finally:
+            writer.close()
+            server.close()
+
+    assert asyncio.run(accepted_nodelay()) != 0

@@ -28,7 +28,7 @@ def _read_back(text: str, tmp_path: Path) -> Profile:
 def _server_merge(client: TestClient, job: Job) -> Profile:
     """What planning would merge, by the server's own code path."""
     service = client.app.state.perseus.service  # type: ignore[attr-defined]
-    return merged_profile(service.planning_input(job.job_id))
+    return merged_profile(service.lease.planning_input(job.job_id))
 
 
 def test_csv_reads_back_equal_to_the_merged_profile(

@@ -20,9 +20,10 @@ from perseus.schemas import (
     ProfileReport,
     ProfileRow,
     RankRegistration,
+    StragglerView,
 )
-from perseus.server.jobs import JobService
 from perseus.server.planning import plan_frontier
+from perseus.server.service import JobService
 from perseus.server.store import FrontierRow, ProfileRecord, RankRow, Store, normalize_database_url
 
 from .conftest import ProfileRows, clocks_of
@@ -60,7 +61,7 @@ def _spec(**change: object) -> JobCreate:
 def _register(service: JobService, job_id: str, spec: JobCreate, clocks: list[int]) -> None:
     for dp in range(spec.data_parallel):
         for stage in range(spec.stages):
-            service.register_rank(
+            service.jobs.register_rank(
                 job_id,
                 RankRegistration(
                     rank=dp * spec.stages + stage,
@@ -82,7 +83,7 @@ def _report(service: JobService, job_id: str, spec: JobCreate, rows: ProfileRows
                 stage=stage,
                 rows=[ProfileRow.model_validate(r) for r in rows[stage]],
             )
-            _, _, claimed = service.add_profile(job_id, report)
+            _, _, claimed = service.lease.add_profile(job_id, report)
     return claimed
 
 
@@ -94,15 +95,18 @@ def test_schema_creation_is_idempotent(store: Store) -> None:
 
 def test_job_rows_round_trip_and_update(store: Store) -> None:
     service = JobService(store, clock=Clock())
-    _, row = service.create_job(_spec(name="ünïcode ✓"))
-    assert service.get_job(row.id) == row
+    _, row = service.jobs.create(_spec(name="ünïcode ✓"))
+    assert service.jobs.get(row.id) == row
     changed = dataclasses.replace(
-        row, state="failed", reason="why", straggler={"slowdown": 1.5, "data_parallel_ranks": [1]}
+        row,
+        state="failed",
+        reason="why",
+        straggler=StragglerView(slowdown=1.5, data_parallel_ranks=[1]),
     )
     with store.write() as tx:
         tx.save_job(changed)
-    assert service.get_job(row.id) == changed
-    assert service.count_jobs_by_state() == {"failed": 1}
+    assert service.jobs.get(row.id) == changed
+    assert service.jobs.count_by_state() == {"failed": 1}
 
 
 def test_list_is_ordered_and_paged(store: Store) -> None:
@@ -111,14 +115,14 @@ def test_list_is_ordered_and_paged(store: Store) -> None:
     ids = []
     for i in range(5):
         clock.now_s += 1
-        ids.append(service.create_job(_spec(name=f"j{i}"))[1].id)
-    assert [j.job_id for j in service.list_jobs(100, 0)] == ids
-    assert [j.job_id for j in service.list_jobs(2, 1)] == ids[1:3]
+        ids.append(service.jobs.create(_spec(name=f"j{i}"))[1].id)
+    assert [j.job_id for j in service.jobs.list(100, 0)] == ids
+    assert [j.job_id for j in service.jobs.list(2, 1)] == ids[1:3]
 
 
 def test_ranks_profiles_frontiers_and_delete(store: Store) -> None:
     service = JobService(store)
-    _, job = service.create_job(_spec())
+    _, job = service.jobs.create(_spec())
     rank = RankRow(job.id, 3, 1, 0, 0, "H200", (1980, 1000), 1.0)
     rows = (("forward", 1980, 0.1, 10.0), ("backward", 1980, 0.2, 20.0))
     with store.write() as tx:
@@ -148,7 +152,7 @@ def test_ranks_profiles_frontiers_and_delete(store: Store) -> None:
 
 def test_one_rank_per_coordinate_is_enforced_by_the_database(store: Store) -> None:
     service = JobService(store)
-    _, job = service.create_job(_spec())
+    _, job = service.jobs.create(_spec())
     with pytest.raises(IntegrityError), store.write() as tx:
         tx.put_rank(RankRow(job.id, 0, 1, 0, 0, "H200", (1000,), 1.0), new=True)
         tx.put_rank(RankRow(job.id, 1, 1, 0, 0, "H200", (1000,), 1.0), new=True)
@@ -159,10 +163,10 @@ def test_one_rank_per_coordinate_is_enforced_by_the_database(store: Store) -> No
 def test_concurrent_registrations_count_exactly(store: Store) -> None:
     service = JobService(store)
     spec = _spec(stages=8, data_parallel=4)
-    _, job = service.create_job(spec)
+    _, job = service.jobs.create(spec)
 
     def register(rank: int) -> None:
-        service.register_rank(
+        service.jobs.register_rank(
             job.id,
             RankRegistration(
                 rank=rank,
@@ -176,7 +180,7 @@ def test_concurrent_registrations_count_exactly(store: Store) -> None:
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(register, range(32)))
-    row = service.get_job(job.id)
+    row = service.jobs.get(job.id)
     assert row.ranks_registered == 32
     assert row.state == "profiling"
 
@@ -185,10 +189,10 @@ def test_exactly_one_server_claims_planning(store: Store, example_rows: ProfileR
     a = JobService(store, owner="a")
     b = JobService(store, owner="b")
     spec = _spec()
-    _, job = a.create_job(spec)
+    _, job = a.jobs.create(spec)
     _register(a, job.id, spec, clocks_of(example_rows))
     for stage in range(4):  # one replica: enough to plan on request, not by itself
-        a.add_profile(
+        a.lease.add_profile(
             job.id,
             ProfileReport(
                 rank=stage,
@@ -196,14 +200,14 @@ def test_exactly_one_server_claims_planning(store: Store, example_rows: ProfileR
                 rows=[ProfileRow.model_validate(r) for r in example_rows[stage]],
             ),
         )
-    assert a.get_job(job.id).state == "profiling"
+    assert a.jobs.get(job.id).state == "profiling"
     barrier = threading.Barrier(2)
     outcomes: dict[str, str] = {}
 
     def claim(service: JobService) -> None:
         barrier.wait()
         try:
-            service.claim_planning(job.id)
+            service.lease.claim_planning(job.id)
             outcomes[service.owner] = "claimed"
         except JobStateError:
             outcomes[service.owner] = "refused"
@@ -217,7 +221,7 @@ def test_exactly_one_server_claims_planning(store: Store, example_rows: ProfileR
     winner = a if outcomes["a"] == "claimed" else b
     loser = b if winner is a else a
     assert store_row_owner(store, job.id) == winner.owner
-    assert loser.finish_planning(job.id, "{}", 1.0) is None  # not its job: ignored unread
+    assert loser.lease.finish_planning(job.id, "{}", 1.0) is None  # not its job: ignored unread
 
 
 def store_row_owner(store: Store, job_id: str) -> str | None:
@@ -234,27 +238,27 @@ def test_full_flow_and_takeover_after_a_missed_heartbeat(
     a = JobService(store, owner="a", clock=clock)
     b = JobService(store, owner="b", clock=clock)
     spec = _spec()
-    _, job = a.create_job(spec)
+    _, job = a.jobs.create(spec)
     _register(a, job.id, spec, clocks_of(example_rows))
     assert _report(a, job.id, spec, example_rows)
-    assert a.get_job(job.id).state == "planning"
+    assert a.jobs.get(job.id).state == "planning"
     clock.now_s += 2
-    a.heartbeat([job.id])
+    a.lease.heartbeat([job.id])
     clock.now_s += 2
-    assert b.reclaim_stale(lease_s=3.0) == []  # a's heartbeat is fresh
+    assert b.lease.reclaim_stale(lease_s=3.0) == []  # a's heartbeat is fresh
     clock.now_s += 10
-    taken = b.reclaim_stale(lease_s=3.0)
+    taken = b.lease.reclaim_stale(lease_s=3.0)
     assert [row.planning_owner for row in taken] == ["b"]
-    frontier_json = plan_frontier(b.planning_input(job.id)).frontier_json
-    assert a.finish_planning(job.id, frontier_json, 1.0) is None
-    row = b.finish_planning(job.id, frontier_json, 1.0)
+    frontier_json = plan_frontier(b.lease.planning_input(job.id)).frontier_json
+    assert a.lease.finish_planning(job.id, frontier_json, 1.0) is None
+    row = b.lease.finish_planning(job.id, frontier_json, 1.0)
     assert row is not None
     assert (row.state, row.version, row.chosen_index) == ("ready", 1, 0)
     assert len(json.loads(frontier_json)["points"]) > 1
-    _, row = a.set_policy(job.id, MinEnergyPolicy(kind="min-energy"))
+    _, row = a.choices.set_policy(job.id, MinEnergyPolicy(kind="min-energy"))
     assert row.version == 2
     assert row.chosen_index == len(json.loads(frontier_json)["points"]) - 1
-    plan = json.loads(b.render_plan(b.get_job(job.id), 2, False))
+    plan = json.loads(b.plans.render(b.jobs.get(job.id), 2, False))
     assert plan["version"] == 2
     assert len(plan["instructions"]) == 8
 
@@ -274,7 +278,7 @@ def test_database_urls_use_psycopg3(url: str, expected: str) -> None:
 def test_iteration_batches_keep_windows_per_plan_version(store: Store) -> None:
     service = JobService(store)
     spec = _spec(stages=2, data_parallel=1)
-    _, job = service.create_job(spec)
+    _, job = service.jobs.create(spec)
     _register(service, job.id, spec, [1000])
 
     def report(rank: int, iteration: int, time_s: float, plan_version: int | None = None) -> Any:
@@ -282,7 +286,7 @@ def test_iteration_batches_keep_windows_per_plan_version(store: Store) -> None:
             rank=rank, iteration=iteration, time_s=time_s, energy_j=1.0, plan_version=plan_version
         )
 
-    service.record_iterations(
+    service.iterations.record(
         job.id,
         [
             report(0, 1, 1.0),
@@ -302,5 +306,27 @@ def test_iteration_batches_keep_windows_per_plan_version(store: Store) -> None:
     assert windows[0].iterations == 4
     assert windows[1].recent_times_s == ()
     assert windows[1].last_iteration == 1
-    assert service.get_job(job.id).iterations_reported == 5
-    service.record_iterations("0" * 32, [report(0, 1, 1.0)], window=3)  # a deleted job
+    assert service.jobs.get(job.id).iterations_reported == 5
+    service.iterations.record("0" * 32, [report(0, 1, 1.0)], window=3)  # a deleted job
+
+
+def test_a_database_from_before_rank_hosts_gains_the_column(database_url: str) -> None:
+    store = Store(database_url)
+    store.create_schema()
+    with store.write() as tx:
+        tx._conn.exec_driver_sql("ALTER TABLE perseus_ranks DROP COLUMN host")
+    store.create_schema()  # what a newer server does at start
+    service = JobService(store)
+    spec = _spec(stages=1, data_parallel=1)
+    _, job = service.jobs.create(spec)
+    registration = RankRegistration(
+        rank=0,
+        stage=0,
+        data_parallel_rank=0,
+        tensor_parallel_rank=0,
+        gpu_name="H200",
+        supported_clocks_mhz=[1000],
+    )
+    service.jobs.register_rank(job.id, registration, "10.0.0.1")
+    assert service.jobs.rank_layout(job.id) == {0: (0, 0, "10.0.0.1")}
+    store.close()

@@ -1,0 +1,296 @@
+"""Profiles and the planning lease: who computes a job's frontier, and storing it.
+
+The last missing profile claims the job's planning for this process (or a request does,
+once every stage has a profile from each of its tensor-parallel ranks). The claim is a
+lease: the owner renews a heartbeat while it computes, and another process takes over a
+job whose heartbeat went stale (a crashed or restarted server). Only the owner may store
+the frontier or fail the job; a frontier comes with the choice of point, a new plan
+version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+from perseus.errors import InfeasibleDeadline, JobStateError
+from perseus.schemas import ProfileAccepted, ProfileReport
+from perseus.server.decisions import choose
+from perseus.server.jobs import RequestFieldError, existing, stages_profiled
+from perseus.server.planning import (
+    PlanningInput,
+    StoredProfile,
+    check_planning_work,
+    instruction_times,
+)
+from perseus.server.plans import FrontierCache
+from perseus.server.store import FrontierRow, JobRow, ProfileRecord, Store
+from perseus.solver import Frontier, profile_from_rows
+
+__all__ = ["PlanningLease"]
+
+
+class PlanningLease:
+    """Profiles in, frontiers out, and the lease on each job's planning.
+
+    Args:
+        store: the job store.
+        frontiers: where a computed frontier is remembered.
+        owner: this process's identity in planning claims.
+        clock: wall clock in seconds (tests pass a fake one).
+        max_cells: the most planning work a job may imply
+            (:func:`perseus.server.planning.check_planning_work`); None: no limit.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        frontiers: FrontierCache,
+        *,
+        owner: str | None = None,
+        clock: Callable[[], float] = time.time,
+        max_cells: int | None = None,
+    ) -> None:
+        self._store = store
+        self._frontiers = frontiers
+        self.owner = owner or uuid.uuid4().hex
+        self._clock = clock
+        self._max_cells = max_cells
+
+    def _owns(self, job: JobRow | None) -> bool:
+        return job is not None and job.state == "planning" and job.planning_owner == self.owner
+
+    def _claimed(self, job: JobRow, now_s: float) -> JobRow:
+        return dataclasses.replace(
+            job,
+            state="planning",
+            reason=None,
+            planning_owner=self.owner,
+            planning_heartbeat_s=now_s,
+            updated_at_s=now_s,
+        )
+
+    def add_profile(
+        self, job_id: str, report: ProfileReport
+    ) -> tuple[ProfileAccepted, JobRow, bool]:
+        """Store a rank's profile; the last missing one claims the job's planning.
+
+        Returns:
+            The reply, the job, and whether this call claimed the job's planning (the
+            caller must then run it).
+
+        Raises:
+            JobNotFound: no such job.
+            JobStateError: the rank has not registered.
+            RequestFieldError, ProfileError: the rows are unusable.
+            PlanningTooLarge: planning the job would be over the work limit (judged from
+                this profile: the whole job's estimate is never smaller).
+        """
+        rows = tuple((r.instruction, r.frequency_mhz, r.time_s, r.energy_j) for r in report.rows)
+        # The solver's own checks (duplicates, both instructions present), on this stage alone.
+        profile_from_rows(((0, *row) for row in rows), source="request")
+        with self._store.write() as tx:
+            job = existing(tx, job_id)
+            rank = tx.rank(job_id, report.rank)
+            if rank is None:
+                raise JobStateError(f"rank {report.rank} has not registered")
+            if report.stage != rank.stage:
+                raise RequestFieldError(
+                    ("body", "stage"), f"rank {rank.rank} is registered for stage {rank.stage}"
+                )
+            clocks = set(rank.supported_clocks_mhz)
+            for i, row in enumerate(rows):
+                if row[1] not in clocks:
+                    raise RequestFieldError(
+                        ("body", "rows", i, "frequency_mhz"),
+                        f"{row[1]} MHz is not among rank {rank.rank}'s supported clocks",
+                    )
+            if self._max_cells is not None:
+                check_planning_work(
+                    stages=job.spec.stages,
+                    microbatches=job.spec.microbatches,
+                    virtual_stages=job.spec.virtual_stages,
+                    times=instruction_times(report.stage, rows),
+                    resolution_s=job.spec.resolution_s,
+                    max_cells=self._max_cells,
+                )
+            now_s = self._clock()
+            is_new = not tx.has_profile(job_id, report.rank)
+            tx.put_profile(
+                ProfileRecord(job_id, report.rank, report.stage, rows, report.p_block_w, now_s),
+                new=is_new,
+            )
+            job = dataclasses.replace(
+                job, profiles_reported=job.profiles_reported + int(is_new), updated_at_s=now_s
+            )
+            claimed = job.state in ("registering", "profiling") and (
+                job.profiles_reported == job.spec.world_size
+            )
+            if claimed:
+                job = self._claimed(job, now_s)
+            tx.save_job(job)
+        reply = ProfileAccepted(
+            rank=report.rank,
+            state=job.state,
+            profiles_reported=job.profiles_reported,
+            planning=claimed,
+        )
+        return reply, job, claimed
+
+    def claim_planning(self, job_id: str) -> JobRow:
+        """Start (or restart) planning on request.
+
+        Raises:
+            JobNotFound: no such job.
+            JobStateError: planning is already running, or a stage lacks profiles.
+        """
+        with self._store.write() as tx:
+            job = existing(tx, job_id)
+            if job.state == "planning":
+                raise JobStateError(f"job {job_id} is already planning")
+            profiled = stages_profiled(job.spec, tx.profiled_coverage(job_id))
+            missing = [stage for stage, done in enumerate(profiled) if not done]
+            if missing:
+                shown = ", ".join(str(s) for s in missing[:16])
+                raise JobStateError(
+                    f"stages {shown}{' ...' if len(missing) > 16 else ''} lack a profile "
+                    "from some tensor-parallel rank"
+                )
+            job = self._claimed(job, self._clock())
+            tx.save_job(job)
+        return job
+
+    def reclaim_stale(self, lease_s: float) -> list[JobRow]:
+        """Take over planning jobs whose owner stopped sending heartbeats."""
+        now_s = self._clock()
+        with self._store.read() as tx:
+            stale = tx.stale_planning_jobs(now_s - lease_s)
+        claimed = []
+        for job_id in stale:
+            with self._store.write() as tx:
+                job = tx.job(job_id)
+                if job is None or job.state != "planning":
+                    continue
+                if (
+                    job.planning_heartbeat_s is not None
+                    and job.planning_heartbeat_s >= now_s - lease_s
+                ):
+                    continue
+                job = self._claimed(job, now_s)
+                tx.save_job(job)
+            claimed.append(job)
+        return claimed
+
+    def heartbeat(self, job_ids: Sequence[str]) -> None:
+        """Tell other processes this one still computes these jobs."""
+        with self._store.write() as tx:
+            tx.heartbeat(self.owner, job_ids, self._clock())
+
+    def planning_input(self, job_id: str) -> PlanningInput:
+        """Everything a worker process needs to compute the job's frontier.
+
+        Read after the claim, outside its transaction: loading every profile takes a while
+        and must not hold the job's lock.
+
+        Raises:
+            JobNotFound: no such job.
+        """
+        with self._store.read() as tx:
+            job = existing(tx, job_id)
+            layout = tx.rank_layout(job_id)
+            texts = tx.profile_texts(job_id)
+        spec = job.spec
+        profiles = tuple(
+            StoredProfile(stage, layout[rank][1], layout[rank][2], rows_json, p_block_w)
+            for rank, stage, rows_json, p_block_w in texts
+            if rank in layout
+        )
+        return PlanningInput(
+            job_id=job.id,
+            schedule=spec.schedule,
+            stages=spec.stages,
+            microbatches=spec.microbatches,
+            virtual_stages=spec.virtual_stages,
+            tensor_parallel=spec.tensor_parallel,
+            p_block_w=spec.p_block_w,
+            resolution_s=spec.resolution_s,
+            profiles=profiles,
+        )
+
+    def finish_planning(
+        self,
+        job_id: str,
+        frontier_json: str,
+        planning_s: float,
+        frontier: Frontier | None = None,
+    ) -> JobRow | None:
+        """Store a computed frontier and choose the plan; a new plan version.
+
+        Returns:
+            The job, or None when this process no longer owns the job's planning (it was
+            deleted, or taken over after a missed heartbeat).
+
+        Raises:
+            PlanError: the frontier JSON is invalid.
+        """
+        with self._store.read() as tx:
+            if not self._owns(tx.job(job_id)):
+                return None
+        if frontier is None:
+            frontier = Frontier.from_json(json.loads(frontier_json))  # outside the lock
+        with self._store.write() as tx:
+            job = tx.job(job_id)
+            if job is None or not self._owns(job):
+                return None
+            rev = job.frontier_rev + 1
+            tx.put_frontier(FrontierRow(job_id, rev, frontier_json))
+            job = dataclasses.replace(
+                job,
+                frontier_rev=rev,
+                version=job.version + 1,
+                planning_owner=None,
+                planning_heartbeat_s=None,
+                planning_s=planning_s,
+                updated_at_s=self._clock(),
+            )
+            try:
+                choice = choose(frontier, job.policy, job.straggler)
+            except InfeasibleDeadline as exc:
+                job = dataclasses.replace(
+                    job,
+                    state="failed",
+                    reason=f"policy: {exc}",
+                    policy_index=None,
+                    chosen_index=None,
+                )
+            else:
+                job = dataclasses.replace(
+                    job,
+                    state="ready",
+                    reason=None,
+                    policy_index=choice.policy_index,
+                    chosen_index=choice.chosen_index,
+                )
+            tx.save_job(job)
+        self._frontiers.put(job_id, rev, frontier)
+        return job
+
+    def fail_planning(self, job_id: str, reason: str) -> JobRow | None:
+        """Mark the job failed with ``reason`` if this process still owns its planning."""
+        with self._store.write() as tx:
+            job = tx.job(job_id)
+            if job is None or not self._owns(job):
+                return None
+            job = dataclasses.replace(
+                job,
+                state="failed",
+                reason=reason,
+                planning_owner=None,
+                planning_heartbeat_s=None,
+                updated_at_s=self._clock(),
+            )
+            tx.save_job(job)
+        return job

@@ -1,0 +1,238 @@
+"""Plans as ranks fetch them: parsed frontiers and rendered plans, cached per process.
+
+A plan is rendered by its wire model, :class:`perseus.schemas.PlanResponse`, once per job
+version, stage and role (the straggler replica keeps the policy point), and served as
+bytes from then on. Frontiers are parsed from the store once per revision.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+
+from perseus.errors import PlanError, PlanNotReady
+from perseus.schemas import (
+    Baseline,
+    ChosenPoint,
+    FrontierPoint,
+    FrontierView,
+    PlanResponse,
+    PlanVersion,
+)
+from perseus.server.decisions import Choice, expected
+from perseus.server.store import JobRow, Store
+from perseus.solver import Frontier
+
+__all__ = ["FrontierCache", "Plans", "choice_of", "has_plan", "not_ready", "render_plan"]
+
+
+def has_plan(job: JobRow) -> bool:
+    """Whether the job has plans at its version (a frontier and a chosen point)."""
+    return job.frontier_rev > 0 and job.policy_index is not None and job.chosen_index is not None
+
+
+def choice_of(job: JobRow) -> Choice | None:
+    """The points the job's plans follow, once it has a frontier and a chosen point."""
+    if job.policy_index is None or job.chosen_index is None or not job.frontier_rev:
+        return None
+    return Choice(job.policy_index, job.chosen_index)
+
+
+def not_ready(job: JobRow) -> PlanNotReady:
+    """The error for a job without a plan at its version."""
+    if job.state == "failed":
+        return PlanNotReady(f"job {job.id} failed: {job.reason}", job.state)
+    return PlanNotReady(f"not ready yet: job {job.id} is {job.state}", job.state)
+
+
+def render_plan(job: JobRow, frontier: Frontier, stage: int, straggler_replica: bool) -> bytes:
+    """The plan of one stage at the job's version, as the JSON of :class:`PlanResponse`.
+
+    Args:
+        job: the job as read (its version and chosen point).
+        frontier: the job's frontier at ``job.frontier_rev``.
+        stage: the rank's stage.
+        straggler_replica: the rank's replica is the detected straggler; it keeps the
+            policy point while the others follow the straggler.
+
+    Raises:
+        PlanNotReady: there is no plan at this version.
+
+    Complexity: O(instructions of the stage).
+    """
+    choice = choice_of(job)
+    if choice is None:
+        raise not_ready(job)
+    point = frontier.point(choice.policy_index if straggler_replica else choice.chosen_index)
+    interleaved = frontier.schedule.virtual_stages > 1
+    plan = PlanResponse.model_validate(
+        {
+            "job_id": job.id,
+            "version": job.version,
+            "stage": stage,
+            "time_s": float(point.time_s),
+            "energy_j": float(point.energy_j),
+            "instructions": [
+                {
+                    "instruction": ins.kind,
+                    "microbatch": ins.microbatch,
+                    "chunk": ins.chunk if interleaved else None,
+                    "frequency_mhz": int(freq),
+                }
+                for ins, freq in zip(
+                    frontier.schedule.order[stage], point.frequencies_mhz[stage], strict=True
+                )
+            ],
+        }
+    )
+    # chunk is the one optional field: absent for schedules without chunks.
+    return plan.model_dump_json(exclude_none=True).encode()
+
+
+class FrontierCache:
+    """Each job's frontier, parsed from the store once per revision (least recently used out).
+
+    Thread-safe: the web layer reads it from the thread pool.
+    """
+
+    def __init__(self, store: Store, size: int = 16) -> None:
+        self._store = store
+        self._size = size
+        self._lock = threading.Lock()
+        self._frontiers: OrderedDict[tuple[str, int], Frontier] = OrderedDict()
+
+    def get(self, job_id: str, rev: int) -> Frontier:
+        """The job's frontier at revision ``rev``.
+
+        Raises:
+            PlanError: the stored frontier is missing, replaced meanwhile, or invalid.
+        """
+        with self._lock:
+            frontier = self._frontiers.get((job_id, rev))
+        if frontier is not None:
+            return frontier
+        with self._store.read() as tx:
+            row = tx.frontier(job_id)
+        if row is None or row.rev != rev:
+            # A newer computation replaced it meanwhile; callers re-read the job.
+            raise PlanError(f"job {job_id}: frontier revision {rev} is no longer stored")
+        frontier = Frontier.from_json(json.loads(row.data))
+        self.put(job_id, rev, frontier)
+        return frontier
+
+    def of(self, job: JobRow) -> Frontier | None:
+        """The job's current frontier, if it has one.
+
+        Raises:
+            PlanError: as :meth:`get`.
+        """
+        return self.get(job.id, job.frontier_rev) if job.frontier_rev else None
+
+    def put(self, job_id: str, rev: int, frontier: Frontier) -> None:
+        with self._lock:
+            self._frontiers[(job_id, rev)] = frontier
+            self._frontiers.move_to_end((job_id, rev))
+            while len(self._frontiers) > self._size:
+                self._frontiers.popitem(last=False)
+
+    def forget(self, job_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._frontiers if k[0] == job_id]:
+                del self._frontiers[key]
+
+
+class Plans:
+    """Rendered plans (bytes) per job version, stage and role; and the views of the choice.
+
+    Args:
+        frontiers: the frontier cache.
+        cache_size: rendered plans kept (least recently rendered out).
+    """
+
+    def __init__(self, frontiers: FrontierCache, cache_size: int = 4096) -> None:
+        self._frontiers = frontiers
+        self._size = cache_size
+        self._lock = threading.Lock()
+        self._plans: OrderedDict[tuple[str, int, int, bool], bytes] = OrderedDict()
+
+    def cached(self, job: JobRow, stage: int, straggler_replica: bool) -> bytes | None:
+        """The rendered plan if this process has it (no I/O; safe on the event loop)."""
+        return self._plans.get((job.id, job.version, stage, straggler_replica))
+
+    def render(self, job: JobRow, stage: int, straggler_replica: bool) -> bytes:
+        """The plan of one stage at the job's version (see :func:`render_plan`), cached.
+
+        Raises:
+            PlanNotReady: there is no plan at this version.
+            PlanError: the frontier was replaced meanwhile (re-read the job).
+        """
+        key = (job.id, job.version, stage, straggler_replica)
+        body = self._plans.get(key)
+        if body is not None:
+            return body
+        if choice_of(job) is None:
+            raise not_ready(job)
+        body = render_plan(
+            job, self._frontiers.get(job.id, job.frontier_rev), stage, straggler_replica
+        )
+        with self._lock:
+            self._plans[key] = body
+            while len(self._plans) > self._size:
+                self._plans.popitem(last=False)
+        return body
+
+    def forget(self, job_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._plans if k[0] == job_id]:
+                del self._plans[key]
+
+    def chosen(self, job: JobRow, frontier: Frontier | None) -> ChosenPoint | None:
+        """The point the plans follow now, with what a straggler makes of it."""
+        choice = choice_of(job)
+        if frontier is None or choice is None:
+            return None
+        index = choice.chosen_index
+        expected_s, expected_j = expected(frontier, choice, job.straggler)
+        return ChosenPoint(
+            index=index,
+            time_s=float(frontier.times_s[index]),
+            energy_j=float(frontier.energies_j[index]),
+            gap=float(frontier.gaps[index]),
+            expected_iteration_time_s=expected_s,
+            expected_energy_j=expected_j,
+        )
+
+    def version(self, job: JobRow) -> PlanVersion:
+        """The reply to a change of policy or straggler."""
+        return PlanVersion(
+            version=job.version,
+            state=job.state,
+            chosen=self.chosen(job, self._frontiers.of(job)),
+        )
+
+    def frontier_view(self, job: JobRow) -> FrontierView:
+        """The frontier's points and baselines.
+
+        Raises:
+            PlanNotReady: there is no frontier, or no plan at this version.
+        """
+        choice = choice_of(job)
+        if choice is None:
+            raise not_ready(job)
+        frontier = self._frontiers.get(job.id, job.frontier_rev)
+        return FrontierView(
+            version=job.version,
+            points=[
+                FrontierPoint(time_s=float(t), energy_j=float(e), gap=float(g))
+                for t, e, g in zip(
+                    frontier.times_s, frontier.energies_j, frontier.gaps, strict=True
+                )
+            ],
+            baselines={
+                name: Baseline(time_s=b.time_s, energy_j=b.energy_j)
+                for name, b in frontier.baselines.items()
+            },
+            policy_index=choice.policy_index,
+            chosen_index=choice.chosen_index,
+        )

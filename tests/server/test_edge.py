@@ -1,0 +1,225 @@
+"""The connection and request edge: head timeout, connection cap, token before body, the
+documented error shape, log redaction. Real uvicorn on loopback where sockets matter."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+
+from perseus.client.planner import KEEPALIVE_EXPIRY_S
+from perseus.server.app import create_app
+from perseus.server.edge import AccessLogFilter, EdgeConfig, redact_query
+from perseus.server.settings import Settings
+
+from .conftest import Job, create_job
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server with a 0.3 s head timeout and at most 16 connections: ``{url, port, job}``."""
+    database = tmp_path_factory.mktemp("edge") / "perseus.db"
+    app = create_app(Settings(database=f"sqlite:///{database}", warm_planner=False))
+    port = _free_port()
+    config = EdgeConfig(
+        app, host="127.0.0.1", port=port, log_level="error", header_timeout_s=0.3,
+        max_connections=16,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{port}"
+    spec = {"schedule": "1f1b", "stages": 2, "microbatches": 2, "data_parallel": 1,
+            "tensor_parallel": 1}  # fmt: skip
+    created = httpx.post(f"{url}/v1/jobs", json=spec).json()
+    yield {"url": url, "port": port, "job_id": created["job_id"], "token": created["token"]}
+    server.should_exit = True
+    thread.join(30)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1024) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_a_silent_connection_is_closed_after_the_head_timeout(edge: dict[str, Any]) -> None:
+    with socket.create_connection(("127.0.0.1", edge["port"])) as sock:
+        assert _closed_within(sock, 3.0)
+
+
+def test_a_trickled_head_is_closed_too(edge: dict[str, Any]) -> None:
+    with socket.create_connection(("127.0.0.1", edge["port"])) as sock:
+        for piece in (b"GET /healthz HTTP/1.1\r\n", b"Host: x\r\n"):
+            sock.sendall(piece)
+            time.sleep(0.2)
+        assert _closed_within(sock, 3.0)
+
+
+def test_a_kept_alive_connection_outlives_the_head_timeout(edge: dict[str, Any]) -> None:
+    with httpx.Client(base_url=edge["url"]) as c:
+        assert c.get("/healthz").status_code == 200
+        time.sleep(0.6)  # longer than the head timeout, shorter than the keep-alive
+        assert c.get("/healthz").status_code == 200
+
+
+def test_past_the_cap_idle_connections_make_room(edge: dict[str, Any]) -> None:
+    idle = [socket.create_connection(("127.0.0.1", edge["port"])) for _ in range(40)]
+    try:
+        started = time.perf_counter()
+        assert httpx.get(f"{edge['url']}/healthz", timeout=2).status_code == 200
+        assert time.perf_counter() - started < 1.0
+        closed = sum(_closed_within(sock, 0.05) for sock in idle[:20])
+        assert closed == 20  # the oldest went first
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_a_body_is_not_read_before_the_token_is_checked(edge: dict[str, Any]) -> None:
+    # Declares a 1 MB body and sends none: only a server that answers before reading it
+    # replies at all.
+    head = (
+        f"POST /v1/jobs/{edge['job_id']}/profiles HTTP/1.1\r\nHost: x\r\n"
+        "Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", edge["port"])) as sock:
+        sock.sendall(head.encode())
+        sock.settimeout(2.0)
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 401")
+    assert b"connection: close" in reply.lower()
+
+
+def test_server_keep_alive_outlasts_the_client_pool() -> None:
+    assert Settings().keep_alive_s > KEEPALIVE_EXPIRY_S + 5
+
+
+def test_default_body_cap_fits_the_largest_profile_report(client: TestClient) -> None:
+    row = {"instruction": "backward", "frequency_mhz": 100000,
+           "time_s": 1.2345678901234567e-05, "energy_j": 1.2345678901234567e-05}  # fmt: skip
+    body = httpx.Request("POST", "http://x", json={"rank": 131071, "stage": 1023,
+                         "rows": [row] * 10_000, "p_block_w": 123456.78901234567})  # fmt: skip
+    size = len(body.read())
+    cap = Settings().max_body_bytes
+    assert size * 1.5 < cap < size * 2
+
+
+# -- the documented error shape --------------------------------------------------------------
+
+
+def _is_error(body: Any, status: int) -> bool:
+    if not (isinstance(body, dict) and isinstance(body.get("error"), str)):
+        return False
+    if status == 422:
+        return isinstance(body["detail"], list) and all(
+            {"loc", "msg", "type"} <= set(d) for d in body["detail"]
+        )
+    return isinstance(body["detail"], str)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{bad", b'{"rank": "\xff\xfe"}', b"[" * 10_000 + b"]" * 10_000],
+    ids=["invalid", "not-utf8", "deep"],
+)
+def test_undecodable_bodies_are_documented_422s(ready_job: Job, content: bytes) -> None:
+    r = ready_job.client.post(
+        ready_job.url("/profiles"),
+        content=content,
+        headers={**ready_job.auth, "content-type": "application/json"},
+    )
+    assert r.status_code == 422
+    assert _is_error(r.json(), 422)
+
+
+def test_a_request_level_422_has_the_field_shape(ready_job: Job) -> None:
+    r = ready_job.client.put(
+        ready_job.url("/policy"), json={"kind": "deadline", "seconds": 1e-6}, headers=ready_job.auth
+    )
+    assert r.status_code == 422
+    assert r.json()["error"] == "InfeasibleDeadline"
+    assert _is_error(r.json(), 422)
+
+
+def test_router_errors_and_options(client: TestClient) -> None:
+    job = create_job(client)
+    r = client.get("/v1/nothing")
+    assert (r.status_code, r.json()["error"]) == (404, "NotFound")
+    r = client.get("/v1/jobs/")
+    assert r.status_code == 404 and _is_error(r.json(), 404)
+    r = client.patch(job.url(), headers=job.auth)
+    assert r.status_code == 405 and _is_error(r.json(), 405)
+    assert r.headers["allow"] == "DELETE, GET, OPTIONS"
+    r = client.options("/v1/jobs")
+    assert r.status_code == 204
+    assert r.headers["allow"] == "GET, OPTIONS, POST"
+
+
+def test_openapi_documents_the_error_bodies(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    operation = spec["paths"]["/v1/jobs/{job_id}/profiles"]["post"]
+    ref = operation["responses"]["422"]["content"]["application/json"]["schema"]["$ref"]
+    assert ref.endswith("/ValidationErrorBody")
+    assert "error" in spec["components"]["schemas"]["ValidationErrorBody"]["required"]
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+
+
+def test_docs_load_nothing_from_a_cdn(client: TestClient) -> None:
+    page = client.get("/docs").text
+    assert "cdn." not in page and "https://" not in page.split("<script>")[0]
+    assert client.get("/docs/static/swagger-ui-bundle.js").status_code == 200
+
+
+# -- logs ---------------------------------------------------------------------------------------
+
+
+def test_query_strings_keep_only_the_api_parameters() -> None:
+    assert redact_query("/v1/jobs/x/plan?rank=3&token=s3cr3t&wait_s=1") == (
+        "/v1/jobs/x/plan?rank=3&token=***&wait_s=1"
+    )
+    assert redact_query("/healthz") == "/healthz"
+
+
+def _access_record(path: str, status: int) -> logging.LogRecord:
+    return logging.LogRecord(
+        "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5", "GET", path, "1.1", status), None,
+    )  # fmt: skip
+
+
+def test_access_log_redacts_and_demotes_plan_polls() -> None:
+    logger = logging.getLogger("uvicorn.access")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        record = _access_record("/v1/jobs/ab/plan?rank=0&access_token=s3cr3t", 200)
+        assert AccessLogFilter().filter(record) is False  # a poll: debug, not shown at info
+        assert "s3cr3t" not in record.getMessage()
+        record = _access_record("/v1/jobs?token=s3cr3t", 401)
+        assert AccessLogFilter().filter(record) is True
+        assert "s3cr3t" not in record.getMessage()
+    finally:
+        logger.setLevel(level)

@@ -1,0 +1,93 @@
+"""Plan versions across server processes: two apps on one database never send a rank a plan
+older than the version it names, and a change made by one wakes ranks waiting on the other.
+
+Runs on an SQLite file and, when ``PERSEUS_TEST_POSTGRES_URL`` is set, on PostgreSQL
+(where the other process is woken by a notification rather than the poll).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from perseus.server.settings import Settings
+
+from .conftest import Job, ProfileRows, clocks_of, create_job
+
+
+def _two_apps(
+    database_url: str, make_client: Callable[[Settings], TestClient]
+) -> tuple[TestClient, TestClient]:
+    # A long cache TTL: only the version checks, never an expiring cache, can show the
+    # second process the first one's changes.
+    # On PostgreSQL, a poll too slow for the tests: only the notification can wake them.
+    settings = Settings(
+        database=database_url,
+        warm_planner=False,
+        planning_lease_s=3.0,
+        cache_ttl_s=600.0,
+        change_poll_s=0.1 if database_url.startswith("sqlite") else 60.0,
+    )
+    return make_client(settings), make_client(settings)
+
+
+def _ready(client: TestClient, rows: ProfileRows) -> Job:
+    job = create_job(client)
+    job.register_all(clocks_of(rows))
+    job.report_all(rows)
+    assert job.wait_plan().status_code == 200
+    return job
+
+
+def _on(job: Job, client: TestClient) -> Job:
+    return Job(client, job.job_id, job.token, job.stages, job.data_parallel, job.tensor_parallel)
+
+
+def test_no_process_serves_a_plan_older_than_the_rank_has(
+    database_url: str,
+    make_client: Callable[[Settings], TestClient],
+    example_rows: ProfileRows,
+) -> None:
+    a, b = _two_apps(database_url, make_client)
+    job = _ready(a, example_rows)
+    on_b = _on(job, b)
+    assert on_b.wait_plan(wait_s=0).headers["etag"] == '"1"'  # b caches version 1
+    r = a.put(job.url("/policy"), json={"kind": "min-energy"}, headers=job.auth)
+    assert r.json()["version"] == 2
+    # A rank that got version 2 from a asks b: never version 1 back.
+    r = on_b.wait_plan(etag='"2"', wait_s=0)
+    assert r.status_code == 304
+    assert r.headers["etag"] == '"2"'
+    r = on_b.wait_plan(etag='"1"', wait_s=0)
+    assert r.status_code == 200
+    assert r.json()["version"] == 2
+
+
+def test_a_change_on_one_process_wakes_ranks_waiting_on_another(
+    database_url: str,
+    make_client: Callable[[Settings], TestClient],
+    example_rows: ProfileRows,
+) -> None:
+    a, b = _two_apps(database_url, make_client)
+    job = _ready(a, example_rows)
+    on_b = _on(job, b)
+    assert on_b.wait_plan(wait_s=0).headers["etag"] == '"1"'
+    result: dict[str, Any] = {}
+    started = threading.Event()
+
+    def poll() -> None:
+        started.set()
+        r = on_b.wait_plan(etag='"1"', wait_s=300)
+        result["status"] = r.status_code
+        result["etag"] = r.headers.get("etag")
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    started.wait()
+    a.put(job.url("/policy"), json={"kind": "min-energy"}, headers=job.auth)
+    thread.join(120)
+    assert not thread.is_alive()
+    assert result == {"status": 200, "etag": '"2"'}
