@@ -1,90 +1,116 @@
-"""Quality at no slowdown: perseus's saving against the exact optimum (MILP) and its bounds.
+"""Frontier quality at the deadlines users pick, against a 300 s MILP's best plan and bound.
 
-    python benchmarks/quality.py [--time-limit 120] [--polish 30] [--microbatches 12 24]
+    python benchmarks/quality.py [--microbatches 12 24 48 96] [--profiles ...]
 
-For every shared profile (../shared/data/profiles) and microbatch count, 8-stage 1F1B, at the
-all-fastest iteration time: the saving of perseus's no-slowdown point in fast mode (no
-polish), with ``--polish`` seconds of branch and bound (the CLI's and the server's default),
-of the best plan the MILP (scipy.optimize.milp / HiGHS, options that cannot fit the deadline
-removed) finds within the time limit, the MILP's proven bound, and the convex relaxation's
-bound. "pp to bound" is how far perseus's saving is from the best saving the bound allows;
-where the MILP proves optimality, that is the distance to the exact optimum. Savings are
-against the all-fastest plan. The polish has a wall-clock budget, so its column depends on
-the machine's speed and load; everything else is deterministic.
+For every shared profile (../shared/data/profiles) and microbatch count, 8-stage 1F1B, the
+frontier in default mode (``compute_frontier`` with default settings, as ``perseus plan``
+runs it). Savings are against the default plan: every instruction at the profile's highest
+clock, what a GPU left alone runs. At the no-slowdown deadline (the default plan's iteration
+time ``T0``) and at 1.01, 1.02 and 1.05 x ``T0``: the saving of the best frontier point that
+fits, next to the saving of the best plan a single-threaded 300 s HiGHS MILP found at that
+deadline ("MILP") and the most its proven bound allows ("bound"), from
+``benchmarks/data/milp_reference.json`` (made by ``benchmarks/milp_reference_job.py``; "-"
+where absent). Then the minimum-energy point's saving, the largest gap the frontier reports
+(each point's energy against a proven lower bound over the deadlines it serves), the largest
+time step between neighbouring points, and the wall time of ``compute_frontier``. Everything
+but the wall time is deterministic.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
+from typing import Any
 
-from scipy.optimize import milp
-
-from perseus.solver import build_costs, build_dag, compute_frontier, load_profile, make_schedule
-from perseus.solver.programs import ExactProgram, Relaxation
+from perseus.solver import compute_frontier, load_profile, make_schedule, replay
 
 PROFILES = {
     "bloom+a100_sxm_bf16.csv": 83.64,
     "bloom+a40_bf16.csv": 70.38,
     "gpt3-175b+a40_bf16.csv": 70.38,
 }
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "profiles"
-HEADER = (
-    "profile", "M", "fast %", "s", "polished %", "s", "MILP best %", "MILP bound %",
-    "LP bound %", "MILP status", "fast pp to bound", "polished pp to bound",
-)  # fmt: skip
+FACTORS = (1.0, 1.01, 1.02, 1.05)
+HERE = Path(__file__).resolve().parent
+SHARED = HERE.parents[1] / "shared" / "data" / "profiles"
+REFERENCE = HERE / "data" / "milp_reference.json"
 
 
-def _case(
-    name: str, p_block: float, microbatches: int, polish_s: float, limit_s: float
-) -> tuple[str, ...]:
+def _reference() -> dict[tuple[str, int, float], dict[str, Any]]:
+    if not REFERENCE.is_file():
+        return {}
+    rows = json.loads(REFERENCE.read_text())
+    return {(r["profile"], r["microbatches"], r["factor"]): r for r in rows}
+
+
+def _case(name: str, microbatches: int, extra: dict[str, Any]) -> tuple[list[str], float]:
+    power = PROFILES[name]
     profile = load_profile(SHARED / name)
     schedule = make_schedule("1f1b", profile.num_stages, microbatches)
+    top = [
+        [max(o.frequency_mhz for o in profile.stages[g][inst.kind]) for inst in seq]
+        for g, seq in enumerate(schedule.order)
+    ]
+    default = replay(profile, schedule, power, top)
     started = time.perf_counter()
-    fast = compute_frontier(profile, schedule, p_block_w=p_block)
-    fast_s = time.perf_counter() - started
-    started = time.perf_counter()
-    polished = compute_frontier(profile, schedule, p_block_w=p_block, polish_s=polish_s)
-    polished_s = time.perf_counter() - started
-    base = fast.baselines["all_fastest"].energy_j
-    deadline = float(fast.times_s[0])
-    dag = build_dag(schedule)
-    costs = build_costs(profile, schedule, p_block)
-    relaxed = Relaxation(dag, costs).solve(deadline).value_j
-    arguments = ExactProgram(dag, costs).milp_arguments(deadline)
-    result = milp(**arguments, options={"time_limit": limit_s, "mip_rel_gap": 1e-6})
+    frontier = compute_frontier(profile, schedule, p_block_w=power, **extra)
+    seconds = time.perf_counter() - started
+    reference = _reference()
 
-    def saving(energy: float) -> float:  # the MILP's objective is the energy itself
-        return 100 * (1 - energy / base)
+    def saving(energy_j: float | None) -> str:
+        return "-" if energy_j is None else f"{100 * (1 - energy_j / default.energy_j):.2f}"
 
-    ours, better = saving(float(fast.energies_j[0])), saving(float(polished.energies_j[0]))
-    best = saving(float(result.fun)) if result.x is not None else float("nan")
-    bound = saving(float(result.mip_dual_bound))
-    status = "optimal" if result.status == 0 else "time limit"
-    return (
-        name.removesuffix(".csv"), str(microbatches), f"{ours:.3f}", f"{fast_s:.2f}",
-        f"{better:.3f}", f"{polished_s:.1f}", f"{best:.3f}", f"{bound:.3f}",
-        f"{saving(relaxed):.3f}", status, f"{bound - ours:.3f}", f"{bound - better:.3f}",
-    )  # fmt: skip
+    cells = [name.removesuffix(".csv").replace("_sxm_bf16", "").replace("_bf16", ""),
+             str(microbatches)]  # fmt: skip
+    worst = 0.0
+    for factor in FACTORS:
+        deadline = factor * default.time_s
+        fits = [i for i in range(len(frontier)) if frontier.times_s[i] <= deadline * (1 + 1e-12)]
+        ours = float(frontier.energies_j[fits[-1]]) if fits else None
+        ref = reference.get((name, microbatches, factor))
+        best = ref.get("best_j") if ref else None
+        bound = ref.get("bound_j") if ref else None
+        cells += [saving(ours), saving(best), saving(bound)]
+        if ours is not None and best is not None:
+            worst = max(worst, ours / best - 1)
+    times = frontier.times_s
+    step = float((times[1:] - times[:-1]).max()) if len(frontier) > 1 else 0.0
+    cells += [
+        saving(float(frontier.energies_j[-1])),
+        f"{100 * float(frontier.gaps.max()):.2f}",
+        f"{100 * step / default.time_s:.2f}",
+        f"{seconds:.2f}",
+    ]
+    return cells, worst
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--time-limit", type=float, default=120.0, help="MILP seconds per case")
-    parser.add_argument("--polish", type=float, default=30.0, help="polish seconds per case")
-    parser.add_argument("--microbatches", type=int, nargs="+", default=[12, 24])
+    parser.add_argument("--microbatches", type=int, nargs="+", default=[12, 24, 48, 96])
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
+    parser.add_argument(
+        "--polish-s", type=float, help="pass polish_s to compute_frontier (older versions)"
+    )
     args = parser.parse_args()
+    extra: dict[str, Any] = {} if args.polish_s is None else {"polish_s": args.polish_s}
+    header = ["profile", "M"]
+    for label in ("no-slowdown", "1.01x", "1.02x", "1.05x"):
+        header += [f"{label} %", "MILP %", "bound %"]
+    header += ["min-E %", "max gap %", "max step %", "s"]
     rows = []
+    worst = 0.0
     for name in args.profiles:
         for microbatches in args.microbatches:
-            rows.append(_case(name, PROFILES[name], microbatches, args.polish, args.time_limit))
-            print("  done", name, microbatches, flush=True)
-    widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(len(HEADER))]
-    for row in [HEADER, tuple("-" * w for w in widths), *rows]:
+            cells, case_worst = _case(name, microbatches, extra)
+            rows.append(cells)
+            worst = max(worst, case_worst)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    print("# savings against the default plan (every instruction at the highest clock)")
+    for row in [header, ["-" * w for w in widths], *rows]:
         cells = zip(row, widths, strict=True)
         print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(cells)))
+    print(f"largest excess energy over the MILP's best at those deadlines: {100 * worst:.3f} %")
 
 
 if __name__ == "__main__":

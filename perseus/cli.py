@@ -27,6 +27,7 @@ from perseus import __version__
 from perseus.arguments import finite_number, integer_at_least
 from perseus.arguments import policy as policy_argument
 from perseus.baselines import baseline_label, reference_key, saving_text, shown_baselines
+from perseus.defaults import EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
 from perseus.errors import InfeasibleDeadline, PerseusError, PlanError, ProfileError
 
 if TYPE_CHECKING:
@@ -36,7 +37,6 @@ __all__ = ["ProgressBar", "command_parser", "install_hint", "main"]
 
 EXIT_ERROR = 2
 DEMO_MICROBATCHES = 8
-DEFAULT_POLISH_S = 30.0  # seconds the no-slowdown plan may be improved by a branch and bound
 DISTRIBUTION = "perseus-planner"
 _COMMAND_HELP = {
     "plan": "compute the time-energy frontier of a profile and pick a plan",
@@ -161,19 +161,27 @@ def _plan_parser() -> argparse.ArgumentParser:
         "--resolution",
         metavar="SECONDS",
         type=_positive_float,
-        default=1e-3,
-        help="time step between frontier points (default 0.001)",
+        default=RESOLUTION_S,
+        help=f"time step between frontier points (default {RESOLUTION_S:g})",
     )
     parser.add_argument(
         "--exact", action="store_true", help="solve every deadline exactly (MILP; small cases)"
     )
     parser.add_argument(
+        "--exact-time-limit",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=EXACT_TIME_LIMIT_S,
+        help="--exact: wall-clock limit; a sweep estimated to need more is refused at once "
+        f"(default {EXACT_TIME_LIMIT_S:g})",
+    )
+    parser.add_argument(
         "--polish",
         metavar="SECONDS",
         type=_nonnegative_float,
-        default=DEFAULT_POLISH_S,
-        help="time to spend improving the no-slowdown plan with a branch and bound "
-        f"(default {DEFAULT_POLISH_S:g}; 0: off; it stops early once the plan is optimal)",
+        default=POLISH_S,
+        help="seconds to spend improving the no-slowdown plan with a branch and bound "
+        f"(default {POLISH_S:g}: off; timed, so the result then depends on the machine's speed)",
     )
     parser.add_argument(
         "--straggler",
@@ -207,7 +215,8 @@ class _PlanRequest:
     policy: Policy
     resolution_s: float
     exact: bool
-    polish_s: float = 0.0
+    exact_time_limit_s: float = EXACT_TIME_LIMIT_S
+    polish_s: float = POLISH_S
     straggler_s: float | None = None
     output: str | None = None
     plan_output: str | None = None
@@ -233,6 +242,7 @@ def _plan_command(argv: list[str]) -> int:
             policy=args.policy or Policy.parse("no-slowdown"),
             resolution_s=args.resolution,
             exact=args.exact,
+            exact_time_limit_s=args.exact_time_limit,
             polish_s=args.polish,
             straggler_s=args.straggler,
             output=args.output,
@@ -286,9 +296,8 @@ def _demo_command(argv: list[str]) -> int:
             schedule="1f1b",
             virtual_stages=None,
             policy=Policy.parse("no-slowdown"),
-            resolution_s=1e-3,
+            resolution_s=RESOLUTION_S,
             exact=False,
-            polish_s=DEFAULT_POLISH_S,
             output=at("frontier.json"),
             plan_output=at("plan.json"),
             plot=at("frontier.png"),
@@ -340,6 +349,7 @@ def _plan(request: _PlanRequest, outputs: _Outputs, progress: ProgressBar) -> tu
         p_block_w=p_block_w,
         resolution_s=request.resolution_s,
         exact=request.exact,
+        exact_time_limit_s=request.exact_time_limit_s,
         polish_s=request.polish_s,
         progress=progress,
     )

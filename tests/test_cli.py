@@ -531,7 +531,7 @@ def test_files_carry_the_profile_fingerprint_and_the_runs_baselines(
     # The file's baselines are the table's, at the policy's limit, not the no-slowdown ones.
     for key, baseline in data["baselines"].items():
         row = re.search(
-            rf"^{re.escape(baseline_label(key))}\b.*?\s([0-9.]+)\s+([0-9.]+)\s", out, re.M
+            rf"^{re.escape(baseline_label(key))}(?!\w).*?\s([0-9.]+)\s+([0-9.]+)\s", out, re.M
         )
         if row is None:  # all-fastest folded into an identical default row
             assert key == "all_fastest" and "default" in data["baselines"]

@@ -332,7 +332,7 @@ def estimate_planning_work(
     Returns:
         The estimate. O(len(times)).
     """
-    from perseus.solver.frontier import RESOLUTION_S
+    from perseus.defaults import RESOLUTION_S
 
     resolution = RESOLUTION_S if resolution_s is None else resolution_s
     low: dict[tuple[int, str], float] = {}
@@ -389,7 +389,7 @@ def check_planning_work(
 
     Complexity: O(len(times) + log(microbatches)) (a bisection over microbatches).
     """
-    from perseus.solver.frontier import RESOLUTION_S
+    from perseus.defaults import RESOLUTION_S
 
     def work(microbatches: int, resolution_s: float | None) -> PlanningWork:
         return estimate_planning_work(
@@ -476,8 +476,8 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
         ProfileError, ScheduleError: the profiles or schedule are unusable.
         PlanningTooLarge: the work estimate is over ``inp.max_cells``.
     """
+    from perseus.defaults import RESOLUTION_S
     from perseus.solver import compute_frontier, make_schedule
-    from perseus.solver.frontier import RESOLUTION_S
 
     profile = merged_profile(inp)
     p_block_w = profile.p_block_w

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from perseus.defaults import POLISH_S
 from perseus.server.planning import DEFAULT_MAX_CELLS
 
 __all__ = ["DEFAULT_DATABASE", "Settings"]
@@ -67,11 +68,12 @@ class Settings(BaseSettings):
         "is taken over by another server (or by the same one after a restart).",
     )
     polish_s: float = Field(
-        default=30.0,
+        default=POLISH_S,
         ge=0,
         le=3600,
         description="Seconds a frontier computation may spend improving the no-slowdown "
-        "point with a branch and bound (0: off).",
+        "point with a branch and bound (0, the default: off; timed, so the frontier then "
+        "depends on the machine's speed).",
     )
     warm_planner: bool = Field(
         default=True, description="Start a planning process at startup, not at the first job."

@@ -14,6 +14,7 @@ from perseus.solver.frontier import (
     Point,
     baselines_at,
     compute_frontier,
+    default_time,
 )
 from perseus.solver.policies import POLICY_KINDS, Policy, choose_point, straggler_point
 from perseus.solver.profiles import (
@@ -49,6 +50,7 @@ __all__ = [
     "build_dag",
     "choose_point",
     "compute_frontier",
+    "default_time",
     "effective_options",
     "load_profile",
     "make_schedule",

@@ -48,10 +48,6 @@ class CostTable:
         """Option times of one class, ascending."""
         return self.time_s[self.start[cost_class] : self.start[cost_class + 1]]
 
-    def count(self, cost_class: int) -> int:
-        """Number of options of one class."""
-        return int(self.start[cost_class + 1] - self.start[cost_class])
-
 
 def build_costs(profile: Profile, schedule: Schedule, p_block_w: float) -> CostTable:
     """Build the cost table of ``schedule`` on ``profile``.

@@ -11,16 +11,25 @@ How the fast mode works, for a DAG of ``n`` instructions and ``G`` grid deadline
    earliest start forwards). Each pass only uses time that no other instruction needs, so the
    plan keeps its deadline. All ``G`` deadlines move through the passes side by side as numpy
    columns: O(n * G) work with small constants.
-3. Replay every plan exactly on the profile values (so stated times and energies are truthful),
+3. At a few anchor deadlines (the default plan's time, every instruction at its highest clock,
+   and small slowdowns of it: the deadlines the policies name), dive through the relaxation
+   rounding to hull options only, refill, and run a local search whose moves (a node, or a
+   whole class of nodes, to a neighbouring option, the rest refilled) are evaluated side by
+   side as numpy columns. Every grid deadline also gets the best anchor plan that fits. All
+   budgets are counted in work, never seconds: the same frontier on every machine.
+4. Replay every plan exactly on the profile values (so stated times and energies are truthful),
    keep the Pareto-optimal ones, and report each plan's gap to the lower bound at the largest
-   deadline it serves.
+   deadline it serves; small DAGs search once more where a gap is still large.
 
-The exact mode replaces 1-2 with one MILP per frontier point, sweeping deadlines downwards.
+The exact mode starts from the fast frontier and replaces it with one MILP per frontier point,
+sweeping deadlines downwards, within a time limit it checks (and refuses) up front.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -28,6 +37,7 @@ from typing import Any, TextIO
 import numpy as np
 import numpy.typing as npt
 
+from perseus.defaults import EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
 from perseus.errors import (
     InfeasibleDeadline,
     PerseusError,
@@ -38,7 +48,7 @@ from perseus.errors import (
 from perseus.solver.costs import CostTable, build_costs
 from perseus.solver.dag import PipelineDag, build_dag
 from perseus.solver.profiles import Profile
-from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution
+from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution, hull_options
 from perseus.solver.schedules import BACKWARD, FORWARD, Schedule, make_schedule
 
 __all__ = [
@@ -48,6 +58,7 @@ __all__ = [
     "Point",
     "baselines_at",
     "compute_frontier",
+    "default_time",
 ]
 
 FRONTIER_FORMAT = "perseus.frontier/1"
@@ -62,13 +73,31 @@ _CHUNK = 1024
 # Problems with at most this many (instruction, option) pairs are solved exactly even in fast
 # mode: their MILPs take milliseconds, and rounding is weakest on them (few options, no averaging).
 _EXACT_UP_TO = 128
-RESOLUTION_S = 1e-3  # the default and coarsest spacing of frontier deadlines
 # ... unless their MILPs together need more work than this, counted in branch-and-bound nodes
 # plus a fixed charge per solve (its root: presolve, cuts): a budget that, unlike a time limit,
-# decides the same way on a busy machine as on an idle one. About 3 s on an idle core.
-_EXACT_WORK = 2_000
+# decides the same way on a busy machine as on an idle one. Up to a few seconds on one core.
+_EXACT_WORK = 6_000
 _SOLVE_CHARGE = 20
-_BASELINE_KEYS = ("all_fastest", "global_clock", "per_stage_clock")
+# Exact mode with a time limit times one MILP root before it starts, up to this many
+# (instruction, option) pairs; beyond, it refuses from the size alone.
+_EXACT_TIMED_UP_TO = 20_000
+_BASELINE_KEYS = ("default", "all_fastest", "global_clock", "per_stage_clock")
+# Slowdowns (x the default plan's time) where fast mode searches hardest: the deadlines most
+# users pick (no-slowdown, a few percent), each solved by a hull dive and a local search.
+ANCHOR_SLOWDOWNS = (1.0, 1.005, 1.01, 1.015, 1.02, 1.03, 1.05, 1.075, 1.1)
+# Local-search work over all anchors, counted in evaluated (instruction, candidate plan) cells
+# plus a charge per instruction per batch (the pass's fixed cost), not in seconds, so the
+# frontier is the same on a fast and a slow machine. About 2 s per 1e8 on one core.
+DEFAULT_SEARCH_WORK = 6 * 10**7
+_BATCH_CHARGE = 1_000
+# The anchors that get twice the share of the work: the deadlines the policies name.
+_MAIN_SLOWDOWNS = (1.0, 1.01, 1.02, 1.05)
+_ALL_ANCHORS_UP_TO = 512  # instructions
+# Repair rounds (small DAGs): search again where a point's reported gap exceeds this.
+_REPAIR_GAP = 0.009
+_REPAIR_ROUNDS = 1
+_REPAIR_ANCHORS = 6
+_SEARCH_CHUNK = 2 * 10**6  # cells per batch of candidate plans (bounds memory: ~16 MB/array)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +137,8 @@ class Frontier:
         energies_j: Energy of every point.
         gaps: Gap of every point to the lower bound.
         frequencies_mhz: ``(points, instructions)`` clocks, instructions GPU by GPU in order.
-        baselines: ``all_fastest``, ``global_clock`` and ``per_stage_clock`` at no slowdown.
+        baselines: ``default`` (every instruction at the highest clock: the reference),
+            ``all_fastest``, ``global_clock`` and ``per_stage_clock`` at no slowdown.
     """
 
     schedule: Schedule
@@ -130,6 +160,17 @@ class Frontier:
             float(self.energies_j[i]),
             float(self.gaps[i]),
             _split(self.frequencies_mhz[i], self.schedule),
+        )
+
+    @property
+    def reference_time_s(self) -> float:
+        """The no-slowdown iteration time: the default plan's (every instruction at the
+        highest clock), or the fastest point's for a frontier without that baseline."""
+        default = self.baselines.get("default")
+        return (
+            float(self.times_s[0])
+            if default is None
+            else max(default.time_s, float(self.times_s[0]))
         )
 
     def energy_at(self, i: int, iteration_time_s: float) -> float:
@@ -212,7 +253,9 @@ def compute_frontier(
     p_block_w: float | None = None,
     resolution_s: float = RESOLUTION_S,
     exact: bool = False,
-    polish_s: float = 0.0,
+    exact_time_limit_s: float | None = EXACT_TIME_LIMIT_S,
+    search_work: int = DEFAULT_SEARCH_WORK,
+    polish_s: float = POLISH_S,
     progress: Progress | None = None,
 ) -> Frontier:
     """Compute the time-energy frontier of ``schedule`` on ``profile``.
@@ -225,11 +268,18 @@ def compute_frontier(
         exact: Solve an MILP per frontier point instead of the fast relaxation-and-rounding.
             Small problems (at most 128 instruction-option pairs) are solved exactly anyway
             when their MILPs need little work (a fixed budget of branch-and-bound nodes).
-        polish_s: Fast mode: spend up to this many seconds improving the no-slowdown point
-            (the least energy at the all-fastest iteration time) with a branch and bound
-            over the measured clocks on each instruction's convex hull, started from the
-            rounded plan, so it never gets worse. Worth it where the profile's energies are
-            far from convex; the result then depends on the machine's speed.
+        exact_time_limit_s: Exact mode: wall-clock limit of the whole sweep (default 60 s).
+            Before it starts, a sweep estimated to need more is refused at once
+            (:class:`SolverTimeout`, with the estimate). When the limit ends a solve, its
+            best plan so far is kept with its proven gap, and the fast frontier's points
+            stand for the deadlines not reached. None: no limit.
+        search_work: Fast mode: local-search work per anchor deadline (no-slowdown and small
+            slowdowns of the default plan), counted in evaluated (instruction, plan) cells;
+            deterministic. 0: no local search.
+        polish_s: Fast mode: also spend up to this many seconds improving the no-slowdown
+            point with a branch and bound over the measured clocks on each instruction's
+            convex hull, started from the searched plan, so it never gets worse. Off by
+            default: the result then depends on the machine's speed.
         progress: Called as ``progress(done, total)`` while working.
 
     Returns:
@@ -249,19 +299,36 @@ def compute_frontier(
         raise PlanError(f"resolution: must be in (0, 0.001] seconds, got {resolution_s}")
     if not (math.isfinite(polish_s) and polish_s >= 0):
         raise PlanError(f"polish: must be a number of seconds >= 0, got {polish_s}")
+    if exact_time_limit_s is not None and not (
+        math.isfinite(exact_time_limit_s) and exact_time_limit_s > 0
+    ):
+        raise PlanError(f"exact time limit: must be a number of seconds > 0, got "
+                        f"{exact_time_limit_s}")  # fmt: skip
+    if isinstance(search_work, bool) or not isinstance(search_work, int) or search_work < 0:
+        raise PlanError(f"search work: must be an integer >= 0, got {search_work!r}")
     dag = build_dag(schedule)
     costs = build_costs(profile, schedule, power)
     planner = _Planner(dag, costs)
+    t_default = default_time(profile, schedule, dag=dag)
     report = progress or (lambda done, total: None)
     if exact:
-        times, energies, gaps, choices = planner.exact(resolution_s, report, None)
+        # The fast frontier first: it starts every MILP (so none ends worse than it), sizes
+        # the estimate, and stands in where a time limit stops the sweep.
+        fast = planner.fast(resolution_s, lambda done, total: None, t_default, search_work)
+        times, energies, gaps, choices = planner.exact(
+            resolution_s, report, None, exact_time_limit_s, t_default, fast
+        )
     else:
         try:
             if int((planner.last + 1).sum()) > _EXACT_UP_TO:
                 raise SolverTimeout("too large for the exact mode")
-            times, energies, gaps, choices = planner.exact(resolution_s, report, _EXACT_WORK)
+            times, energies, gaps, choices = planner.exact(
+                resolution_s, report, _EXACT_WORK, None, t_default
+            )
         except SolverTimeout:
-            times, energies, gaps, choices = planner.fast(resolution_s, report, polish_s)
+            times, energies, gaps, choices = planner.fast(
+                resolution_s, report, t_default, search_work, polish_s
+            )
     freqs = costs.frequency_mhz[planner.flat(choices)].astype(np.uint16)
     return Frontier(
         schedule=schedule,
@@ -270,8 +337,23 @@ def compute_frontier(
         energies_j=energies,
         gaps=gaps,
         frequencies_mhz=freqs,
-        baselines=baselines_at(profile, schedule, power, float(times[0]), dag=dag),
+        baselines=baselines_at(profile, schedule, power, t_default, dag=dag),
     )
+
+
+def default_time(profile: Profile, schedule: Schedule, *, dag: PipelineDag | None = None) -> float:
+    """Iteration time of the default plan: every instruction at the profile's highest clock.
+
+    That is what a GPU left alone runs, so it is the reference of "no slowdown".
+    """
+    dag = dag or build_dag(schedule)
+    scale = 1.0 / schedule.virtual_stages
+    durations = np.empty(dag.size)
+    for c in range(2 * schedule.stages):
+        options = profile.stages[c // 2][(FORWARD, BACKWARD)[c % 2]]
+        top = max(options, key=lambda o: o.frequency_mhz)
+        durations[dag.cost_class == c] = top.time_s * scale
+    return float(dag.iteration_time(durations))
 
 
 class _Planner:
@@ -284,6 +366,7 @@ class _Planner:
         self.start = costs.start[self.cls]
         self.class_times = [costs.times_of(c) for c in range(len(costs.start) - 1)]
         self.last = costs.start[self.cls + 1] - self.start - 1
+        self.hull = hull_options(costs)
 
     def flat(self, choices: IntArray) -> IntArray:
         """Flat cost-table index of every (plan, node) choice."""
@@ -346,7 +429,12 @@ class _Planner:
         return choices
 
     def fast(
-        self, resolution_s: float, progress: Progress, polish_s: float = 0.0
+        self,
+        resolution_s: float,
+        progress: Progress,
+        t_default: float,
+        search_work: int,
+        polish_s: float = 0.0,
     ) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
         n = self.dag.size
         fastest = np.zeros((n, 1), dtype=np.int64)
@@ -355,10 +443,39 @@ class _Planner:
         free = relaxation.solve(None)
         slowest_time = float(self.dag.iteration_time(self.durations(self.last[:, None]))[0])
         t_end = max(t_fast, min(free.iteration_time_s, slowest_time))
+        # Large DAGs search only at the deadlines the policies name (each dive and search
+        # round costs O(n) passes there).
+        slowdowns = ANCHOR_SLOWDOWNS if n <= _ALL_ANCHORS_UP_TO else _MAIN_SLOWDOWNS
+        anchors = sorted(
+            {t_fast} | {d for d in (f * t_default for f in slowdowns) if t_fast <= d <= t_end}
+        )
         grid = _deadline_grid(t_fast, t_end, slowest_time, resolution_s)
+        grid = np.unique(np.concatenate([grid, anchors]))
         knots = self._knots(relaxation, t_fast, free, resolution_s, progress, len(grid))
 
-        best_choice = np.empty((n, len(grid)), dtype=np.uint16)
+        # The anchors: a dive through the relaxation (rounding to hull options), then a local
+        # search. Every grid deadline also gets the best anchor plan that fits, refilled.
+        anchor_plans = np.empty((n, len(anchors)), dtype=np.int64)
+        main = {f * t_default for f in _MAIN_SLOWDOWNS}
+        weights = [2 if d in main else 1 for d in anchors]
+        for a, deadline in enumerate(anchors):
+            plan = self.search(relaxation, deadline, search_work * weights[a] // sum(weights))
+            if deadline == t_default and polish_s > 0:
+                polished = ExactProgram(self.dag, self.costs).solve(
+                    deadline,
+                    time_limit_s=polish_s,
+                    incumbent=plan,
+                    hull_only=True,
+                    rel_gap=1e-3,
+                    allow_incomplete=True,
+                )
+                plan = self._best_of([plan[:, None], polished.choice[:, None]],
+                                     np.asarray([deadline]))[0][:, 0]  # fmt: skip
+            anchor_plans[:, a] = plan
+            progress(a + 1, len(anchors) + len(grid))
+        anchor_time, anchor_energy = self.evaluate(anchor_plans)
+
+        best_choice = np.empty((n, len(grid)), dtype=np.int64)
         best_time = np.empty(len(grid))
         best_energy = np.empty(len(grid))
         knot_deadlines = np.asarray([k.deadline_s for k in knots[:-1]] + [math.inf])
@@ -380,55 +497,201 @@ class _Planner:
             tau = np.minimum(tau_a + theta * (tau_b - tau_a), deadlines)
             rounded = self.round_down(mixed)
             rounded_time, _ = self.evaluate(rounded)
-            # Two ceilings: the relaxation's own iteration time, and what rounding left of it.
+            # Two ceilings: the relaxation's own iteration time, and what rounding left of it;
+            # and the anchors' plans.
             candidates = [
                 self.refill(rounded, tau),
                 self.refill(rounded, np.minimum(rounded_time, tau)),
+                *self._from_anchors(anchor_plans, anchor_time, anchor_energy, deadlines),
             ]
             chosen, chosen_time, chosen_energy = self._best_of(candidates, deadlines)
-            if lo == 0:
-                # The all-fastest plan, refilled, always meets the first deadline exactly; and
-                # the no-slowdown point, the one most users take, gets a dive as well.
-                first = deadlines[:1]
-                dived = relaxation.dive(
-                    float(first[0]),
-                    [self.class_times[c] for c in self.cls],
-                    0.05 if n <= 512 else 0.25,
-                )
-                extra = [
-                    chosen[:, :1],
-                    self.refill(np.zeros((n, 1), dtype=np.int64), first),
-                    self.refill(dived[:, None], first),
-                ]
-                chosen[:, :1], chosen_time[:1], chosen_energy[:1] = self._best_of(extra, first)
-                if polish_s > 0:
-                    polished = ExactProgram(self.dag, self.costs).improve(
-                        float(first[0]), chosen[:, 0].copy(), polish_s
-                    )
-                    extra = [chosen[:, :1], self.refill(polished[:, None], first)]
-                    chosen[:, :1], chosen_time[:1], chosen_energy[:1] = self._best_of(extra, first)
             width = len(deadlines)
             best_choice[:, lo : lo + width] = chosen
             best_time[lo : lo + width] = chosen_time
             best_energy[lo : lo + width] = chosen_energy
-            progress(len(knots) + lo + width, len(knots) + len(grid))
+            progress(len(anchors) + lo + width, len(anchors) + len(grid))
 
-        keep = _pareto(best_time, best_energy)
-        if not np.isfinite(best_energy[keep]).all():
-            raise InfeasibleDeadline("no plan meets the all-fastest iteration time")
-        times, energies = best_time[keep], best_energy[keep]
-        served = _served_deadline(times, grid)
-        bound = np.max(
-            [
-                k.value_j + k.slope_j_per_s * (np.minimum(served, t_end) - k.deadline_s)
-                for k in knots[:-1]
-            ]
-            + [np.full(len(times), knots[-1].value_j)],
-            axis=0,
-        )
-        bound = bound * (1 - 1e-9)
-        gaps = energies / bound - 1.0
-        return times, energies, gaps, best_choice[:, keep].T.astype(np.int64)
+        def finish() -> tuple[IntArray, FloatArray, FloatArray]:
+            keep = _pareto(best_time, best_energy)
+            if not np.isfinite(best_energy[keep]).all():
+                raise InfeasibleDeadline("no plan meets the all-fastest iteration time")
+            served = _served_deadline(best_time[keep], grid)
+            bound = np.max(
+                [
+                    k.value_j + k.slope_j_per_s * (np.minimum(served, t_end) - k.deadline_s)
+                    for k in knots[:-1]
+                ]
+                + [np.full(len(keep), knots[-1].value_j)],
+                axis=0,
+            )
+            return keep, served, best_energy[keep] / (bound * (1 - 1e-9)) - 1.0
+
+        keep, served, gaps = finish()
+        # Repair: where a point's gap is still large, search at the deadline it serves up to
+        # (small DAGs only; a fixed number of rounds and anchors, so the work is bounded).
+        for _ in range(_REPAIR_ROUNDS if n <= _ALL_ANCHORS_UP_TO else 0):
+            worst = [int(i) for i in np.argsort(-gaps, kind="stable")
+                     if gaps[i] > _REPAIR_GAP and math.isfinite(served[i])]  # fmt: skip
+            if not worst:
+                break
+            targets = sorted({float(served[i]) for i in worst[:_REPAIR_ANCHORS]})
+            share = search_work // (4 * _REPAIR_ANCHORS)
+            plans = np.stack([self.search(relaxation, d, share, 0.25) for d in targets], axis=1)
+            plan_time, plan_energy = self.evaluate(plans)
+            for lo in range(0, len(grid), _CHUNK):
+                deadlines = grid[lo : lo + _CHUNK]
+                if deadlines[-1] < plan_time.min():
+                    continue
+                width = len(deadlines)
+                current = best_choice[:, lo : lo + width]
+                extra = self._from_anchors(plans, plan_time, plan_energy, deadlines)
+                chosen, chosen_time, chosen_energy = self._best_of([current, *extra], deadlines)
+                best_choice[:, lo : lo + width] = chosen
+                best_time[lo : lo + width] = chosen_time
+                best_energy[lo : lo + width] = chosen_energy
+            keep, served, gaps = finish()
+        return best_time[keep], best_energy[keep], gaps, best_choice[:, keep].T.copy()
+
+    def _from_anchors(
+        self,
+        plans: IntArray,
+        plan_time: FloatArray,
+        plan_energy: FloatArray,
+        deadlines: FloatArray,
+    ) -> list[IntArray]:
+        """Per deadline, the least-energy plan of ``plans`` that fits (the all-fastest plan
+        if none does), as it is and with the extra time refilled."""
+        fits = np.asarray(plan_time[:, None] <= deadlines[None, :] * (1 + 1e-12))
+        pick = np.argmin(np.where(fits, plan_energy[:, None], np.inf), axis=0)
+        any_fits = np.asarray(fits.any(axis=0))
+        chosen = np.where(any_fits[None, :], plans[:, pick], 0)
+        return [self.refill(chosen, deadlines), chosen]
+
+    def search(
+        self, relaxation: Relaxation, deadline_s: float, work: int, fraction: float = 0.05
+    ) -> IntArray:
+        """A good plan at one deadline: a dive, then a local search of about ``work`` cells.
+
+        The dive rounds the relaxation to hull options only (the relaxation mixes hull
+        vertices; measured options above the hull are what rounding to any option lands on
+        where profiles are not convex), and the refill then spends what is left over.
+        """
+        n = self.dag.size
+        fraction = fraction if n <= _ALL_ANCHORS_UP_TO else 0.25
+        hull_times = [self.class_times[c][self.hull[c]] for c in range(len(self.hull))]
+        on_hull = relaxation.dive(deadline_s, [hull_times[c] for c in self.cls], fraction)
+        plan = np.asarray([self.hull[c][k] for c, k in zip(self.cls, on_hull, strict=True)])
+        ceiling = np.asarray([deadline_s])
+        starts = [
+            self.refill(plan[:, None], ceiling),
+            self.refill(np.zeros((n, 1), dtype=np.int64), ceiling),
+        ]
+        best = self._best_of(starts, ceiling)[0][:, 0]
+        return self.local_search(best, deadline_s, work)
+
+    def local_search(self, plan: IntArray, deadline_s: float, work: int) -> IntArray:
+        """Improve ``plan`` by moves of one node to another hull option, others refilled.
+
+        Every round evaluates all moves side by side (each a column refilled to the
+        deadline: a node made faster frees time for the others, one made slower takes it
+        from them), then applies the improving moves together, best first, as long as they
+        keep improving. Stops at a local optimum or once ``work`` cells (instruction x
+        candidate plan) have been evaluated. O(work) time.
+        """
+        n = self.dag.size
+        ceiling = np.asarray([deadline_s])
+        _, energy_arr = self.evaluate(plan[:, None])
+        energy = float(energy_arr[0])
+        limit = deadline_s * (1 + 1e-12)
+        while work > 0:
+            # Whole-class moves first: in a pipeline's steady state the instructions of one
+            # class sit on the critical path together, so only moving them together frees time.
+            shifted = self.refill(self._class_moves(plan), np.full(4 * len(self.hull), deadline_s))
+            shifted_time, shifted_energy = self.evaluate(shifted)
+            work -= n * (shifted.shape[1] + _BATCH_CHARGE)
+            shifted_energy = np.where(shifted_time <= limit, shifted_energy, np.inf)
+            best_shift = int(np.argmin(shifted_energy))
+            move_node, move_option = self._moves(plan)
+            moves = np.arange(len(move_node))
+            gains = np.full(len(moves), np.inf)
+            width = max(1, _SEARCH_CHUNK // n)
+            for lo in range(0, len(moves), width):
+                batch = moves[lo : lo + width]
+                trial = np.repeat(plan[:, None], len(batch), axis=1)
+                trial[move_node[batch], np.arange(len(batch))] = move_option[batch]
+                trial = self.refill(trial, np.full(len(batch), deadline_s))
+                time, trial_energy = self.evaluate(trial)
+                gains[lo : lo + width] = np.where(time <= limit, trial_energy, np.inf)
+                work -= n * (len(batch) + _BATCH_CHARGE)
+            better = np.flatnonzero(gains < energy * (1 - 1e-12))
+            if shifted_energy[best_shift] < min(
+                energy * (1 - 1e-12), float(gains.min(initial=np.inf))
+            ):
+                plan, energy = shifted[:, best_shift].copy(), float(shifted_energy[best_shift])
+                continue
+            if not len(better):
+                break
+            order = better[np.argsort(gains[better], kind="stable")]
+            # Apply the best moves cumulatively (one node once), keep the best prefix.
+            seen: set[int] = set()
+            picked = []
+            for m in order.tolist():
+                node = int(move_node[moves[m]])
+                if node not in seen:
+                    seen.add(node)
+                    picked.append(moves[m])
+            picked_arr = np.asarray(picked[: max(1, min(len(picked), width))])
+            trial = np.repeat(plan[:, None], len(picked_arr), axis=1)
+            for k in range(len(picked_arr)):
+                trial[move_node[picked_arr[: k + 1]], k] = move_option[picked_arr[: k + 1]]
+            trial = self.refill(trial, np.full(len(picked_arr), deadline_s))
+            time, trial_energy = self.evaluate(trial)
+            work -= n * (len(picked_arr) + _BATCH_CHARGE)
+            trial_energy = np.where(time <= limit, trial_energy, np.inf)
+            k = int(np.argmin(trial_energy))
+            if trial_energy[k] < energy * (1 - 1e-12):
+                plan, energy = trial[:, k].copy(), float(trial_energy[k])
+            else:
+                first = int(order[0])
+                single = np.repeat(plan[:, None], 1, axis=1)
+                single[move_node[moves[first]], 0] = move_option[moves[first]]
+                plan = self.refill(single, ceiling)[:, 0]
+                energy = float(gains[first])
+        return plan
+
+    def _class_moves(self, plan: IntArray) -> IntArray:
+        """Plans ``(n, 4 * classes)``: every node of one class moved one step together."""
+        trials = np.repeat(plan[:, None], 4 * len(self.hull), axis=1)
+        for c, hull in enumerate(self.hull):
+            members = np.flatnonzero(self.cls == c)
+            current = plan[members]
+            top = len(self.class_times[c]) - 1
+            faster = hull[np.maximum(np.searchsorted(hull, current) - 1, 0)]
+            slower = hull[np.minimum(np.searchsorted(hull, current, side="right"), len(hull) - 1)]
+            for k, option in enumerate((faster, slower, current - 1, current + 1)):
+                trials[members, 4 * c + k] = np.clip(option, 0, top)
+        return trials
+
+    def _moves(self, plan: IntArray) -> tuple[IntArray, IntArray]:
+        """Moves from ``plan``: each node to its next hull option either side, or one step."""
+        nodes: list[IntArray] = []
+        options: list[IntArray] = []
+        for c, hull in enumerate(self.hull):
+            members = np.flatnonzero(self.cls == c)
+            current = plan[members]
+            at = np.searchsorted(hull, current)
+            faster = hull[np.maximum(at - 1, 0)]
+            after = np.searchsorted(hull, current, side="right")
+            slower = hull[np.minimum(after, len(hull) - 1)]
+            top = len(self.class_times[c]) - 1
+            for option in (faster, slower, current - 1, current + 1):
+                ok = (option != current) & (option >= 0) & (option <= top)
+                nodes.append(members[ok])
+                options.append(option[ok])
+        node_arr, option_arr = np.concatenate(nodes), np.concatenate(options)
+        order = np.lexsort((option_arr, node_arr))
+        pairs = np.unique(np.stack([node_arr[order], option_arr[order]]), axis=1)
+        return pairs[0], pairs[1]
 
     def _best_of(
         self, candidates: list[IntArray], deadlines: FloatArray
@@ -482,13 +745,30 @@ class _Planner:
         return [*knots, free]
 
     def exact(
-        self, resolution_s: float, progress: Progress, work_budget: int | None
+        self,
+        resolution_s: float,
+        progress: Progress,
+        work_budget: int | None,
+        time_limit_s: float | None,
+        t_default: float,
+        fast: tuple[FloatArray, FloatArray, FloatArray, IntArray] | None = None,
     ) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
         """One MILP per frontier point, deadlines swept downwards.
 
+        Args:
+            resolution_s: Spacing of the deadlines.
+            progress: Progress callback.
+            work_budget: Branch-and-bound nodes (plus ``_SOLVE_CHARGE`` per solve) for the
+                whole sweep; None: unlimited.
+            time_limit_s: Wall-clock limit of the sweep; None: unlimited.
+            t_default: The default plan's time (always one of the deadlines).
+            fast: The fast frontier ``(times, energies, gaps, choices)``: each MILP starts
+                from its best plan that fits, and where the time limit ends the sweep its
+                points stand (with their own gaps).
+
         Raises:
-            SolverTimeout: All solves together needed more than ``work_budget`` (nodes plus
-                ``_SOLVE_CHARGE`` per solve).
+            SolverTimeout: All solves together needed more than ``work_budget``, or the sweep
+                is estimated to need more than ``time_limit_s`` (refused before it starts).
         """
         n = self.dag.size
         program = ExactProgram(self.dag, self.costs)
@@ -496,26 +776,80 @@ class _Planner:
         slowest_time = float(self.dag.iteration_time(self.durations(self.last[:, None]))[0])
         steps = math.ceil((slowest_time - t_fast) / resolution_s - 1e-9)
         grid = t_fast + resolution_s * np.arange(steps + 1)
+        if t_fast <= t_default <= slowest_time:
+            grid = np.unique(np.concatenate([grid, [t_default]]))
+        started = time.monotonic()
+        if time_limit_s is not None:
+            solves = len(fast[0]) if fast is not None else len(grid)
+            estimate = self.exact_estimate_s(program, t_default, time_limit_s / solves) * solves
+            if estimate > time_limit_s:
+                raise SolverTimeout(
+                    f"exact mode: estimated to need at least {estimate:.0f} s ({solves} MILPs, "
+                    f"each at least as long as one timed root solve), over the limit of "
+                    f"{time_limit_s:g} s; use the fast mode, whose reported gaps bound what it "
+                    "can lose, or allow more time"
+                )
         plans: list[tuple[float, float, float, IntArray]] = []
         g = len(grid) - 1
         while g >= 0:
+            left_s = None
+            if time_limit_s is not None:
+                left_s = time_limit_s - (time.monotonic() - started)
+                if left_s <= 0:
+                    break  # the fast frontier's points stand for the rest
             if work_budget is not None:
                 work_budget -= _SOLVE_CHARGE
-            solution = program.solve(float(grid[g]), node_limit=work_budget)
+            incumbent = None
+            floor = -math.inf  # a lower bound at this deadline known before the solve
+            if fast is not None:
+                fits = np.flatnonzero(fast[0] <= grid[g] * (1 + 1e-12))
+                if len(fits):
+                    # the fast point serves this deadline, so its bound holds here
+                    incumbent = fast[3][fits[-1]]
+                    floor = float(fast[1][fits[-1]] / (1 + fast[2][fits[-1]]))
+            solution = program.solve(
+                float(grid[g]),
+                time_limit_s=left_s,
+                node_limit=work_budget,
+                incumbent=incumbent,
+                allow_incomplete=left_s is not None,
+            )
             if work_budget is not None:
                 work_budget -= solution.nodes
             choice = solution.choice[:, None]
-            time, energy = self.evaluate(choice)
-            plans.append((float(time[0]), float(energy[0]), solution.bound_j, solution.choice))
-            g = int(np.searchsorted(grid, time[0] * (1 - 1e-12), side="left")) - 1
+            time_s, energy = self.evaluate(choice)
+            gap = float(energy[0]) / max(solution.bound_j, floor) - 1.0
+            plans.append((float(time_s[0]), float(energy[0]), gap, solution.choice))
+            g = int(np.searchsorted(grid, time_s[0] * (1 - 1e-12), side="left")) - 1
             progress(len(grid) - 1 - max(g, 0), len(grid))
-        plans.reverse()
+        if fast is not None and g >= 0:
+            plans.extend(
+                (float(t), float(e), float(gp), c)
+                for t, e, gp, c in zip(*fast, strict=True)
+                if t <= grid[g] * (1 + 1e-12)
+            )
         times = np.asarray([p[0] for p in plans])
         energies = np.asarray([p[1] for p in plans])
         keep = _pareto(times, energies)
-        bounds = np.asarray([p[2] for p in plans])[keep]
+        gaps = np.maximum(np.asarray([p[2] for p in plans])[keep], 0.0)
         chosen = np.stack([plans[k][3] for k in keep])
-        return times[keep], energies[keep], energies[keep] / bounds - 1.0, chosen
+        return times[keep], energies[keep], gaps, chosen
+
+    def exact_estimate_s(self, program: ExactProgram, deadline_s: float, cap_s: float) -> float:
+        """A quick lower estimate of one exact solve's time: one MILP's root, timed.
+
+        The root (presolve, cuts, root heuristics) of the MILP at the no-slowdown deadline
+        with a node limit of one, stopped after ``cap_s`` (then the estimate is at least
+        ``cap_s``, which is all the caller needs to refuse); a whole solve needs at least that.
+        """
+        pairs = int((self.last + 1).sum())
+        if pairs > _EXACT_TIMED_UP_TO:
+            # too large to time even one root quickly: a size-based floor (1 ms per pair)
+            return pairs * 1e-3
+        started = time.monotonic()
+        with contextlib.suppress(SolverTimeout, InfeasibleDeadline):
+            program.solve(deadline_s, time_limit_s=cap_s, node_limit=1, allow_incomplete=True)
+        return max(time.monotonic() - started, cap_s * 1.001 if program.last_stopped else 0.0)
 
 
 def _deadline_grid(
@@ -589,12 +923,17 @@ def baselines_at(
 ) -> dict[str, Baseline]:
     """Plans that today's tools reach, on the same profile and deadline.
 
-    - ``all_fastest``: every instruction at its fastest measured clock (today's default).
+    - ``default``: every instruction at the profile's highest clock, what a GPU left alone
+      runs: the reference that savings are stated against (its iteration time is "no
+      slowdown").
+    - ``all_fastest``: every instruction at its fastest measured clock (can differ from the
+      highest clock where a GPU throttles at its top clocks).
     - ``global_clock``: one clock for every GPU, the least-energy one that meets the deadline
       (what a global power or frequency tuner reaches); the fastest one if none meets it. A
       stage that lacks a measurement at that clock runs at its nearest measured clock.
     - ``per_stage_clock``: one clock per stage, found by coordinate descent from the global
-      clock (each round tries every clock of every stage and keeps the best move).
+      clock (each round tries every clock of every stage and keeps the best move) until no
+      single-stage change improves it.
 
     """
     dag = dag or build_dag(schedule)
@@ -634,8 +973,9 @@ def baselines_at(
     def uniform(clock: int, classes: range) -> list[int]:
         return [nearest(tables[c], clock) for c in classes]
 
+    highest = np.asarray([max(t) for t in tables], dtype=np.int64)
     fastest = np.asarray([min(t, key=lambda f: t[f][0]) for t in tables], dtype=np.int64)
-    result = {"all_fastest": baseline(fastest)}
+    result = {"default": baseline(highest), "all_fastest": baseline(fastest)}
 
     limit = deadline_s * (1 + 1e-12)
     every = range(len(tables))
@@ -651,7 +991,9 @@ def baselines_at(
     ]
     current = candidates[:, pick].copy()
     current_time, current_energy = float(time[pick]), float(energy[pick])
-    for _ in range(4 * schedule.stages):
+    # Every round strictly lowers the energy, so this ends at a plan no single-stage change
+    # improves; the cap only guards against float noise.
+    for _ in range(64 * schedule.stages):
         moves = []
         for g, stage_clocks in enumerate(per_stage):
             for f in stage_clocks:
@@ -731,10 +1073,15 @@ def _frontier_from_json(data: Mapping[str, Any]) -> Frontier:
         return flat
 
     raw_baselines = data.get("baselines")
-    if not isinstance(raw_baselines, Mapping) or sorted(raw_baselines) != sorted(_BASELINE_KEYS):
-        raise fail("baselines", f"expected exactly {', '.join(_BASELINE_KEYS)}")
+    # Documents written before the ``default`` baseline existed lack it; they still load.
+    if (
+        not isinstance(raw_baselines, Mapping)
+        or not set(raw_baselines) <= set(_BASELINE_KEYS)
+        or not set(_BASELINE_KEYS[1:]) <= set(raw_baselines)
+    ):
+        raise fail("baselines", f"expected {', '.join(_BASELINE_KEYS)} (default optional)")
     baselines: dict[str, Baseline] = {}
-    for key in _BASELINE_KEYS:
+    for key in [k for k in _BASELINE_KEYS if k in raw_baselines]:
         item = raw_baselines[key]
         where = f"baselines.{key}"
         if not isinstance(item, Mapping):

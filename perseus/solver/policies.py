@@ -24,8 +24,10 @@ _NEEDS_VALUE = {
 class Policy:
     """A rule that picks a frontier point.
 
-    - ``no-slowdown``: least energy at the all-fastest iteration time.
-    - ``max-slowdown`` FACTOR: least energy within FACTOR times the all-fastest time.
+    - ``no-slowdown``: least energy within the default plan's iteration time (every
+      instruction at the highest clock, what a GPU left alone runs; see
+      :attr:`Frontier.reference_time_s`).
+    - ``max-slowdown`` FACTOR: least energy within FACTOR times the default plan's time.
     - ``deadline`` SECONDS: least energy within an absolute iteration time.
     - ``min-energy``: the minimum-energy plan.
     - ``zeus-cost`` ETA: least ``ETA * E + (1 - ETA) * P_max * T`` (Zeus's cost), where
@@ -82,8 +84,9 @@ def choose_point(frontier: Frontier, policy: Policy) -> int:
         InfeasibleDeadline: A deadline shorter than the fastest point.
     """
     times = frontier.times_s
+    reference = frontier.reference_time_s
     if policy.kind == "no-slowdown":
-        return 0
+        return _latest_within(frontier, reference)
     if policy.kind == "min-energy":
         return len(frontier) - 1
     if policy.kind == "zeus-cost":
@@ -92,7 +95,7 @@ def choose_point(frontier: Frontier, policy: Policy) -> int:
         cost = eta * frontier.energies_j + (1 - eta) * power * times
         return int(np.argmin(cost))
     value = float(policy.value or 0.0)  # present: Policy checks it on construction
-    limit = value * float(times[0]) if policy.kind == "max-slowdown" else value
+    limit = value * reference if policy.kind == "max-slowdown" else value
     return _latest_within(frontier, limit)
 
 

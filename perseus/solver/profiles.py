@@ -251,6 +251,11 @@ def _load_json(text: str, name: str) -> Profile:
         raise ProfileError(f"{name}: line {err.lineno}: not valid JSON: {err.msg}") from err
     if not isinstance(data, Mapping):
         raise ProfileError(f"{name}: expected a JSON object with 'format' and 'rows'")
+    if "format" not in data:
+        raise ProfileError(
+            f"{name}: format: missing; a perseus JSON profile has "
+            f'"format": "{PROFILE_FORMAT}" (or give a Zeus CSV profile)'
+        )
     if data.get("format") != PROFILE_FORMAT:
         raise ProfileError(
             f"{name}: format: expected {PROFILE_FORMAT!r}, got {data.get('format')!r}"

@@ -9,7 +9,11 @@ its own duration, subject to every instruction finishing by ``T <= deadline``.
   at deadline ``D``, and is convex and non-increasing in ``D``, so the tangent line at any
   solved deadline bounds ``V`` everywhere.
 - :class:`ExactProgram` picks exactly one option per instruction with binary variables
-  (``scipy.optimize.milp``); exponential in the worst case, for small and medium cases.
+  (HiGHS's branch and bound); exponential in the worst case, for small and medium cases.
+
+Both go through HiGHS's public Python package, ``highspy`` (pinned in ``pyproject.toml``), one
+adapter (:func:`_highs_model`) that builds a quiet, single-threaded model: nothing HiGHS says
+reaches stdout or stderr.
 """
 
 from __future__ import annotations
@@ -20,28 +24,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import highspy
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import Bounds, LinearConstraint, milp
-
-# scipy ships HiGHS with a persistent-model binding; linprog rebuilds the model on every call,
-# while keeping it lets each deadline start from the previous optimal basis (10-50x faster).
-from scipy.optimize._highspy import _core as highspy
 from scipy.sparse import coo_matrix, csr_matrix, vstack
 
 from perseus.errors import InfeasibleDeadline, PerseusError, SolverTimeout
 from perseus.solver.costs import CostTable
 from perseus.solver.dag import PipelineDag
 
-__all__ = ["ExactProgram", "ExactSolution", "Relaxation", "RelaxedSolution"]
+__all__ = ["ExactProgram", "ExactSolution", "Relaxation", "RelaxedSolution", "hull_options"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
-# The polishing branch and bound stops once its plan is proven this close to the best one.
-_POLISH_GAP = 1e-3
-_SOLUTION_LIMIT = f"HiGHS Status {int(highspy.HighsModelStatus.kSolutionLimit)}:"
+_STATUS = highspy.HighsModelStatus
+# Statuses where HiGHS stopped on a limit (time, nodes, iterations) before proving optimality.
+_LIMITS = (_STATUS.kTimeLimit, _STATUS.kIterationLimit, _STATUS.kSolutionLimit, _STATUS.kInterrupt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +71,16 @@ class ExactSolution:
     choice: IntArray
     bound_j: float
     nodes: int  # branch-and-bound nodes the solve took
+    optimal: bool = True  # False: a limit stopped the search; ``bound_j`` is still proven
+
+
+def hull_options(costs: CostTable) -> list[IntArray]:
+    """Per cost class, the indices (within the class) of its lower convex hull's vertices."""
+    effective = costs.effective_j
+    return [
+        np.asarray(_hull(costs.time_s[lo:hi], effective[lo:hi]), dtype=np.int64)
+        for lo, hi in itertools.pairwise(costs.start.tolist())
+    ]
 
 
 def _hull_mask(costs: CostTable) -> npt.NDArray[np.bool_]:
@@ -216,9 +226,9 @@ class Relaxation:
         )
         highs.run()
         status = highs.getModelStatus()
-        if status == highspy.HighsModelStatus.kInfeasible:
+        if status == _STATUS.kInfeasible:
             raise InfeasibleDeadline(f"no plan finishes within {deadline_s} s")
-        if status != highspy.HighsModelStatus.kOptimal:
+        if status != _STATUS.kOptimal:
             raise PerseusError(f"the relaxation failed: {highs.modelStatusToString(status)}")
         solution = highs.getSolution()
         x = np.asarray(solution.col_value)
@@ -320,8 +330,10 @@ def _highs_model(
     if integer is not None:
         kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
         lp.integrality_ = [kinds[int(v)] for v in integer]
-    highs = highspy._Highs()
+    highs = highspy.Highs()  # type: ignore[no-untyped-call]  # its __init__ is untyped
+    # quiet before anything else: HiGHS prints its banner when a model is passed
     highs.setOptionValue("output_flag", False)
+    highs.setOptionValue("log_to_console", False)
     highs.setOptionValue("threads", 1)
     highs.passModel(lp)
     return highs
@@ -365,10 +377,6 @@ class ExactProgram:
         ).tocsr()
         self._precedence = precedence
         self._pick = pick
-        self._constraints = [
-            LinearConstraint(precedence, -np.inf, np.zeros(precedence.shape[0])),
-            LinearConstraint(pick, 1.0, 1.0),
-        ]
         self._cost = np.concatenate(
             [np.zeros(n), [costs.num_gpus * costs.p_block_w], np.asarray(option_cost)]
         )
@@ -385,6 +393,8 @@ class ExactProgram:
         self._option_time = option_time
         self._on_hull = _hull_mask(costs)[flat]
         self._width = width
+        self._highs: Any = None
+        self.last_stopped = False  # did a time limit stop the last solve?
 
     def fits(self, deadline_s: float) -> npt.NDArray[np.bool_]:
         """Per (node, option) column: can the option be part of a plan meeting the deadline?"""
@@ -398,11 +408,18 @@ class ExactProgram:
         (node, option); the objective is the plan's energy (each option's energy less the
         blocking power over its time, plus the blocking power of every GPU over ``T``).
         """
+        # imported here: scipy.optimize takes a third of a second to import, and only the
+        # benchmarks' references need its types
+        from scipy.optimize import Bounds, LinearConstraint
+
         return {
             "c": self._cost,
             "integrality": self._integrality,
             "bounds": Bounds(np.zeros(self._width), self._upper(deadline_s)),
-            "constraints": self._constraints,
+            "constraints": [
+                LinearConstraint(self._precedence, -np.inf, np.zeros(self._precedence.shape[0])),
+                LinearConstraint(self._pick, 1.0, 1.0),
+            ],
         }
 
     def _upper(self, deadline_s: float) -> FloatArray:
@@ -416,89 +433,100 @@ class ExactProgram:
         deadline_s: float,
         time_limit_s: float | None = None,
         node_limit: int | None = None,
+        *,
+        incumbent: IntArray | None = None,
+        hull_only: bool = False,
+        rel_gap: float = 1e-10,
+        allow_incomplete: bool = False,
     ) -> ExactSolution:
         """Least-energy plan with iteration time <= ``deadline_s``.
 
         ``node_limit`` caps the branch-and-bound nodes: a budget of work that, unlike a time
         limit, gives the same answer on a busy machine as on an idle one.
 
+        Args:
+            deadline_s: The deadline.
+            time_limit_s: Wall-clock limit of this solve (None: none).
+            node_limit: Branch-and-bound node limit (None: none).
+            incumbent: A plan meeting the deadline (option index of every node) to start from;
+                the result is never worse than it.
+            hull_only: Only options on each node's lower convex hull (plus the incumbent's):
+                a smaller, faster search; the bound then holds for that restriction only.
+            rel_gap: Stop once the plan is proven this close to the optimum.
+            allow_incomplete: Return the best plan found when a limit stops the search
+                (``optimal`` False) instead of raising :class:`SolverTimeout`.
+
         Raises:
             InfeasibleDeadline: No plan meets the deadline.
-            SolverTimeout: Optimality was not proven within ``time_limit_s`` or ``node_limit``.
-        """
-        options: dict[str, Any] = {"mip_rel_gap": 1e-10}
-        if time_limit_s is not None:
-            options["time_limit"] = max(time_limit_s, 1e-3)
-        if node_limit is not None:
-            if node_limit < 1:
-                raise SolverTimeout(f"the MILP at {deadline_s} s has no nodes left to explore")
-            options["node_limit"] = node_limit
-        arguments = self.milp_arguments(deadline_s)
-        # copies: scipy pops entries (node_limit) from the options it is given
-        result = milp(**arguments, options=dict(options))
-        if result.status == 2:
-            # HiGHS's presolve has been seen to call a feasible deadline infeasible (found by the
-            # property tests); a second opinion without presolve settles it.
-            result = milp(**arguments, options=options | {"presolve": False})
-        # scipy reports HiGHS's "solution limit" (where a node limit ends) as an unknown status
-        if result.status == 1 or _SOLUTION_LIMIT in str(result.message):
-            raise SolverTimeout(f"the MILP at {deadline_s} s ran out of time or nodes")
-        if result.status == 2 or result.x is None:
-            raise InfeasibleDeadline(f"no plan finishes within {deadline_s} s")
-        if result.status != 0:
-            raise PerseusError(f"the MILP failed: {result.message}")
-        choice = self._choice(result.x)
-        bound = getattr(result, "mip_dual_bound", None)
-        nodes = int(getattr(result, "mip_node_count", None) or 0)
-        return ExactSolution(choice, float(bound if bound is not None else result.fun), nodes)
-
-    def improve(
-        self,
-        deadline_s: float,
-        incumbent: IntArray,
-        time_limit_s: float,
-    ) -> IntArray:
-        """Search for a better plan than ``incumbent``.
-
-        A branch and bound that starts from the incumbent (so it never returns worse) over the
-        options on each node's lower convex hull (plus the incumbent's own), for at most
-        ``time_limit_s``.
-
-        Args:
-            deadline_s: The deadline; ``incumbent`` must meet it.
-            incumbent: Option index (within its class) of every node.
-            time_limit_s: Wall-clock budget.
-
-        Returns:
-            The best plan found (the incumbent if nothing better).
+            SolverTimeout: A limit stopped the search (and ``allow_incomplete`` is False, or it
+                stopped before finding any plan).
         """
         n = self._n
-        own = self._option_local == incumbent[self._option_node]
+        if node_limit is not None and node_limit < 1:
+            raise SolverTimeout(f"the MILP at {deadline_s} s has no nodes left to explore")
         upper = self._upper(deadline_s)
-        upper[n + 1 :] = (upper[n + 1 :] > 0) & self._on_hull | own
-        edges = self._precedence.shape[0]
-        highs = _highs_model(
-            vstack([self._precedence, self._pick]).tocsr(),
-            np.concatenate([np.full(edges, -np.inf), np.ones(n)]),
-            np.concatenate([np.zeros(edges), np.ones(n)]),
-            self._cost,
-            upper,
-            self._integrality > 0,
-        )
-        highs.setOptionValue("time_limit", max(time_limit_s, 1e-3))
-        highs.setOptionValue("mip_rel_gap", _POLISH_GAP)
-        columns = np.flatnonzero(upper[n + 1 :] > 0) + n + 1
-        highs.setSolution(
-            len(columns), columns.astype(np.int32), own[columns - n - 1].astype(np.float64)
-        )
+        if hull_only:
+            own = (
+                self._option_local == incumbent[self._option_node]
+                if incumbent is not None
+                else np.zeros(len(self._option_node), dtype=bool)
+            )
+            upper[n + 1 :] = ((upper[n + 1 :] > 0) & self._on_hull) | own
+        highs = self._model()
+        columns = np.arange(self._width, dtype=np.int32)
+        highs.changeColsBounds(self._width, columns, np.zeros(self._width), upper)
+        highs.setOptionValue("mip_rel_gap", rel_gap)
+        highs.setOptionValue("time_limit", highspy.kHighsInf if time_limit_s is None
+                             else max(time_limit_s, 1e-3))  # fmt: skip
+        highs.setOptionValue("mip_max_nodes", node_limit if node_limit is not None
+                             else highspy.kHighsIInf)  # fmt: skip
+        highs.setOptionValue("presolve", "choose")
+        if incumbent is not None:
+            picked = np.flatnonzero(self._option_local == incumbent[self._option_node]) + n + 1
+            highs.setSolution(
+                len(picked), picked.astype(np.int32), np.ones(len(picked), dtype=np.float64)
+            )
         highs.run()
+        status = highs.getModelStatus()
+        if status == _STATUS.kInfeasible:
+            # HiGHS's presolve has been seen to call a feasible deadline infeasible (found by the
+            # property tests); a second opinion without presolve settles it.
+            highs.setOptionValue("presolve", "off")
+            highs.run()
+            status = highs.getModelStatus()
+        info = highs.getInfo()
+        nodes = int(info.mip_node_count)
         x = np.asarray(highs.getSolution().col_value)
-        if x.shape != (self._width,) or not np.isfinite(x).all():
-            return incumbent
-        chosen = x[n + 1 :] > 0.5
-        if chosen.sum() != n or np.bincount(self._option_node[chosen], minlength=n).max() != 1:
-            return incumbent
-        return self._choice(x)
+        found = (
+            info.primal_solution_status == highspy.kSolutionStatusFeasible
+            and x.shape == (self._width,)
+            and bool(np.isfinite(x).all())
+        )
+        self.last_stopped = status == _STATUS.kTimeLimit
+        if status == _STATUS.kInfeasible:
+            raise InfeasibleDeadline(f"no plan finishes within {deadline_s} s")
+        if status in _LIMITS:
+            if not (allow_incomplete and found):
+                raise SolverTimeout(f"the MILP at {deadline_s} s ran out of time or nodes")
+        elif status != _STATUS.kOptimal or not found:
+            raise PerseusError(f"the MILP failed: {highs.modelStatusToString(status)}")
+        bound = float(info.mip_dual_bound)
+        return ExactSolution(self._choice(x), bound, nodes, status == _STATUS.kOptimal)
+
+    def _model(self) -> Any:
+        """The persistent HiGHS model (built on first use; solves change column bounds)."""
+        if self._highs is None:
+            n = self._n
+            edges = self._precedence.shape[0]
+            self._highs = _highs_model(
+                vstack([self._precedence, self._pick]).tocsr(),
+                np.concatenate([np.full(edges, -np.inf), np.ones(n)]),
+                np.concatenate([np.zeros(edges), np.ones(n)]),
+                self._cost,
+                self._upper(math.inf),
+                self._integrality > 0,
+            )
+        return self._highs
 
     def _choice(self, x: FloatArray) -> IntArray:
         """Option index of every node in a solution ``x`` of the MILP."""

@@ -32,16 +32,15 @@ The demo plans this profile with a blocking power of :data:`EXAMPLE_P_BLOCK_W` w
 
 Regenerate the shipped file with::
 
-    python -m perseus.solver.synthetic > perseus/data/example_profile.csv
+    python -c "from perseus.solver.synthetic import synthetic_profile, to_csv; \\
+        print(to_csv(synthetic_profile()), end='')" > perseus/data/example_profile.csv
 
 The test suite checks that the shipped file equals this output byte for byte.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,7 +49,6 @@ __all__ = [
     "EXAMPLE_P_BLOCK_W",
     "H200_CLOCKS_MHZ",
     "StageWork",
-    "main",
     "stage_work",
     "synthetic_profile",
     "to_csv",
@@ -163,24 +161,3 @@ def to_csv(rows: Iterable[Row]) -> str:
     lines = ["stage,instruction,frequency,time,energy"]
     lines += [f"{s},{kind},{f},{t:.7f},{e:.4f}" for s, kind, f, t, e in rows]
     return "\n".join(lines) + "\n"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print a synthetic profile as CSV on standard output (see the module docstring)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m perseus.solver.synthetic",
-        description="Print the synthetic H200-like example profile as Zeus CSV.",
-    )
-    parser.add_argument("--stages", type=int, default=4, help="pipeline stages (default 4)")
-    parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
-    args = parser.parse_args(argv)
-    try:
-        rows = synthetic_profile(stages=args.stages, seed=args.seed)
-    except ValueError as err:
-        parser.error(str(err))
-    sys.stdout.write(to_csv(rows))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

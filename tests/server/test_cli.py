@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from perseus.defaults import POLISH_S
 from perseus.server.cli import add_serve_arguments, bind_socket, run_serve, serve_settings
 from perseus.server.settings import DEFAULT_DATABASE, Settings
 
@@ -55,7 +56,7 @@ def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_polish_seconds_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PERSEUS_POLISH_S", raising=False)
-    assert Settings().polish_s == 30.0
+    assert Settings().polish_s == POLISH_S
     monkeypatch.setenv("PERSEUS_POLISH_S", "2.5")
     assert Settings().polish_s == 2.5
     monkeypatch.setenv("PERSEUS_POLISH_S", "-1")

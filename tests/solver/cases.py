@@ -94,6 +94,8 @@ class Case:
 
 times = st.floats(0.01, 0.2, allow_nan=False, allow_infinity=False)
 powers = st.floats(20.0, 400.0, allow_nan=False, allow_infinity=False)
+round_times = st.sampled_from([0.0625, 0.125, 0.1875, 0.25])
+round_powers = st.sampled_from([32.0, 64.0, 128.0])
 
 
 @st.composite
@@ -107,14 +109,16 @@ def cases(
     chunks: int = 2,
     ragged: bool = False,
     monotone: bool = False,
+    round_numbers: bool = False,
     max_plans: int | None = None,
 ) -> Case:
     """A random pipeline.
 
     Every (stage, instruction) is measured at the same clocks (like a real GPU) unless
     ``ragged``, where each keeps a random subset that includes the top clock. ``monotone``
-    makes a higher clock never slower. ``max_plans`` bounds the number of per-instruction plans
-    (for brute force).
+    makes a higher clock never slower. ``round_numbers`` draws times and powers from a few
+    exact binary fractions, so that plans tie in time and in energy. ``max_plans`` bounds the
+    number of per-instruction plans (for brute force).
     """
     name = draw(st.sampled_from(list(schedules)))
     s = draw(st.integers(*stages))
@@ -142,12 +146,15 @@ def cases(
                 if n_opt > 1:
                     extra = draw(st.lists(st.sampled_from(clocks[1:]), unique=True))
                 mine = sorted({clocks[0], *extra}, reverse=True)
-            ts = draw(st.lists(times, min_size=len(mine), max_size=len(mine)))
+            ts = draw(st.lists(round_times if round_numbers else times,
+                               min_size=len(mine), max_size=len(mine)))  # fmt: skip
             if monotone:
                 ts = sorted(ts)  # clocks descending -> times ascending
-            ps = draw(st.lists(powers, min_size=len(mine), max_size=len(mine)))
+            ps = draw(st.lists(round_powers if round_numbers else powers,
+                               min_size=len(mine), max_size=len(mine)))  # fmt: skip
             rows += [(stage, kind, f, t, t * p) for f, t, p in zip(mine, ts, ps, strict=True)]
-    p_block = draw(st.floats(10.0, 150.0, allow_nan=False))
+    p_block = draw(st.sampled_from([16.0, 32.0]) if round_numbers
+                   else st.floats(10.0, 150.0, allow_nan=False))  # fmt: skip
     return Case(tuple(rows), s, m, p_block, name, v)
 
 

@@ -198,6 +198,31 @@ def longest_path(dag: Dag, time_of: Mapping[tuple[int, int], float]) -> float:
     return max(finish.values())
 
 
+def timeline(
+    dag: Dag, time_of: Mapping[tuple[int, int], float], rtol: float = 1e-9
+) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], bool]]:
+    """As-soon-as-possible start of every node, and whether it lies on a longest path.
+
+    A node is critical when the longest path into it plus the longest path out of it (both
+    including itself once) equals the iteration time.
+    """
+    start: dict[tuple[int, int], float] = {}
+    finish: dict[tuple[int, int], float] = {}
+    for n in dag.topo:
+        start[n] = max((finish[p] for p in dag.preds[n]), default=0.0)
+        finish[n] = start[n] + time_of[n]
+    total = max(finish.values())
+    succs: dict[tuple[int, int], list[tuple[int, int]]] = {n: [] for n in dag.topo}
+    for n in dag.topo:
+        for p in dag.preds[n]:
+            succs[p].append(n)
+    tail: dict[tuple[int, int], float] = {}  # longest path from the node's start to the end
+    for n in reversed(dag.topo):
+        tail[n] = time_of[n] + max((tail[m] for m in succs[n]), default=0.0)
+    critical = {n: abs(start[n] + tail[n] - total) <= rtol * max(total, 1.0) for n in dag.topo}
+    return start, critical
+
+
 def replay(
     table: Table, dag: Dag, p_block_w: float, frequencies: Sequence[Sequence[int]]
 ) -> tuple[float, float]:

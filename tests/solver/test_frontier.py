@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 from hypothesis import example, given, note
+from hypothesis import strategies as st
 
 from perseus.errors import PlanError, ProfileError
 from perseus.solver import compute_frontier, make_schedule, profile_from_rows, replay
@@ -354,3 +355,121 @@ def test_replay_rejects_unknown_clocks_and_bad_shapes() -> None:
                 [[1000] * 4, [1000] * 4, [1000] * 4]):  # fmt: skip
         with pytest.raises(PlanError):
             replay(profile, schedule, 10.0, bad)
+
+
+@examples(25)
+@given(cases(schedules=ALL_SCHEDULES, ragged=True))
+def test_replay_timeline_matches_reference(case: Case) -> None:
+    """Start times and the critical path of a replay, against the independent reference."""
+    note(repr(case))  # hypothesis prints composite values blank
+    profile, schedule = case.profile(), case.schedule()
+    options = {(g, kind): ref.options_of(case.table, g, kind) for g in range(case.stages)
+               for kind in (ref.F, ref.B)}  # fmt: skip
+    # a mixed plan: clocks alternate between each instruction type's fastest and slowest
+    plan = [[options[(g, kind)][(k + g) % 2 * -1][0] for k, (kind, _mb, _c) in enumerate(seq)]
+            for g, seq in enumerate(case.order)]  # fmt: skip
+    got = replay(profile, schedule, case.p_block_w, plan)
+    time_of = {n: t for n, (t, _e) in ref.durations(case.table, case.dag, plan).items()}
+    start, critical = ref.timeline(case.dag, time_of)
+    for g, seq in enumerate(case.order):
+        for k in range(len(seq)):
+            assert got.start_s[g][k] == pytest.approx(start[(g, k)], rel=RTOL, abs=1e-12)
+            assert got.finish_s[g][k] == pytest.approx(start[(g, k)] + time_of[(g, k)], rel=RTOL)
+            assert got.critical[g][k] == critical[(g, k)], (g, k)
+
+
+def test_replay_critical_path_of_a_known_pipeline() -> None:
+    """Two stages, two microbatches, a slow stage 1, worked out by hand."""
+    rows = [(0, "forward", 1000, 0.1, 20.0), (0, "backward", 1000, 0.2, 40.0),
+            (1, "forward", 1000, 0.3, 20.0), (1, "backward", 1000, 0.4, 40.0)]  # fmt: skip
+    profile = profile_from_rows(rows)
+    got = replay(profile, make_schedule("1f1b", 2, 2), 10.0, [[1000] * 4, [1000] * 4])
+    # stage 0 runs F0 F1 B0 B1, stage 1 F0 B0 F1 B1. Stage 1 is the chain F0 (0.1-0.4),
+    # B0 (-0.8), F1 (-1.1), B1 (-1.5); stage 0's B1 follows it (1.5-1.7). Stage 0's F1 (ends
+    # 0.2, needed at 0.8) and B0 (ends 1.0, its successor starts at 1.5) have slack.
+    assert got.start_s[0] == pytest.approx((0.0, 0.1, 0.8, 1.5))
+    assert got.start_s[1] == pytest.approx((0.1, 0.4, 0.8, 1.1))
+    assert got.time_s == pytest.approx(1.7)
+    assert got.critical[0] == (True, False, False, True)
+    assert got.critical[1] == (True, True, True, True)
+
+
+@examples(30)
+@given(cases(schedules=ALL_SCHEDULES, options=(2, 4), round_numbers=True))
+def test_frontier_strict_on_round_number_profiles(case: Case) -> None:
+    """Ties in time and energy (round numbers) must not leave equal-energy points behind."""
+    note(repr(case))  # hypothesis prints composite values blank
+    frontier = compute_frontier(case.profile(), case.schedule(), p_block_w=case.p_block_w)
+    check_frontier(case, frontier)
+
+
+def test_fast_mode_is_deterministic_and_counts_work_not_seconds() -> None:
+    """Two runs give the same frontier: budgets are counted in work."""
+    rows = [(g, kind, f, t * (1 + 0.1 * g) * (2 if kind == "backward" else 1), e)
+            for g in range(3) for kind in ("forward", "backward")
+            for f, t, e in ((1980, 0.05, 12.0), (1800, 0.055, 10.5), (1500, 0.07, 10.0),
+                            (1200, 0.09, 9.9))]  # fmt: skip
+    profile, schedule = profile_from_rows(rows), make_schedule("1f1b", 3, 6)
+    one = compute_frontier(profile, schedule, p_block_w=30.0)
+    two = compute_frontier(profile, schedule, p_block_w=30.0)
+    assert np.array_equal(one.times_s, two.times_s)
+    assert np.array_equal(one.energies_j, two.energies_j)
+    assert np.array_equal(one.frequencies_mhz, two.frequencies_mhz)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(PlanError):
+            compute_frontier(profile, schedule, p_block_w=30.0, search_work=bad)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- fast-mode parts
+
+
+def _planner(case: Case):
+    from perseus.solver import build_costs, build_dag
+    from perseus.solver.frontier import _Planner
+
+    schedule = case.schedule()
+    return _Planner(build_dag(schedule), build_costs(case.profile(), schedule, case.p_block_w))
+
+
+@examples(40)
+@given(cases(schedules=ALL_SCHEDULES, options=(2, 5)), st.data())
+def test_refill_meets_the_ceiling_and_leaves_no_node_a_slower_option(case: Case, data) -> None:
+    """From any plan (even one that overruns), refill meets the ceiling, and no single node
+    could take its next slower option without breaking it: no slack is left unused."""
+    note(repr(case))  # hypothesis prints composite values blank
+    planner = _planner(case)
+    n = planner.dag.size
+    plan = np.asarray([data.draw(st.integers(0, int(planner.last[j]))) for j in range(n)])
+    fastest = float(planner.evaluate(np.zeros((n, 1), dtype=np.int64))[0][0])
+    ceiling = fastest * data.draw(st.floats(1.0, 1.5))
+    refilled = planner.refill(plan[:, None], np.asarray([ceiling]))[:, 0]
+    time_s = float(planner.evaluate(refilled[:, None])[0][0])
+    assert time_s <= ceiling * (1 + 1e-12)
+    for j in range(n):
+        if refilled[j] < planner.last[j]:
+            slower = refilled.copy()
+            slower[j] += 1
+            assert float(planner.evaluate(slower[:, None])[0][0]) > ceiling * (1 + 1e-12), j
+
+
+@examples(25)
+@given(cases(schedules=ALL_SCHEDULES, options=(2, 5)), st.floats(1.0, 1.3))
+def test_local_search_never_ends_worse_than_it_starts(case: Case, slack: float) -> None:
+    note(repr(case))  # hypothesis prints composite values blank
+    planner = _planner(case)
+    n = planner.dag.size
+    deadline = float(planner.evaluate(np.zeros((n, 1), dtype=np.int64))[0][0]) * slack
+    start = planner.refill(np.zeros((n, 1), dtype=np.int64), np.asarray([deadline]))[:, 0]
+    end = planner.local_search(start.copy(), deadline, 10**6)
+    _, (e0,) = planner.evaluate(start[:, None])
+    (t1,), (e1,) = planner.evaluate(end[:, None])
+    assert t1 <= deadline * (1 + 1e-12)
+    assert e1 <= e0 * (1 + 1e-12), (e0, e1)
+    # with work to spare it stops at a local optimum: no single move of its own improves
+    nodes, options = planner._moves(end)
+    for j, k in zip(nodes.tolist(), options.tolist(), strict=True):
+        moved = end.copy()
+        moved[j] = k
+        moved = planner.refill(moved[:, None], np.asarray([deadline]))
+        (t2,), (e2,) = planner.evaluate(moved)
+        assert t2 > deadline * (1 + 1e-12) or e2 >= e1 * (1 - 1e-12), (j, k, e1, e2)

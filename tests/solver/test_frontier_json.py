@@ -20,7 +20,7 @@ from .cases import Case, cases, examples
 TOP_KEYS = {"format", "schedule", "stages", "microbatches", "p_block_w", "order", "baselines",
             "points"}  # fmt: skip
 POINT_KEYS = {"time_s", "energy_j", "gap", "frequencies_mhz"}
-BASELINE_KEYS = {"all_fastest", "global_clock", "per_stage_clock"}
+BASELINE_KEYS = {"default", "all_fastest", "global_clock", "per_stage_clock"}
 
 
 def frontier_of(case: Case) -> Frontier:

@@ -6,9 +6,14 @@ an MILP written independently in :mod:`reference` at both ends of the frontier.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from hypothesis import example, given, note
 
-from perseus.solver import compute_frontier
+import perseus
+from perseus.errors import PlanError, SolverTimeout
+from perseus.solver import compute_frontier, load_profile, make_schedule
 
 from . import reference as ref
 from .cases import NEAR, RTOL, Case, cases, examples, grid, query, rel
@@ -74,3 +79,42 @@ def test_small_fast_slowest_point_is_the_minimum_energy_plan(case: Case) -> None
     slowest = ref.milp_min_energy(case.table, case.dag, case.p_block_w)
     assert slowest is not None
     assert rel(float(fast.energies_j[-1]), slowest[1]) <= 1e-7, (fast.energies_j[-1], slowest)
+
+
+DEMO = Path(perseus.__file__).parent / "data" / "example_profile.csv"
+
+
+def test_highs_says_nothing(capfd: pytest.CaptureFixture[str]) -> None:
+    """Neither the exact mode nor the polish lets HiGHS print (it runs in-process: fd level)."""
+    profile = load_profile(DEMO)
+    compute_frontier(profile, make_schedule("1f1b", 4, 1), p_block_w=100.0, polish_s=0.2)
+    compute_frontier(NEAR_MISS_1F1B.profile(), NEAR_MISS_1F1B.schedule(), p_block_w=10.0,
+                     exact=True, exact_time_limit_s=30.0)  # fmt: skip
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+
+
+def test_exact_refuses_a_large_problem_at_once_with_an_estimate() -> None:
+    profile = load_profile(DEMO)
+    with pytest.raises(SolverTimeout, match=r"estimated to need at least \d+ s .*fast mode"):
+        compute_frontier(profile, make_schedule("1f1b", 4, 8), p_block_w=100.0, exact=True,
+                         exact_time_limit_s=1.0)  # fmt: skip
+    with pytest.raises(PlanError):
+        compute_frontier(profile, make_schedule("1f1b", 4, 8), p_block_w=100.0, exact=True,
+                         exact_time_limit_s=0.0)  # fmt: skip
+
+
+@examples(10)
+@given(SMALL)
+def test_exact_with_a_time_limit_it_meets_is_the_exact_frontier(case: Case) -> None:
+    note(repr(case))  # hypothesis prints composite values blank
+    profile, schedule = case.profile(), case.schedule()
+    plain = compute_frontier(profile, schedule, p_block_w=case.p_block_w, exact=True)
+    limited = compute_frontier(profile, schedule, p_block_w=case.p_block_w, exact=True,
+                               exact_time_limit_s=120.0)  # fmt: skip
+    check_frontier(case, limited)
+    end = max(float(plain.times_s[-1]), float(limited.times_s[-1]))
+    for d in grid(case.t_min, end, 1e-3):
+        a = float(plain.energies_j[query(plain, d)])  # type: ignore[index]
+        b = float(limited.energies_j[query(limited, d)])  # type: ignore[index]
+        assert rel(a, b) <= 1e-7, (d, a, b)

@@ -127,13 +127,18 @@ def test_choose_point(case: Case, data: st.DataObject) -> None:
     frontier = frontier_of(case)
     times = frontier.times_s
     n = len(frontier)
-    assert choose_point(frontier, Policy("no-slowdown")) == 0
+    # no slowdown: the default plan's time (every instruction at the highest clock)
+    reference = frontier.baselines["default"].time_s
+    assert frontier.reference_time_s == max(reference, float(times[0]))
+    reference = frontier.reference_time_s
+    assert choose_point(frontier, Policy("no-slowdown")) == latest_within(times, reference)
     assert choose_point(frontier, Policy("min-energy")) == n - 1
-    # max-slowdown: the largest-time point within FACTOR x the fastest
-    factors = [1.0, 1.0 + 1e-12, float(times[-1] / times[0]) + 1e-6, 1e3]
-    factors += [data.draw(st.floats(1.0, float(times[-1] / times[0]) * 1.1)) for _ in range(5)]
+    # max-slowdown: the largest-time point within FACTOR x the default plan's time
+    top = max(float(times[-1] / reference), 1.0)
+    factors = [1.0, 1.0 + 1e-12, top + 1e-6, 1e3]
+    factors += [data.draw(st.floats(1.0, top * 1.1)) for _ in range(5)]
     for factor in factors:
-        limit = factor * float(times[0])
+        limit = factor * reference
         if factor > 1.0 + 1e-6 and not clear_of_points(times, limit):
             continue
         assert choose_point(frontier, Policy("max-slowdown", factor)) == latest_within(

@@ -142,6 +142,8 @@ BAD_VALUES = [
     ("frequency", "abc"),
     ("frequency", "nan"),
     ("frequency", ""),
+    ("frequency", "0"),  # a clock is a positive number of MHz
+    ("frequency", "-1410"),
     ("stage", "x"),
     ("stage", "-1"),
     ("stage", "0.5"),
@@ -230,6 +232,8 @@ JSON_BAD_VALUES = [
     ("frequency_mhz", "abc"),
     ("frequency_mhz", None),
     ("frequency_mhz", 1410.5),
+    ("frequency_mhz", 0),  # a clock is a positive number of MHz
+    ("frequency_mhz", -1410),
     ("stage", -1),
     ("stage", "zero"),
     ("stage", 0.5),
@@ -326,3 +330,10 @@ def test_rows_structural_errors_and_source() -> None:
     )
     expect_error(lambda: profile_from_rows([]), "request", None, None)
     expect_error(lambda: profile_from_rows([(0, "forward", 1410, 0.1)]), "request", 1, None)  # type: ignore[list-item]
+
+
+def test_json_without_format_says_what_it_needs(tmp_path: Path) -> None:
+    path = tmp_path / "doc.json"
+    path.write_text('{"rows": []}')
+    message = expect_error(lambda: load_profile(path), "doc.json", None, "format")
+    assert "missing" in message and "perseus.profile/1" in message and "None" not in message

@@ -1,0 +1,144 @@
+"""Reference MILPs for benchmarks/quality.py: the best plan HiGHS finds within a time limit.
+
+    python benchmarks/milp_reference_job.py OUT.json --time-limit 300 --jobs 32 [--part 0/2]
+
+For every shared profile x microbatch count (8-stage 1F1B) and every deadline factor (1, 1.01,
+1.02, 1.05 times the default plan's iteration time: every instruction at the profile's highest
+clock), one single-threaded HiGHS MILP (options that cannot fit removed), run in parallel
+processes. Writes the best energy found, its replayed time, HiGHS's dual bound and status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import highspy
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from perseus.solver import build_costs, build_dag, load_profile, make_schedule, replay
+from perseus.solver.programs import ExactProgram
+
+PROFILES = {
+    "bloom+a100_sxm_bf16.csv": 83.64,
+    "bloom+a40_bf16.csv": 70.38,
+    "gpt3-175b+a40_bf16.csv": 70.38,
+}
+MICROBATCHES = (12, 24, 48, 96)
+FACTORS = (1.0, 1.01, 1.02, 1.05)
+
+
+def default_plan_time(profile_dir: Path, name: str, microbatches: int) -> tuple[float, float]:
+    """(time, energy) of every instruction at its stage's highest measured clock."""
+    profile = load_profile(profile_dir / name)
+    schedule = make_schedule("1f1b", profile.num_stages, microbatches)
+    clocks = [
+        [max(o.frequency_mhz for o in profile.stages[g][inst.kind]) for inst in seq]
+        for g, seq in enumerate(schedule.order)
+    ]
+    result = replay(profile, schedule, PROFILES[name], clocks)
+    return result.time_s, result.energy_j
+
+
+def solve(job: tuple[str, str, int, float, float]) -> dict[str, Any]:
+    profile_dir, name, microbatches, factor, limit_s = job
+    profile = load_profile(Path(profile_dir) / name)
+    power = PROFILES[name]
+    schedule = make_schedule("1f1b", profile.num_stages, microbatches)
+    dag = build_dag(schedule)
+    costs = build_costs(profile, schedule, power)
+    t_default, e_default = default_plan_time(Path(profile_dir), name, microbatches)
+    deadline = factor * t_default
+    args = ExactProgram(dag, costs).milp_arguments(deadline)
+    c = np.asarray(args["c"], dtype=float)
+    lower = np.asarray(args["bounds"].lb, dtype=float)
+    upper = np.asarray(args["bounds"].ub, dtype=float)
+    from scipy.sparse import vstack
+
+    constraints = args["constraints"]
+    matrix = vstack([con.A for con in constraints]).tocsr()
+    row_lo = np.concatenate([np.broadcast_to(con.lb, con.A.shape[0]) for con in constraints])
+    row_hi = np.concatenate([np.broadcast_to(con.ub, con.A.shape[0]) for con in constraints])
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = matrix.shape[1], matrix.shape[0]
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = c, lower, upper
+    lp.row_lower_, lp.row_upper_ = row_lo.astype(float), row_hi.astype(float)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_ = matrix.indptr, matrix.indices
+    lp.a_matrix_.value_ = matrix.data
+    lp.integrality_ = [
+        highspy.HighsVarType.kInteger if v else highspy.HighsVarType.kContinuous
+        for v in np.asarray(args["integrality"]) > 0
+    ]
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.setOptionValue("threads", 1)
+    highs.setOptionValue("time_limit", float(limit_s))
+    highs.setOptionValue("mip_rel_gap", 1e-6)
+    highs.passModel(lp)
+    started = time.perf_counter()
+    highs.run()
+    seconds = time.perf_counter() - started
+    info = highs.getInfo()
+    status = highs.modelStatusToString(highs.getModelStatus())
+    out: dict[str, Any] = {
+        "profile": name, "microbatches": microbatches, "factor": factor,
+        "deadline_s": deadline, "default_time_s": t_default, "default_energy_j": e_default,
+        "status": status, "seconds": seconds, "bound_j": float(info.mip_dual_bound),
+        "best_j": None, "best_time_s": None,
+    }  # fmt: skip
+    x = np.asarray(highs.getSolution().col_value)
+    if x.shape == (len(c),) and np.isfinite(x).all():
+        n = dag.size
+        chosen = x[n + 1 :] > 0.5
+        program = ExactProgram(dag, costs)
+        choice = program._choice(x)
+        if chosen.sum() == n:
+            flat = costs.start[dag.cost_class] + choice
+            freqs = costs.frequency_mhz[flat]
+            rows, at = [], 0
+            for seq in schedule.order:
+                rows.append([int(f) for f in freqs[at : at + len(seq)]])
+                at += len(seq)
+            check = replay(profile, schedule, power, rows)
+            if check.time_s <= deadline * (1 + 1e-9):
+                out["best_j"], out["best_time_s"] = check.energy_j, check.time_s
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument(
+        "--profiles-dir",
+        default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "profiles"),
+    )
+    parser.add_argument("--time-limit", type=float, default=300.0)
+    parser.add_argument("--jobs", type=int, default=multiprocessing.cpu_count())
+    parser.add_argument("--part", default="0/1", help="K/N: the K-th of N interleaved shares")
+    parser.add_argument("--microbatches", type=int, nargs="+", default=list(MICROBATCHES))
+    args = parser.parse_args()
+    k, parts = (int(v) for v in args.part.split("/"))
+    jobs = [
+        (args.profiles_dir, name, m, f, args.time_limit)
+        for m in args.microbatches[::-1]
+        for name in PROFILES
+        for f in FACTORS
+    ][k::parts]
+    with multiprocessing.Pool(args.jobs) as pool:
+        results = []
+        for result in pool.imap_unordered(solve, jobs):
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
