@@ -136,12 +136,7 @@ class FrontierFile(_Model):
         return cls.model_validate(
             {
                 "format": FRONTIER_FORMAT,
-                "schedule": schedule.name,
-                "stages": schedule.stages,
-                "microbatches": schedule.microbatches,
-                "virtual_stages": schedule.virtual_stages,
-                "p_block_w": float(frontier.p_block_w),
-                "profile": profile,
+                **_run_fields(frontier, profile),
                 "order": _order_of(schedule),
                 "baselines": {
                     key: {
@@ -243,17 +238,11 @@ class PlanFile(_Model):
         cls, frontier: Frontier, index: int, *, profile: ProfileFingerprint | None
     ) -> PlanFile:
         """The file of frontier point ``index``."""
-        schedule = frontier.schedule
         point = frontier.point(index)
         return cls.model_validate(
             {
                 "format": PLAN_FORMAT,
-                "schedule": schedule.name,
-                "stages": schedule.stages,
-                "microbatches": schedule.microbatches,
-                "virtual_stages": schedule.virtual_stages,
-                "p_block_w": float(frontier.p_block_w),
-                "profile": profile,
+                **_run_fields(frontier, profile),
                 "time_s": point.time_s,
                 "energy_j": point.energy_j,
                 "frequencies_mhz": [list(row) for row in point.frequencies_mhz],
@@ -397,3 +386,16 @@ def _schedule_text(schedule: Schedule) -> str:
     if schedule.virtual_stages > 1:
         text += f" x {schedule.virtual_stages} chunks"
     return text
+
+
+def _run_fields(frontier: Frontier, profile: ProfileFingerprint | None) -> dict[str, Any]:
+    """The fields a frontier file and a plan file share: the schedule, P_block, the profile."""
+    schedule = frontier.schedule
+    return {
+        "schedule": schedule.name,
+        "stages": schedule.stages,
+        "microbatches": schedule.microbatches,
+        "virtual_stages": schedule.virtual_stages,
+        "p_block_w": float(frontier.p_block_w),
+        "profile": profile,
+    }

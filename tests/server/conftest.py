@@ -7,6 +7,7 @@ Store tests run on SQLite always and on PostgreSQL when ``PERSEUS_TEST_POSTGRES_
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -212,3 +213,11 @@ def ready_job(client: TestClient, example_rows: ProfileRows) -> Job:
     r = job.wait_plan()
     assert r.status_code == 200, r.text
     return job
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -20,14 +20,7 @@ from perseus.server.app import create_app
 from perseus.server.edge import AccessLogFilter, EdgeConfig, redact_query
 from perseus.server.settings import Settings
 
-from .conftest import Job, create_job
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from .conftest import Job, create_job, free_port
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +28,7 @@ def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A server with a 0.3 s head timeout and at most 16 connections: ``{url, port, job}``."""
     database = tmp_path_factory.mktemp("edge") / "perseus.db"
     app = create_app(Settings(database=f"sqlite:///{database}", warm_planner=False))
-    port = _free_port()
+    port = free_port()
     config = EdgeConfig(
         app, host="127.0.0.1", port=port, log_level="error", header_timeout_s=0.3,
         max_connections=16,

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, settings
 from perseus.server.app import create_app
 from perseus.server.settings import Settings
 
-from .conftest import clocks_of, read_profile_rows
+from .conftest import clocks_of, free_port, read_profile_rows
 
 # A schema-valid request may still break a rule no schema can state (a rank outside the
 # job's layout, an infeasible deadline): the documented 422, not a contract breach.
@@ -43,21 +43,12 @@ schema = schemathesis.openapi.from_dict(
 )
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A server in a thread with one planned job: ``{url, job_id, token}``."""
     database = tmp_path_factory.mktemp("fuzz") / "perseus.db"
     app = create_app(Settings(database=f"sqlite:///{database}", warm_planner=False, max_wait_s=0.2))
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
