@@ -12,6 +12,8 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from perseus.defaults import RESOLUTION_S
+
 __all__ = [
     "API_PREFIX",
     "FRONTIER_PATH",
@@ -197,9 +199,7 @@ class JobCreate(_Model):
         description="Blocking power of one GPU while it waits; overrides the profiles' value.",
     )
     policy: PolicySpec = Field(default_factory=lambda: NoSlowdownPolicy(kind="no-slowdown"))
-    # le: the solver's RESOLUTION_S, written out so ranks need not import the solver
-    # (tests/server/test_schemas.py keeps them equal).
-    resolution_s: Annotated[StrictFloat, Field(ge=1e-5, le=1e-3)] | None = Field(
+    resolution_s: Annotated[StrictFloat, Field(ge=1e-5, le=RESOLUTION_S)] | None = Field(
         default=None, description="Time quantum of the frontier; the solver's default if unset."
     )
     auto_straggler: Annotated[bool, Field(strict=True)] = Field(
