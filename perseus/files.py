@@ -42,11 +42,15 @@ __all__ = [
     "FrontierFile",
     "PlanFile",
     "ProfileFingerprint",
+    "frontier_from_json",
+    "frontier_to_json",
     "profile_fingerprint",
     "read_plan_or_frontier",
 ]
 
 PLAN_FORMAT = "perseus.plan/1"
+# Every run has these; "default" may be absent from files written before it existed.
+_REQUIRED_BASELINES = ("all_fastest", "global_clock", "per_stage_clock")
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -182,6 +186,9 @@ class FrontierFile(_Model):
                 f"baselines: unknown {', '.join(unknown)}; expected some of "
                 f"{', '.join(BASELINE_LABELS)}"
             )
+        missing = [key for key in _REQUIRED_BASELINES if key not in self.baselines]
+        if missing:
+            raise PlanError(f"baselines: missing {', '.join(missing)}")
         baselines = {}
         for key, b in self.baselines.items():
             if b.frequencies_mhz:
@@ -330,6 +337,33 @@ def read_plan_or_frontier(path: str) -> FrontierFile | PlanFile:
         return model.model_validate(data)
     except ValidationError as err:
         raise PlanError(f"{path}: {validation_message(err)}") from None
+
+
+def frontier_to_json(frontier: Frontier) -> str:
+    """``frontier`` as one line of ``perseus.frontier/1`` JSON, with its own baselines.
+
+    How the server stores a job's frontier: the same model as ``perseus plan --output``.
+    """
+    file = FrontierFile.of_run(
+        frontier, frontier.baselines, profile=None, baselines_deadline_s=None
+    )
+    return file.render().decode().rstrip("\n")
+
+
+def frontier_from_json(data: str | bytes | object) -> Frontier:
+    """Read ``perseus.frontier/1`` JSON (text, or a decoded document) back into a frontier.
+
+    Raises:
+        PlanError: Not a frontier document, or a field that is wrong (the message names it).
+    """
+    try:
+        if isinstance(data, str | bytes):
+            file = FrontierFile.model_validate_json(data)
+        else:
+            file = FrontierFile.model_validate(data)
+    except ValidationError as err:
+        raise PlanError(f"frontier: {validation_message(err)}") from None
+    return file.to_frontier()
 
 
 def validation_message(err: ValidationError) -> str:

@@ -11,12 +11,12 @@ version.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
 
 from perseus.errors import InfeasibleDeadline, JobStateError
+from perseus.files import frontier_from_json
 from perseus.schemas import ProfileAccepted, ProfileReport
 from perseus.server.decisions import choose
 from perseus.server.jobs import RequestFieldError, existing, stages_profiled
@@ -240,7 +240,7 @@ class PlanningLease:
             if not self._owns(tx.job(job_id)):
                 return None
         if frontier is None:
-            frontier = Frontier.from_json(json.loads(frontier_json))  # outside the lock
+            frontier = frontier_from_json(frontier_json)  # outside the lock
         with self._store.write() as tx:
             job = tx.job(job_id)
             if job is None or not self._owns(job):

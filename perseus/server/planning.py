@@ -470,7 +470,7 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
     """Compute the job's time-energy frontier; runs in a worker process.
 
     Returns:
-        The frontier and its ``Frontier.to_json()`` as compact JSON text.
+        The frontier and its ``perseus.frontier/1`` text (``perseus.files.frontier_to_json``).
 
     Raises:
         ProfileError, ScheduleError: the profiles or schedule are unusable.
@@ -513,7 +513,9 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
         resolution_s=RESOLUTION_S if inp.resolution_s is None else inp.resolution_s,
         polish_s=inp.polish_s,
     )
-    return PlanningResult(json.dumps(frontier.to_json(), separators=(",", ":")), frontier)
+    from perseus.files import frontier_to_json
+
+    return PlanningResult(frontier_to_json(frontier), frontier)
 
 
 def sample_planning_work(inp: PlanningInput) -> PlanningWork:

@@ -7,11 +7,11 @@ bytes from then on. Frontiers are parsed from the store once per revision.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 
 from perseus.errors import PlanError, PlanNotReady
+from perseus.files import frontier_from_json
 from perseus.schemas import (
     Baseline,
     ChosenPoint,
@@ -117,7 +117,7 @@ class FrontierCache:
         if row is None or row.rev != rev:
             # A newer computation replaced it meanwhile; callers re-read the job.
             raise PlanError(f"job {job_id}: frontier revision {rev} is no longer stored")
-        frontier = Frontier.from_json(json.loads(row.data))
+        frontier = frontier_from_json(row.data)
         self.put(job_id, rev, frontier)
         return frontier
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +40,6 @@ import numpy.typing as npt
 from perseus.defaults import EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
 from perseus.errors import (
     InfeasibleDeadline,
-    PerseusError,
     PlanError,
     ProfileError,
     SolverTimeout,
@@ -49,7 +48,7 @@ from perseus.solver.costs import CostTable, build_costs
 from perseus.solver.dag import PipelineDag, build_dag
 from perseus.solver.profiles import Profile
 from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution, hull_options
-from perseus.solver.schedules import BACKWARD, FORWARD, Schedule, make_schedule
+from perseus.solver.schedules import BACKWARD, FORWARD, Schedule
 
 __all__ = [
     "FRONTIER_FORMAT",
@@ -188,62 +187,6 @@ class Frontier:
             )
         extra = max(iteration_time_s - time_s, 0.0)
         return float(self.energies_j[i]) + self.schedule.stages * self.p_block_w * extra
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``perseus.frontier/1`` document (see the README for the shape)."""
-        data = self._header()
-        data["points"] = [self._point_json(i) for i in range(len(self))]
-        return data
-
-    def write_json(self, stream: TextIO) -> None:
-        """Write :meth:`to_json` to ``stream`` one point at a time (large frontiers)."""
-        import json
-
-        header = json.dumps(self._header())
-        stream.write(header[:-1] + ', "points": [')
-        for i in range(len(self)):
-            if i:
-                stream.write(", ")
-            stream.write(json.dumps(self._point_json(i)))
-        stream.write("]}\n")
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Frontier:
-        """Rebuild a frontier from its JSON document.
-
-        Raises:
-            PlanError: The document is malformed; the message names the field.
-        """
-        return _frontier_from_json(data)
-
-    def _header(self) -> dict[str, Any]:
-        schedule = self.schedule
-        return {
-            "format": FRONTIER_FORMAT,
-            "schedule": schedule.name,
-            "stages": schedule.stages,
-            "microbatches": schedule.microbatches,
-            "p_block_w": self.p_block_w,
-            "order": _order_json(schedule),
-            "baselines": {
-                key: {
-                    "time_s": b.time_s,
-                    "energy_j": b.energy_j,
-                    "frequencies_mhz": [list(row) for row in b.frequencies_mhz],
-                }
-                for key, b in self.baselines.items()
-            },
-        }
-
-    def _point_json(self, i: int) -> dict[str, Any]:
-        return {
-            "time_s": float(self.times_s[i]),
-            "energy_j": float(self.energies_j[i]),
-            "gap": float(self.gaps[i]),
-            "frequencies_mhz": [
-                list(row) for row in _split(self.frequencies_mhz[i], self.schedule)
-            ],
-        }
 
 
 def compute_frontier(
@@ -1010,126 +953,3 @@ def baselines_at(
         current, current_time, current_energy = trial[:, k].copy(), float(time[k]), float(score[k])
     result["per_stage_clock"] = baseline(current)
     return result
-
-
-def _frontier_from_json(data: Mapping[str, Any]) -> Frontier:
-    def fail(where: str, what: str) -> PlanError:
-        return PlanError(f"frontier: {where}: {what}")
-
-    def integer(key: str) -> int:
-        value = data.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise fail(key, f"expected an integer >= 1, got {value!r}")
-        return value
-
-    def number(item: Mapping[str, Any], key: str, where: str) -> float:
-        value = item.get(key)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
-            raise fail(f"{where}.{key}", f"expected a finite number, got {value!r}")
-        return float(value)
-
-    if not isinstance(data, Mapping):
-        raise fail("document", "expected a JSON object")
-    if data.get("format") != FRONTIER_FORMAT:
-        raise fail("format", f"expected {FRONTIER_FORMAT!r}, got {data.get('format')!r}")
-    order = data.get("order")
-    if not isinstance(order, list) or not all(isinstance(seq, list) for seq in order):
-        raise fail("order", "expected a list of instruction lists, one per stage")
-    chunks = [
-        entry[2]
-        for seq in order
-        for entry in seq
-        if isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], int)
-    ]
-    try:
-        schedule = make_schedule(
-            str(data.get("schedule")),
-            integer("stages"),
-            integer("microbatches"),
-            max(chunks) + 1 if chunks else 1,
-        )
-    except PerseusError as err:
-        raise fail("schedule", str(err)) from None
-    if order != _order_json(schedule):
-        raise fail("order", f"does not match the {schedule.name} schedule")
-    power = number(data, "p_block_w", "document")
-    if power < 0:
-        raise fail("p_block_w", f"must be >= 0, got {power!r}")
-    sizes = [len(seq) for seq in schedule.order]
-
-    def clocks(value: Any, where: str) -> list[int]:
-        if (
-            not isinstance(value, list)
-            or [len(row) if isinstance(row, list) else -1 for row in value] != sizes
-        ):
-            raise fail(where, "expected one clock per instruction of every stage")
-        flat = [f for row in value for f in row]
-        if not all(isinstance(f, int) and not isinstance(f, bool) and 0 < f < 65536 for f in flat):
-            raise fail(where, "clocks must be positive integers (MHz)")
-        return flat
-
-    raw_baselines = data.get("baselines")
-    # Documents written before the ``default`` baseline existed lack it; they still load.
-    if (
-        not isinstance(raw_baselines, Mapping)
-        or not set(raw_baselines) <= set(_BASELINE_KEYS)
-        or not set(_BASELINE_KEYS[1:]) <= set(raw_baselines)
-    ):
-        raise fail("baselines", f"expected {', '.join(_BASELINE_KEYS)} (default optional)")
-    baselines: dict[str, Baseline] = {}
-    for key in [k for k in _BASELINE_KEYS if k in raw_baselines]:
-        item = raw_baselines[key]
-        where = f"baselines.{key}"
-        if not isinstance(item, Mapping):
-            raise fail(where, "expected an object")
-        flat = (
-            clocks(item["frequencies_mhz"], f"{where}.frequencies_mhz")
-            if "frequencies_mhz" in item
-            else []
-        )
-        baselines[key] = Baseline(
-            number(item, "time_s", where),
-            number(item, "energy_j", where),
-            _split(np.asarray(flat), schedule) if flat else (),
-        )
-
-    points = data.get("points")
-    if not isinstance(points, list) or not points:
-        raise fail("points", "expected a non-empty list")
-    times, energies, gaps, freqs = [], [], [], []
-    for i, item in enumerate(points):
-        where = f"points[{i}]"
-        if not isinstance(item, Mapping):
-            raise fail(where, "expected an object")
-        times.append(number(item, "time_s", where))
-        energies.append(number(item, "energy_j", where))
-        gaps.append(number(item, "gap", where))
-        freqs.append(clocks(item.get("frequencies_mhz"), f"{where}.frequencies_mhz"))
-        if i and not (times[-1] > times[-2] and energies[-1] < energies[-2]):
-            raise fail(where, "time_s must rise and energy_j fall from one point to the next")
-    return Frontier(
-        schedule=schedule,
-        p_block_w=power,
-        times_s=np.asarray(times),
-        energies_j=np.asarray(energies),
-        gaps=np.asarray(gaps),
-        frequencies_mhz=np.asarray(freqs, dtype=np.uint16),
-        baselines=baselines,
-    )
-
-
-def _order_json(schedule: Schedule) -> list[list[list[Any]]]:
-    interleaved = schedule.virtual_stages > 1
-    return [
-        [
-            [inst.kind, inst.microbatch, inst.chunk]
-            if interleaved
-            else [inst.kind, inst.microbatch]
-            for inst in seq
-        ]
-        for seq in schedule.order
-    ]

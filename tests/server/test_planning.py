@@ -7,6 +7,7 @@ import json
 import pytest
 
 from perseus.errors import ProfileError
+from perseus.files import frontier_from_json
 from perseus.server.planning import (
     PlanningInput,
     RankProfile,
@@ -15,7 +16,6 @@ from perseus.server.planning import (
     plan_frontier,
     stage_p_block_w,
 )
-from perseus.solver import Frontier
 
 from .conftest import ProfileRows
 
@@ -94,7 +94,7 @@ def test_worker_function_returns_the_frontier_and_its_json(example_rows: Profile
         for stage, rows in example_rows.items()
     )
     result = plan_frontier(PlanningInput("j", "gpipe", 4, 3, 1, 1, 100.0, 1e-3, profiles))
-    frontier = Frontier.from_json(json.loads(result.frontier_json))
+    frontier = frontier_from_json(result.frontier_json)
     assert frontier.schedule.name == result.frontier.schedule.name == "gpipe"
     assert len(frontier) == len(result.frontier) > 1
     assert list(frontier.times_s) == list(result.frontier.times_s)

@@ -1,9 +1,8 @@
-"""frontier.json: exactly the issue's ``perseus.frontier/1`` shape, round trip, strict reading."""
+"""frontier.json (``perseus.files``, the one model of the format): shape, round trip, strictness."""
 
 from __future__ import annotations
 
 import copy
-import io
 import json
 import math
 from typing import Any
@@ -13,12 +12,13 @@ import pytest
 from hypothesis import given, note
 
 from perseus.errors import PlanError
+from perseus.files import frontier_from_json, frontier_to_json
 from perseus.solver import Frontier, compute_frontier, make_schedule, profile_from_rows
 
 from .cases import Case, cases, examples
 
-TOP_KEYS = {"format", "schedule", "stages", "microbatches", "p_block_w", "order", "baselines",
-            "points"}  # fmt: skip
+TOP_KEYS = {"format", "schedule", "stages", "microbatches", "virtual_stages", "p_block_w",
+            "order", "baselines", "points"}  # fmt: skip
 POINT_KEYS = {"time_s", "energy_j", "gap", "frequencies_mhz"}
 BASELINE_KEYS = {"default", "all_fastest", "global_clock", "per_stage_clock"}
 
@@ -40,8 +40,9 @@ def is_number(x: object) -> bool:
 def test_shape_and_round_trip(case: Case) -> None:
     note(repr(case))  # hypothesis prints composite values blank
     frontier = frontier_of(case)
-    doc = frontier.to_json()
-    text = json.dumps(doc, allow_nan=False)  # plain JSON: no numpy scalars, no NaN
+    text = frontier_to_json(frontier)
+    doc = json.loads(text)
+    assert json.dumps(doc, allow_nan=False)  # plain JSON: no NaN
     assert set(doc) == TOP_KEYS, set(doc) ^ TOP_KEYS
     assert doc["format"] == "perseus.frontier/1"
     assert doc["schedule"] == case.schedule_name
@@ -70,8 +71,8 @@ def test_shape_and_round_trip(case: Case) -> None:
     assert times == sorted(times) and len(set(times)) == len(times)
     assert energies == sorted(energies, reverse=True) and len(set(energies)) == len(energies)
 
-    again = Frontier.from_json(json.loads(text))
-    assert again.to_json() == doc
+    again = frontier_from_json(text)
+    assert json.loads(frontier_to_json(again)) == doc
     assert again.schedule == frontier.schedule
     assert again.p_block_w == frontier.p_block_w
     np.testing.assert_array_equal(again.times_s, frontier.times_s)
@@ -84,18 +85,6 @@ def test_shape_and_round_trip(case: Case) -> None:
         assert (a.time_s, a.energy_j) == (b.time_s, b.energy_j)
 
 
-def test_write_json_streams_the_same_document() -> None:
-    rows = [(s, k, f, t * (1 + s / 10) * 1410 / f, t * f / 20)
-            for s in range(2) for k, t in (("forward", 0.05), ("backward", 0.1))
-            for f in (1410, 1200, 1000)]  # fmt: skip
-    frontier = compute_frontier(profile_from_rows(rows), make_schedule("1f1b", 2, 4), p_block_w=40)
-    if not hasattr(frontier, "write_json"):
-        pytest.skip("no streaming writer")
-    stream = io.StringIO()
-    frontier.write_json(stream)
-    assert json.loads(stream.getvalue()) == frontier.to_json()
-
-
 # ----------------------------------------------------------------------------- malformed
 
 
@@ -105,7 +94,7 @@ def good_doc() -> dict[str, Any]:
             for s in range(2) for k, t in (("forward", 0.05), ("backward", 0.1))
             for f in (1410, 1200, 1000, 800)]  # fmt: skip
     frontier = compute_frontier(profile_from_rows(rows), make_schedule("1f1b", 2, 3), p_block_w=60)
-    doc = json.loads(json.dumps(frontier.to_json()))
+    doc = json.loads(frontier_to_json(frontier))
     assert len(doc["points"]) >= 3
     return doc
 
@@ -211,14 +200,14 @@ MALFORMED = {
 
 @pytest.mark.parametrize("mutation", list(MALFORMED))
 def test_from_json_rejects_malformed(good_doc: dict[str, Any], mutation: str) -> None:
-    Frontier.from_json(copy.deepcopy(good_doc))  # the unmodified document is fine
+    frontier_from_json(copy.deepcopy(good_doc))  # the unmodified document is fine
     doc = copy.deepcopy(good_doc)
     MALFORMED[mutation](doc)
     with pytest.raises(PlanError):
-        Frontier.from_json(doc)
+        frontier_from_json(doc)
 
 
 @pytest.mark.parametrize("document", [None, [], "frontier", 3, {}])
 def test_from_json_rejects_non_documents(document: object) -> None:
     with pytest.raises(PlanError):
-        Frontier.from_json(document)  # type: ignore[arg-type]
+        frontier_from_json(document)
