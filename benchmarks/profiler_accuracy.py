@@ -20,13 +20,11 @@ anyway.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import random
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork
+from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork, SweepProbe
 from perseus.client.meter import EnergyMeter
 from perseus.client.profiler import ClockMeasurement, ClockSweep, measure_idle_power
 from perseus.client.settings import ProfileBudget
@@ -46,61 +44,6 @@ SIZES = {
 }
 CLOCKS = "1980,1605,1200,900,600"
 QUICK_CLOCKS = "1980,1200,600"
-
-
-@dataclass
-class Probe:
-    """The stage's work (nothing on the host) that also records what the fake really did.
-
-    `ClockSweep` synchronizes three times per loop (start, end of settling, end), two loops per
-    clock; a bracket is filed under the number of synchronizations before it.
-    """
-
-    gpu: FakeGpu
-    syncs: list[tuple[float, float]] = field(default_factory=list)  # (time, exact energy J)
-    brackets: list[tuple[int, str, float]] = field(default_factory=list)  # (syncs, kind, s)
-
-    def forward(self) -> object:
-        return None
-
-    def backward(self, handle: object) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        self.syncs.append((time.perf_counter(), self.gpu.true_energy_j()))
-
-    def work(self, kind: str) -> contextlib.AbstractContextManager[object]:
-        return self._bracket(kind)
-
-    @contextlib.contextmanager
-    def _bracket(self, kind: str) -> Iterator[None]:
-        start = time.perf_counter()
-        self.gpu.begin(kind)
-        try:
-            yield
-        finally:
-            self.gpu.end()
-            self.brackets.append((len(self.syncs), kind, time.perf_counter() - start))
-
-    def realized(self, c: int) -> dict[str, float]:
-        """Per-instruction time and energy the fake really ran at its c-th clock."""
-
-        def mean_s(window: int, kind: str) -> float:
-            d = [s for n, k, s in self.brackets if n == window and k == kind]
-            return sum(d) / len(d)
-
-        def energy_j(window: int, kind: str) -> float:
-            runs = sum(1 for n, k, _ in self.brackets if n == window and k == kind)
-            return (self.syncs[window][1] - self.syncs[window - 1][1]) / runs
-
-        f_win, fb_win = 6 * c + 2, 6 * c + 5
-        t_f, e_f = mean_s(f_win, "forward"), energy_j(f_win, "forward")
-        return {
-            "t_f": t_f,
-            "e_f": e_f,
-            "t_b": mean_s(fb_win, "forward") + mean_s(fb_win, "backward") - t_f,
-            "e_b": energy_j(fb_win, "backward") - e_f,
-        }
 
 
 QUANTITIES = ("t_f", "e_f", "t_b", "e_b")
@@ -170,14 +113,14 @@ def run_case(
     meter.start()
     rows = []
     try:
-        probe = Probe(gpu)
+        probe = SweepProbe(gpu)
         profile = ClockSweep(gpu, meter, probe, replace(BUDGET, clocks=clocks), probe.work).run()
         for c, m in enumerate(profile.measurements):
             at = {"forward": m.frequency_mhz, "backward": m.frequency_mhz}
             rows.append(_row(label, str(m.frequency_mhz), work, at, m, probe.realized(c), worst))
         while gpu.locked_clock_mhz is not None:  # the sweep's last reset acts after a delay
             time.sleep(0.005)
-        probe = Probe(gpu)
+        probe = SweepProbe(gpu)
         m = ClockSweep(gpu, meter, probe, BUDGET, probe.work, lock=False).run().measurements[0]
         at = {kind: MODEL.unlocked_clock_mhz(w) for kind, w in work.items()}
         clock = "unlocked " + "/".join(str(at[k]) for k in ("forward", "backward"))

@@ -20,13 +20,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from perseus.client.controller import ClockController
-from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork
+from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork, SweepProbe
 from perseus.client.meter import EnergyMeter, PowerReading
 from perseus.client.profiler import (
     ClockMeasurement,
@@ -394,78 +394,6 @@ def test_stage_profile_rows_and_csv() -> None:
 # Accuracy against the fake's ground truth ---------------------------------------------------------
 
 
-@dataclass
-class Probe:
-    """Workload and bracket that record what the fake really did inside each loop's window.
-
-    ClockSweep synchronizes three times per loop (start, end of settling, end) and runs two
-    loops per clock, so sync ``6c + 1`` to ``6c + 2`` is the forward loop's window of the c-th
-    clock and ``6c + 4`` to ``6c + 5`` the forward+backward loop's.
-    """
-
-    gpu: FakeGpu
-    syncs: list[tuple[float, float]] = field(default_factory=list)  # (time, exact energy)
-    brackets: list[tuple[int, str, float]] = field(default_factory=list)  # (sync no, kind, s)
-
-    def forward(self) -> object:
-        return None
-
-    def backward(self, handle: object) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        self.syncs.append((time.perf_counter(), self.gpu.true_energy_j()))
-
-    def work(self, kind: str) -> contextlib.AbstractContextManager[object]:
-        return self._work(kind)
-
-    @contextlib.contextmanager
-    def _work(self, kind: str) -> Iterator[None]:
-        start = time.perf_counter()
-        self.gpu.begin(kind)
-        try:
-            yield
-        finally:
-            self.gpu.end()
-            self.brackets.append((len(self.syncs), kind, time.perf_counter() - start))
-
-    def realized(self, c: int) -> dict[str, float]:
-        """What the fake really did at the c-th clock: per-instruction time and energy.
-
-        Times are the mean bracket durations (the fake's sleeps overshoot on a loaded host and
-        it counts the overshoot as busy time); energies are the fake's exact integral over each
-        loop's window divided by the loop's runs.
-        """
-
-        def mean(sync_no: int, kind: str) -> float:
-            d = [s for n, k, s in self.brackets if n == sync_no and k == kind]
-            return sum(d) / len(d)
-
-        def energy(sync_no: int, kind: str) -> float:
-            runs = sum(1 for n, k, _ in self.brackets if n == sync_no and k == kind)
-            return (self.syncs[sync_no][1] - self.syncs[sync_no - 1][1]) / runs
-
-        def gap(sync_no: int, kinds: tuple[str, ...]) -> float:
-            # Host time per loop body outside the fake's brackets (Python between bodies, a
-            # busy host descheduling the thread): a GPU's queue hides it, the fake cannot.
-            runs = sum(1 for n, k, _ in self.brackets if n == sync_no and k == kinds[0])
-            wall = self.syncs[sync_no][0] - self.syncs[sync_no - 1][0]
-            inside = sum(mean(sync_no, k) for k in kinds)
-            return max(0.0, wall / runs - inside)
-
-        f_window, fb_window = 6 * c + 2, 6 * c + 5  # brackets seen before these syncs
-        t_f = mean(f_window, "forward")
-        e_f = energy(f_window, "forward")
-        return {
-            "t_f": t_f,
-            "e_f": e_f,
-            "t_b": mean(fb_window, "forward") + mean(fb_window, "backward") - t_f,
-            "e_b": energy(fb_window, "backward") - e_f,
-            "gap_f": gap(f_window, ("forward",)),
-            "gap_fb": gap(fb_window, ("forward", "backward")),
-        }
-
-
 H200 = FakeGpuModel()  # the defaults: 100 ms ticks, 3 ms reads, smoothed power, 700 W limit
 ACCURACY_BUDGET = ProfileBudget(window_s=0.6, settle_s=0.2)
 TOLERANCE = {"t_f": 0.01, "t_b": 0.01, "e_f": 0.02, "e_b": 0.02}
@@ -554,7 +482,7 @@ def test_sweep_matches_the_fake_h200s_ground_truth(
     failures: list[str] = []
     idle_w: float | None = None
     try:
-        probe = Probe(gpu)
+        probe = SweepProbe(gpu)
         budget = replace(ACCURACY_BUDGET, clocks=clocks)
         profile = ClockSweep(gpu, meter, probe, budget, probe.work).run()
         assert len(profile.measurements) == len(budget.select(H200.clocks_mhz))
@@ -565,7 +493,7 @@ def test_sweep_matches_the_fake_h200s_ground_truth(
             # No lock: the fake throttles the 760 W backward to stay within 700 W.
             while gpu.locked_clock_mhz is not None:  # the last reset acts after a delay
                 time.sleep(0.005)
-            probe = Probe(gpu)
+            probe = SweepProbe(gpu)
             sweep = ClockSweep(gpu, meter, probe, ACCURACY_BUDGET, probe.work, lock=False)
             m = sweep.run().measurements[0]
             at = {kind: H200.unlocked_clock_mhz(w) for kind, w in work.items()}
