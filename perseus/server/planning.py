@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
+from perseus.defaults import RESOLUTION_S
 from perseus.errors import PerseusError, PlanningTooLarge, ProfileError
 
 if TYPE_CHECKING:
@@ -332,8 +333,6 @@ def estimate_planning_work(
     Returns:
         The estimate. O(len(times)).
     """
-    from perseus.defaults import RESOLUTION_S
-
     resolution = RESOLUTION_S if resolution_s is None else resolution_s
     low: dict[tuple[int, str], float] = {}
     high: dict[tuple[int, str], float] = {}
@@ -389,7 +388,6 @@ def check_planning_work(
 
     Complexity: O(len(times) + log(microbatches)) (a bisection over microbatches).
     """
-    from perseus.defaults import RESOLUTION_S
 
     def work(microbatches: int, resolution_s: float | None) -> PlanningWork:
         return estimate_planning_work(
@@ -476,7 +474,6 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
         ProfileError, ScheduleError: the profiles or schedule are unusable.
         PlanningTooLarge: the work estimate is over ``inp.max_cells``.
     """
-    from perseus.defaults import RESOLUTION_S
     from perseus.solver import compute_frontier, make_schedule
 
     profile = merged_profile(inp)
