@@ -62,6 +62,9 @@ _SMALL_SHARE = 16
 # A planning process whose peak memory passed this exits after its run (memory back to the
 # host); smaller ones serve the next run (no start, ~0.7 s of CPU, per job).
 _RETIRE_BYTES = 1 << 30
+# How long a planning process that closed its pipe may take to be reaped (a SIGKILLed one is
+# reaped at once; a loaded host can take seconds).
+_REAP_S = 30.0
 
 
 class Coalescer:
@@ -488,7 +491,8 @@ class PlanningRunner:
             try:
                 outcome, peak_bytes = call.result()
             except (EOFError, OSError):
-                return PlanningFailure(worker.death())
+                # Reaping the dead process can take a moment: not on the event loop.
+                return PlanningFailure(await asyncio.to_thread(worker.death))
             # A process that grew large gives its memory back to the host by exiting.
             reuse = peak_bytes <= _RETIRE_BYTES
             return outcome
@@ -620,8 +624,8 @@ class _PlanningProcess:
             self._process.kill()
 
     def death(self) -> str:
-        """Why the process ended, for people (after it did)."""
-        self._process.join(5.0)
+        """Why the process ended, for people (after it did; blocks until it is reaped)."""
+        self._process.join(_REAP_S)
         code = self._process.exitcode
         if code == -signal.SIGKILL:
             # Not our memory limit (that is a MemoryError, reported by the process itself).
@@ -631,6 +635,8 @@ class _PlanningProcess:
                 how = f"killed by {signal.Signals(-code).name}"
             except ValueError:
                 how = f"killed by signal {-code}"
+        elif code is None:
+            how = f"it closed its pipe and was still not gone after {_REAP_S:g} s"
         else:
             how = f"exit code {code}"
         return f"the planning process died ({how}); no other job was affected"
