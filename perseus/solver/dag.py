@@ -9,6 +9,7 @@ over many plans at once.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import networkx as nx
@@ -37,6 +38,10 @@ class PipelineDag:
         succ: ``(n, 2)`` successor indices; ``n`` where there is none.
         topo: Nodes in a topological order.
         offsets: ``offsets[g]`` is the first node of GPU ``g``; ``offsets[-1] == n``.
+        levels: The nodes grouped by their longest chain of predecessors (sources first):
+            the nodes of one level do not depend on each other, so a longest-path pass
+            handles a whole level with one vectorised step.
+        back_levels: The same by the longest chain of successors (sinks first).
     """
 
     schedule: Schedule
@@ -47,6 +52,8 @@ class PipelineDag:
     succ: IntArray
     topo: IntArray
     offsets: IntArray
+    levels: tuple[IntArray, ...]
+    back_levels: tuple[IntArray, ...]
 
     @property
     def size(self) -> int:
@@ -69,8 +76,10 @@ class PipelineDag:
         """
         finish = np.zeros((self.size + 1, *durations.shape[1:]))
         pred = self.pred
-        for j in self.topo:
-            finish[j] = np.maximum(finish[pred[j, 0]], finish[pred[j, 1]]) + durations[j]
+        for level in self.levels:
+            finish[level] = (
+                np.maximum(finish[pred[level, 0]], finish[pred[level, 1]]) + durations[level]
+            )
         return finish[:-1]
 
     def latest_starts(self, durations: FloatArray, deadline: FloatArray | float) -> FloatArray:
@@ -78,8 +87,10 @@ class PipelineDag:
         start = np.empty((self.size + 1, *durations.shape[1:]))
         start[-1] = deadline
         succ = self.succ
-        for j in self.topo[::-1]:
-            start[j] = np.minimum(start[succ[j, 0]], start[succ[j, 1]]) - durations[j]
+        for level in self.back_levels:
+            start[level] = (
+                np.minimum(start[succ[level, 0]], start[succ[level, 1]]) - durations[level]
+            )
         return start[:-1]
 
     def iteration_time(self, durations: FloatArray) -> FloatArray:
@@ -159,6 +170,12 @@ def build_dag(schedule: Schedule) -> PipelineDag:
         pred_count[b] += 1
         succ_count[a] += 1
     topo = np.fromiter(nx.topological_sort(graph), dtype=np.int64, count=n)
+    depth = np.zeros(n + 1, dtype=np.int64)  # the sentinel n stays at 0
+    for j in topo:
+        depth[j] = max(depth[pred[j, 0]], depth[pred[j, 1]]) + 1
+    height = np.zeros(n + 1, dtype=np.int64)
+    for j in topo[::-1]:
+        height[j] = max(height[succ[j, 0]], height[succ[j, 1]]) + 1
     gpu_arr = np.asarray(gpu, dtype=np.int64)
     kind_arr = np.asarray(kind, dtype=np.int64)
     return PipelineDag(
@@ -170,4 +187,13 @@ def build_dag(schedule: Schedule) -> PipelineDag:
         succ=succ,
         topo=topo,
         offsets=np.asarray(offsets, dtype=np.int64),
+        levels=_group(depth[:n]),
+        back_levels=_group(height[:n]),
     )
+
+
+def _group(rank: IntArray) -> tuple[IntArray, ...]:
+    """Nodes grouped by ``rank`` (1, 2, ...), each group in ascending node order."""
+    order = np.argsort(rank, kind="stable")
+    bounds = np.searchsorted(rank[order], np.arange(1, int(rank.max(initial=0)) + 2))
+    return tuple(order[a:b] for a, b in itertools.pairwise(bounds.tolist()))

@@ -91,6 +91,9 @@ DEFAULT_SEARCH_WORK = 6 * 10**7
 _BATCH_CHARGE = 1_000
 # The anchors that get twice the share of the work: the deadlines the policies name.
 _MAIN_SLOWDOWNS = (1.0, 1.01, 1.02, 1.05)
+_CROSSOVER_SHARES = 31  # plans between two neighbouring anchors, per node order
+_CROSSOVER_ROUNDS = 2
+_CROSSOVER_PAIRS = 16
 _ALL_ANCHORS_UP_TO = 512  # instructions
 # Repair rounds (small DAGs): search again where a point's reported gap exceeds this.
 _REPAIR_GAP = 0.009
@@ -310,6 +313,15 @@ class _Planner:
         self.class_times = [costs.times_of(c) for c in range(len(costs.start) - 1)]
         self.last = costs.start[self.cls + 1] - self.start - 1
         self.hull = hull_options(costs)
+        # Every class's times shifted into its own range of one ascending array, so one
+        # searchsorted fits nodes of many classes at once (see fit).
+        classes = len(costs.start) - 1
+        span = 2.0 * float(np.abs(costs.time_s).max(initial=0.0)) + 1.0
+        shift = span * np.arange(classes, dtype=np.float64)
+        self._keys = costs.time_s + np.repeat(shift, np.diff(costs.start))
+        self._shift = shift[self.cls]
+        self._level_columns = [self._columns(level) for level in dag.levels]
+        self._back_columns = [self._columns(level) for level in dag.back_levels]
 
     def flat(self, choices: IntArray) -> IntArray:
         """Flat cost-table index of every (plan, node) choice."""
@@ -329,17 +341,30 @@ class _Planner:
         )
         return total, np.asarray(energy)
 
-    def fit(self, node: int, room: FloatArray) -> IntArray:
-        """Slowest option of ``node`` that takes at most ``room`` (the fastest if none does)."""
-        found = np.searchsorted(self.class_times[self.cls[node]], room, side="right") - 1
-        return np.asarray(np.maximum(found, 0))
+    def fit(self, nodes: IntArray, room: FloatArray) -> IntArray:
+        """Slowest option of each of ``nodes`` that takes at most its ``room`` (the fastest if
+        none does); ``room`` is ``(len(nodes), P)``."""
+        return self._fit(self._columns(nodes), room)
+
+    def _columns(self, nodes: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
+        """What :meth:`_fit` needs of ``nodes``: first flat option, last option, key shift."""
+        return self.start[nodes][:, None], self.last[nodes][:, None], self._shift[nodes][:, None]
+
+    def _fit(self, columns: tuple[IntArray, IntArray, FloatArray], room: FloatArray) -> IntArray:
+        start, top, shift = columns
+        found = np.searchsorted(self._keys, room + shift, side="right") - 1 - start
+        np.clip(found, 0, top, out=found)
+        # The shift rounds: an option longer than the room by less than a rounding step can
+        # look as if it fits. Step back to the exact answer.
+        while True:
+            over = (found > 0) & (self.costs.time_s[start + found] > room)
+            if not over.any():
+                return np.asarray(found)
+            found -= over
 
     def round_down(self, durations: FloatArray) -> IntArray:
         """Slowest option no longer than each relaxed duration ``(n, P)``."""
-        choices = np.empty(durations.shape, dtype=np.int64)
-        for j in range(self.dag.size):
-            choices[j] = self.fit(j, durations[j])
-        return choices
+        return self.fit(np.arange(self.dag.size), durations)
 
     def refill(self, choices: IntArray, ceiling: FloatArray) -> IntArray:
         """Slow instructions into slack that nobody else needs; every plan finishes by ``ceiling``.
@@ -357,18 +382,21 @@ class _Planner:
         finish = dag.finish_times(durations)
         latest = np.empty((n + 1, choices.shape[1]))
         latest[n] = ceiling
-        for j in dag.topo[::-1]:
-            bound = np.minimum(latest[succ[j, 0]], latest[succ[j, 1]])
-            choices[j] = self.fit(j, bound - (finish[j] - durations[j]))
-            durations[j] = self.class_times[self.cls[j]][choices[j]]
-            latest[j] = bound - durations[j]
+        time_s = self.costs.time_s
+        for level, columns in zip(dag.back_levels, self._back_columns, strict=True):
+            bound = np.minimum(latest[succ[level, 0]], latest[succ[level, 1]])
+            picked = self._fit(columns, bound - (finish[level] - durations[level]))
+            choices[level] = picked
+            durations[level] = time_s[columns[0] + picked]
+            latest[level] = bound - durations[level]
         earliest = np.zeros((n + 1, choices.shape[1]))
-        for j in dag.topo:
-            begin = np.maximum(earliest[pred[j, 0]], earliest[pred[j, 1]])
-            bound = np.minimum(latest[succ[j, 0]], latest[succ[j, 1]])
-            choices[j] = np.maximum(choices[j], self.fit(j, bound - begin))
-            durations[j] = self.class_times[self.cls[j]][choices[j]]
-            earliest[j] = begin + durations[j]
+        for level, columns in zip(dag.levels, self._level_columns, strict=True):
+            begin = np.maximum(earliest[pred[level, 0]], earliest[pred[level, 1]])
+            bound = np.minimum(latest[succ[level, 0]], latest[succ[level, 1]])
+            picked = np.maximum(choices[level], self._fit(columns, bound - begin))
+            choices[level] = picked
+            durations[level] = time_s[columns[0] + picked]
+            earliest[level] = begin + durations[level]
         return choices
 
     def fast(
@@ -416,6 +444,10 @@ class _Planner:
                                      np.asarray([deadline]))[0][:, 0]  # fmt: skip
             anchor_plans[:, a] = plan
             progress(a + 1, len(anchors) + len(grid))
+        anchor_time, anchor_energy = self.evaluate(anchor_plans)
+        by_time = np.lexsort((anchor_energy, anchor_time))
+        crossed = self._crossovers(anchor_plans[:, by_time[:-1]], anchor_plans[:, by_time[1:]])
+        anchor_plans = np.concatenate([anchor_plans, crossed], axis=1)
         anchor_time, anchor_energy = self.evaluate(anchor_plans)
 
         best_choice = np.empty((n, len(grid)), dtype=np.int64)
@@ -469,31 +501,82 @@ class _Planner:
             )
             return keep, served, best_energy[keep] / (bound * (1 - 1e-9)) - 1.0
 
+        def merge(plans: IntArray, upto: float | None = None) -> None:
+            """Offer every grid deadline (up to ``upto``) the best of ``plans`` that fits, as
+            is and refilled."""
+            plan_time, plan_energy = self.evaluate(plans)
+            first = int(np.searchsorted(grid, plan_time.min() * (1 - 1e-12)))
+            stop = len(grid) if upto is None else int(np.searchsorted(grid, upto, side="right"))
+            for lo in range(first, stop, _CHUNK):
+                hi = min(lo + _CHUNK, stop)
+                deadlines = grid[lo:hi]
+                current = best_choice[:, lo:hi]
+                extra = self._from_anchors(plans, plan_time, plan_energy, deadlines)
+                chosen, chosen_time, chosen_energy = self._best_of([current, *extra], deadlines)
+                best_choice[:, lo:hi] = chosen
+                best_time[lo:hi] = chosen_time
+                best_energy[lo:hi] = chosen_energy
+
+        def large_gaps() -> list[int]:
+            """Points whose gap is over the repair threshold, the largest first."""
+            return [int(i) for i in np.argsort(-gaps, kind="stable")
+                    if gaps[i] > _REPAIR_GAP and math.isfinite(served[i])]  # fmt: skip
+
         keep, served, gaps = finish()
-        # Repair: where a point's gap is still large, search at the deadline it serves up to
-        # (small DAGs only; a fixed number of rounds and anchors, so the work is bounded).
+        # Repair by crossing: around a large gap, plans between the point and the next one
+        # (cheap: no solves, so for every DAG size).
+        for _ in range(_CROSSOVER_ROUNDS):
+            worst = large_gaps()[:_CROSSOVER_PAIRS]
+            if not worst:
+                break
+            pairs = [(int(keep[i]), int(keep[i + 1])) for i in worst]
+            merge(
+                self._crossovers(
+                    best_choice[:, [a for a, _ in pairs]], best_choice[:, [b for _, b in pairs]]
+                ),
+                upto=float(max(best_time[b] for _, b in pairs)),
+            )
+            keep, served, gaps = finish()
+        # Repair by searching at the deadline a point with a large gap serves up to (small DAGs
+        # only; a fixed number of rounds and anchors, so the work is bounded).
         for _ in range(_REPAIR_ROUNDS if n <= _ALL_ANCHORS_UP_TO else 0):
-            worst = [int(i) for i in np.argsort(-gaps, kind="stable")
-                     if gaps[i] > _REPAIR_GAP and math.isfinite(served[i])]  # fmt: skip
+            worst = large_gaps()
             if not worst:
                 break
             targets = sorted({float(served[i]) for i in worst[:_REPAIR_ANCHORS]})
             share = search_work // (4 * _REPAIR_ANCHORS)
-            plans = np.stack([self.search(relaxation, d, share, 0.25) for d in targets], axis=1)
-            plan_time, plan_energy = self.evaluate(plans)
-            for lo in range(0, len(grid), _CHUNK):
-                deadlines = grid[lo : lo + _CHUNK]
-                if deadlines[-1] < plan_time.min():
-                    continue
-                width = len(deadlines)
-                current = best_choice[:, lo : lo + width]
-                extra = self._from_anchors(plans, plan_time, plan_energy, deadlines)
-                chosen, chosen_time, chosen_energy = self._best_of([current, *extra], deadlines)
-                best_choice[:, lo : lo + width] = chosen
-                best_time[lo : lo + width] = chosen_time
-                best_energy[lo : lo + width] = chosen_energy
+            merge(np.stack([self.search(relaxation, d, share, 0.25) for d in targets], axis=1))
             keep, served, gaps = finish()
         return best_time[keep], best_energy[keep], gaps, best_choice[:, keep].T.copy()
+
+    def _crossovers(self, fast_plans: IntArray, slow_plans: IntArray) -> IntArray:
+        """Plans between pairs of plans (column ``k`` of ``fast_plans`` and of ``slow_plans``):
+        a share of every class's nodes takes the slow plan's option, the rest keeps the fast
+        plan's; the shares evenly spaced, the nodes taken in three orders (first to last, last
+        to first, evenly spread).
+
+        Where a profile is not convex, the frontier between two good plans is made of such
+        mixtures (some forwards at a fast clock, the others at a much slower one), which
+        rounding the relaxation misses.
+        """
+        n = self.dag.size
+        rank = np.empty(n)
+        spread = np.empty(n)
+        for c in range(len(self.hull)):
+            members = np.flatnonzero(self.cls == c)
+            k = len(members)
+            rank[members] = (np.arange(k) + 0.5) / k
+            spread[members] = [_van_der_corput(i) for i in range(k)]
+        shares = np.linspace(0.0, 1.0, _CROSSOVER_SHARES + 2)[1:-1]
+        out = [np.empty((n, 0), dtype=np.int64)]
+        for k in range(fast_plans.shape[1]):
+            fast_plan, slow_plan = fast_plans[:, k], slow_plans[:, k]
+            if np.array_equal(fast_plan, slow_plan):
+                continue
+            for key in (rank, 1.0 - rank, spread):
+                switched = key[:, None] < shares[None, :]
+                out.append(np.where(switched, slow_plan[:, None], fast_plan[:, None]))
+        return np.concatenate(out, axis=1)
 
     def _from_anchors(
         self,
@@ -793,6 +876,16 @@ class _Planner:
         with contextlib.suppress(SolverTimeout, InfeasibleDeadline):
             program.solve(deadline_s, time_limit_s=cap_s, node_limit=1, allow_incomplete=True)
         return max(time.monotonic() - started, cap_s * 1.001 if program.last_stopped else 0.0)
+
+
+def _van_der_corput(i: int) -> float:
+    """The ``i``-th term of the base-2 van der Corput sequence (0, 1/2, 1/4, 3/4, ...)."""
+    value, scale = 0.0, 0.5
+    while i:
+        value += scale * (i & 1)
+        i >>= 1
+        scale /= 2
+    return value
 
 
 def _deadline_grid(

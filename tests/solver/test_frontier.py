@@ -473,3 +473,66 @@ def test_local_search_never_ends_worse_than_it_starts(case: Case, slack: float) 
         moved = planner.refill(moved[:, None], np.asarray([deadline]))
         (t2,), (e2,) = planner.evaluate(moved)
         assert t2 > deadline * (1 + 1e-12) or e2 >= e1 * (1 - 1e-12), (j, k, e1, e2)
+
+
+@examples(40)
+@given(cases(schedules=ALL_SCHEDULES, options=(2, 6)), st.data())
+def test_fit_takes_the_slowest_option_within_the_room(case: Case, data) -> None:
+    """The vectorised fit (all classes in one shifted array) equals a per-node search, also
+    for rooms exactly at an option's time and a rounding step either side of it."""
+    note(repr(case))  # hypothesis prints composite values blank
+    planner = _planner(case)
+    n = planner.dag.size
+    rooms = np.empty((n, 6))
+    for j in range(n):
+        times = planner.class_times[planner.cls[j]]
+        exact = float(times[data.draw(st.integers(0, len(times) - 1))])
+        rooms[j] = [exact, np.nextafter(exact, 0.0), np.nextafter(exact, np.inf),
+                    exact * 0.5, exact * 3.0, data.draw(st.floats(-1.0, 10.0))]  # fmt: skip
+    got = planner.fit(np.arange(n), rooms)
+    for j in range(n):
+        times = planner.class_times[planner.cls[j]]
+        for p in range(rooms.shape[1]):
+            fits = np.flatnonzero(times <= rooms[j, p])
+            assert got[j, p] == (fits[-1] if len(fits) else 0), (j, p, rooms[j, p])
+
+
+@pytest.mark.parametrize("name", ALL_SCHEDULES)
+def test_levels_order_the_dag(name: str) -> None:
+    """Every node sits in a later level than its predecessors and an earlier back level than
+    its successors' (sinks first), and the levels hold every node once."""
+    from perseus.solver import build_dag
+
+    dag = build_dag(make_schedule(name, 4, 8, 2 if name == "interleaved-1f1b" else 1))
+    n = dag.size
+    for levels, links in ((dag.levels, dag.pred), (dag.back_levels, dag.succ)):
+        assert sorted(np.concatenate(levels).tolist()) == list(range(n))
+        rank = np.full(n + 1, -1)
+        for k, level in enumerate(levels):
+            rank[level] = k
+        for j in range(n):
+            for other in links[j]:
+                if other != n:
+                    assert rank[other] < rank[j], (j, other)
+
+
+@examples(20)
+@given(cases(schedules=ALL_SCHEDULES, options=(2, 5)), st.data())
+def test_crossovers_mix_the_two_plans_node_by_node(case: Case, data) -> None:
+    note(repr(case))  # hypothesis prints composite values blank
+    planner = _planner(case)
+    n = planner.dag.size
+    a = np.asarray([data.draw(st.integers(0, int(planner.last[j]))) for j in range(n)])
+    b = np.asarray([data.draw(st.integers(0, int(planner.last[j]))) for j in range(n)])
+    mixed = planner._crossovers(a[:, None], b[:, None])
+    if np.array_equal(a, b):
+        assert mixed.shape == (n, 0)
+        return
+    assert mixed.shape[1] > 0
+    assert ((mixed == a[:, None]) | (mixed == b[:, None])).all()
+    # from mostly the first plan to mostly the second within each node order
+    share_of_b = (mixed == b[:, None]).sum(axis=0)
+    per_order = mixed.shape[1] // 3
+    for k in range(3):
+        block = share_of_b[k * per_order : (k + 1) * per_order]
+        assert (np.diff(block) >= 0).all()
