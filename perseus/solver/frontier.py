@@ -287,6 +287,12 @@ def compute_frontier(
     )
 
 
+def anchor_slowdowns(instructions: int) -> tuple[float, ...]:
+    """The deadlines (multiples of the default plan's time) where the fast mode searches, for
+    a DAG of ``instructions`` nodes: large DAGs search only where the policies point."""
+    return ANCHOR_SLOWDOWNS if instructions <= _ALL_ANCHORS_UP_TO else _MAIN_SLOWDOWNS
+
+
 def default_time(profile: Profile, schedule: Schedule, *, dag: PipelineDag | None = None) -> float:
     """Iteration time of the default plan: every instruction at the profile's highest clock.
 
@@ -416,7 +422,7 @@ class _Planner:
         t_end = max(t_fast, min(free.iteration_time_s, slowest_time))
         # Large DAGs search only at the deadlines the policies name (each dive and search
         # round costs O(n) passes there).
-        slowdowns = ANCHOR_SLOWDOWNS if n <= _ALL_ANCHORS_UP_TO else _MAIN_SLOWDOWNS
+        slowdowns = anchor_slowdowns(n)
         anchors = sorted(
             {t_fast} | {d for d in (f * t_default for f in slowdowns) if t_fast <= d <= t_end}
         )
