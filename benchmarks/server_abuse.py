@@ -27,7 +27,11 @@ of 1,024 (soft and hard, as ``ulimit -n 1024``) and its log captured. Attacks:
    whether the token reaches the log, and the log lines the polls wrote.
 7. ``planning bounds``: a 4-stage x 32,768-microbatch job gets its profiles: the answer to
    the last one, and whether a small job that arrives after it is planned within 20 s.
-8. ``version going back``: two server processes on one database; the policy changes
+8. ``stalled bodies``: 200 requests with a valid token and ``Content-Length: 100000`` send a
+   few bytes of body and stop (the server runs with ``PERSEUS_BODY_TIMEOUT_S=2``; older
+   checkouts ignore it): how many connections the server still holds 5 s later, and
+   whether ``/healthz`` answers meanwhile.
+9. ``version going back``: two server processes on one database; the policy changes
    through one, and the other is asked for a plan newer than the old version (If-None-Match
    of the new one, ``wait_s=2``) right after: how often it answers with an older version.
 
@@ -62,6 +66,9 @@ FD_LIMIT = 1024
 IDLE_SOCKETS = 1100
 BIG_BODY = 8 * 1024 * 1024
 TOKEN_PATTERN = "abuse-token-in-url"
+STALLED_BODIES = 200
+STALL_TIMEOUT_S = 2
+STALL_WAIT_S = 5.0
 
 
 def _free_port() -> int:
@@ -97,6 +104,7 @@ class Server:
             "PYTHONUNBUFFERED": "1",
             "PERSEUS_POLISH_S": "0",
             "PERSEUS_WARM_PLANNER": "false",
+            "PERSEUS_BODY_TIMEOUT_S": str(STALL_TIMEOUT_S),
         }
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
@@ -471,6 +479,30 @@ def attack_versions(server: Server, job: Job, other: Server) -> str:
     return f"older version served {went_back}/{trials}"
 
 
+def attack_stalled_bodies(server: Server, job: Job) -> str:
+    head = (
+        f"POST /v1/jobs/{job.job_id}/profiles HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Type: application/json\r\nAuthorization: Bearer {job.token}\r\n"
+        "Content-Length: 100000\r\n\r\n"
+    ).encode() + b'{"rank": 0, "stage": 0, "rows": ['
+    with idle_sockets(server.port, STALLED_BODIES) as socks:
+        for sock in socks:
+            sock.sendall(head)
+        time.sleep(STALL_WAIT_S)
+        ok, _ = _timed_gets(server.url, "/healthz", {}, 5)
+        held = 0
+        for sock in socks:
+            sock.settimeout(0.05)
+            try:
+                held += sock.recv(1) != b""
+            except TimeoutError:
+                held += 1
+            except OSError:
+                pass
+    return (f"{held}/{len(socks)} stalled bodies still held after {STALL_WAIT_S:.0f} s; "
+            f"healthz {ok}/5")  # fmt: skip
+
+
 ATTACKS: list[tuple[str, Callable[[Server, Job], str]]] = [
     ("idle sockets", attack_idle),
     ("big bodies, no token", attack_bodies),
@@ -478,6 +510,7 @@ ATTACKS: list[tuple[str, Callable[[Server, Job], str]]] = [
     ("loose types", attack_types),
     ("contract drift", attack_contract),
     ("token in log, plan polls", attack_log),
+    ("stalled bodies, with token", attack_stalled_bodies),
 ]
 
 

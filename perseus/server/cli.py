@@ -36,6 +36,7 @@ _FLAGS = (
     "log_level",
     "keep_alive_s",
     "header_timeout_s",
+    "body_timeout_s",
     "max_connections",
 )
 
@@ -76,6 +77,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="close connections that have not sent a complete request head within S seconds "
         "(default 10; PERSEUS_HEADER_TIMEOUT_S)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        dest="body_timeout_s",
+        type=float,
+        metavar="S",
+        help="close connections whose request body has not arrived whole within S seconds of "
+        "its head (default 60; PERSEUS_BODY_TIMEOUT_S)",
     )
     parser.add_argument(
         "--max-connections",
@@ -257,6 +266,7 @@ def run_serve(args: argparse.Namespace) -> int:
         "log_config": log_config(),
         "timeout_keep_alive": settings.keep_alive_s,
         "header_timeout_s": settings.header_timeout_s,
+        "body_timeout_s": settings.body_timeout_s,
         "max_connections": cap,
     }
     if settings.workers == 1:

@@ -1,8 +1,9 @@
 """The connection and request edge of the server: what happens before a route runs.
 
-* :class:`EdgeProtocol` (uvicorn's h11 protocol, plus two rules): a connection must send a
+* :class:`EdgeProtocol` (uvicorn's h11 protocol, plus three rules): a connection must send a
   complete request head within ``header_timeout_s`` of opening (or of its first byte after
-  a keep-alive pause), else it is closed; and past ``max_connections`` open connections, a
+  a keep-alive pause), and then its whole body within ``body_timeout_s``, else it is closed;
+  and past ``max_connections`` open connections, a
   new one closes the connections that have waited longest for a request, those that never
   sent one first. Uvicorn alone closes neither: an idle socket holds a file descriptor
   forever, and ~1,000 of them leave none for ``/healthz`` or the database.
@@ -99,31 +100,41 @@ class EdgeConfig(uvicorn.Config):
     Args:
         app: the ASGI app or its import string.
         header_timeout_s: seconds a connection has to send a complete request head.
+        body_timeout_s: seconds a request has, from its complete head, to send its whole body.
         max_connections: the most open connections (see :func:`connection_cap`); past it,
             idle connections are closed to make room; when none is idle, requests get 503.
         **kwargs: passed to :class:`uvicorn.Config`.
     """
 
     def __init__(
-        self, app: Any, *, header_timeout_s: float, max_connections: int, **kwargs: Any
+        self,
+        app: Any,
+        *,
+        header_timeout_s: float,
+        max_connections: int,
+        body_timeout_s: float | None = None,
+        **kwargs: Any,
     ) -> None:
         # Uvicorn answers 503 once connections reach limit_concurrency: leave room above the
         # eviction threshold for connections that cannot be made room for.
         kwargs.setdefault("limit_concurrency", max_connections + FD_RESERVE // 4)
         super().__init__(app, http=EdgeProtocol, **kwargs)
         self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
         self.max_connections = max_connections
 
 
 class EdgeProtocol(H11Protocol):
-    """Uvicorn's h11 protocol with a request-head timeout and a connection cap.
+    """Uvicorn's h11 protocol with request-head and request-body timeouts and a connection cap.
 
     A connection is *waiting* from when it opens, or its last response ends, until the
     head of its next request is complete. Waiting after a response is uvicorn's keep-alive
     (``timeout_keep_alive``); once bytes of the next request arrive, or on a fresh
     connection, the head must be complete within ``header_timeout_s``, however slowly it
-    trickles in. Under a config without those limits (a plain :class:`uvicorn.Config`), it
-    behaves as uvicorn's protocol.
+    trickles in. Once the head is complete, the body must be too within ``body_timeout_s``
+    (uvicorn waits for it forever: a client that sends its body a byte at a time, or stops
+    halfway, holds the connection and the request's task). Under a config without those limits
+    (a plain :class:`uvicorn.Config`), it behaves as uvicorn's protocol.
     """
 
     def __init__(
@@ -136,7 +147,9 @@ class EdgeProtocol(H11Protocol):
         super().__init__(config, server_state, app_state, _loop)
         self._header_timeout_s: float | None = getattr(config, "header_timeout_s", None)
         self._max_connections: int | None = getattr(config, "max_connections", None)
+        self._body_timeout_s: float | None = getattr(config, "body_timeout_s", None)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
         self.waiting_since: float | None = None
         """When this connection started waiting for a request head (None: busy)."""
         self.requests = 0
@@ -152,6 +165,7 @@ class EdgeProtocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self._cancel_head_timer()
+        self._cancel_body_timer()
         self.waiting_since = None
 
     def handle_events(self) -> None:
@@ -162,13 +176,18 @@ class EdgeProtocol(H11Protocol):
                 self.waiting_since = None
                 self.requests += 1
             self._cancel_head_timer()
-        elif self._head_timer is None and not self.transport.is_closing():
+        if busy and self.cycle is not None and self.cycle.more_body:
+            self._start_body_timer()
+        else:
+            self._cancel_body_timer()
+        if not busy and self._head_timer is None and not self.transport.is_closing():
             # Bytes of a request head arrived after a keep-alive pause (which uvicorn has
             # just cancelled): the rest must follow within the head timeout.
             self._start_head_timer()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._cancel_body_timer()
         if self.cycle is not None and self.cycle.response_complete:
             # Idle again: uvicorn's keep-alive timer governs until the next bytes arrive.
             self._cancel_head_timer()
@@ -186,6 +205,24 @@ class EdgeProtocol(H11Protocol):
     def _head_timeout(self) -> None:
         self._head_timer = None
         if not self.transport.is_closing():
+            self.transport.close()
+
+    def _start_body_timer(self) -> None:
+        if self._body_timeout_s is not None and self._body_timer is None:
+            self._body_timer = self.loop.call_later(self._body_timeout_s, self._body_timeout)
+
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_timeout(self) -> None:
+        # Closing tells the request's task the client is gone (its receive() answers
+        # http.disconnect): the route never runs on half a body, nothing is stored.
+        self._body_timer = None
+        if not self.transport.is_closing():
+            log.debug("closed a connection whose request body took over %s s",
+                         self._body_timeout_s)  # fmt: skip
             self.transport.close()
 
     def _make_room(self, count: int) -> None:

@@ -117,6 +117,14 @@ class Settings(BaseSettings):
         description="A connection must send a complete request head within this long of "
         "opening (or of its first byte after a keep-alive pause); else it is closed.",
     )
+    body_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="A request must send its whole body within this long of its head; else "
+        "its connection is closed and nothing of it is stored. The largest legitimate body "
+        "(2 MiB at most) takes well under a second in a cluster.",
+    )
     max_connections: int | None = Field(
         default=None,
         ge=16,

@@ -49,6 +49,15 @@ def test_environment_then_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "s3cr3t-value" not in repr(settings)
 
 
+def test_body_timeout_from_the_environment_then_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PERSEUS_BODY_TIMEOUT_S", raising=False)
+    assert serve_settings(_parse()).body_timeout_s == 60.0
+    monkeypatch.setenv("PERSEUS_BODY_TIMEOUT_S", "12.5")
+    assert serve_settings(_parse()).body_timeout_s == 12.5
+    assert serve_settings(_parse("--body-timeout", "3")).body_timeout_s == 3.0
+    assert run_serve(_parse("--body-timeout", "0")) == 2
+
+
 def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_serve(_parse("--workers", "0")) == 2
     assert "workers" in capsys.readouterr().err

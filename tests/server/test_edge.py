@@ -216,3 +216,77 @@ def test_access_log_redacts_and_demotes_plan_polls() -> None:
         assert "s3cr3t" not in record.getMessage()
     finally:
         logger.setLevel(level)
+
+
+@pytest.fixture(scope="module")
+def slow_body_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server whose requests have 0.5 s to send their bodies: ``{url, port, database}``."""
+    database = tmp_path_factory.mktemp("body") / "perseus.db"
+    app = create_app(Settings(database=f"sqlite:///{database}", warm_planner=False))
+    port = free_port()
+    config = EdgeConfig(
+        app, host="127.0.0.1", port=port, log_level="error", header_timeout_s=5.0,
+        body_timeout_s=0.5, max_connections=16,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield {"url": f"http://127.0.0.1:{port}", "port": port}
+    server.should_exit = True
+    thread.join(30)
+
+
+SPEC = (b'{"schedule": "1f1b", "stages": 2, "microbatches": 2, "data_parallel": 1, '
+        b'"tensor_parallel": 1}')  # fmt: skip
+
+
+def _head(length: int) -> bytes:
+    return (f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n\r\n").encode()  # fmt: skip
+
+
+def test_a_body_that_stops_halfway_is_dropped_and_nothing_stored(
+    slow_body_server: dict[str, Any],
+) -> None:
+    url = slow_body_server["url"]
+    before = httpx.get(f"{url}/v1/jobs").json()
+    with socket.create_connection(("127.0.0.1", slow_body_server["port"])) as sock:
+        sock.sendall(_head(len(SPEC)) + SPEC[:20])
+        assert _closed_within(sock, 5.0)
+    assert httpx.get(f"{url}/v1/jobs").json() == before
+
+
+def test_a_trickled_body_is_dropped_even_while_bytes_keep_coming(
+    slow_body_server: dict[str, Any],
+) -> None:
+    with socket.create_connection(("127.0.0.1", slow_body_server["port"])) as sock:
+        sock.sendall(_head(len(SPEC)))
+        started = time.monotonic()
+        closed = False
+        for byte in SPEC[:-1]:
+            try:
+                sock.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            time.sleep(0.05)
+        assert closed or _closed_within(sock, 5.0)
+        assert time.monotonic() - started < 4.0
+
+
+def test_a_body_in_time_is_served_and_the_connection_kept(
+    slow_body_server: dict[str, Any],
+) -> None:
+    with socket.create_connection(("127.0.0.1", slow_body_server["port"])) as sock:
+        sock.sendall(_head(len(SPEC)) + SPEC[:20])
+        time.sleep(0.2)
+        sock.sendall(SPEC[20:])
+        sock.settimeout(5.0)
+        answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 201"), answer[:80]
+        time.sleep(0.8)  # past the body timeout: an idle kept-alive connection is not touched
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
