@@ -3,11 +3,13 @@ documented error shape, log redaction. Real uvicorn on loopback where sockets ma
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,29 +25,34 @@ from perseus.server.settings import Settings
 from .conftest import Job, create_job, free_port
 
 
-@pytest.fixture(scope="module")
-def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A server with a 0.3 s head timeout and at most 16 connections: ``{url, port, job}``."""
-    database = tmp_path_factory.mktemp("edge") / "perseus.db"
+@contextlib.contextmanager
+def _edge_server(database: Path, **limits: Any) -> Iterator[tuple[str, int]]:
+    """A real uvicorn with :class:`EdgeConfig` and ``limits`` on loopback: ``(url, port)``."""
     app = create_app(Settings(database=f"sqlite:///{database}", warm_planner=False))
     port = free_port()
-    config = EdgeConfig(
-        app, host="127.0.0.1", port=port, log_level="error", header_timeout_s=0.3,
-        max_connections=16,
-    )  # fmt: skip
+    config = EdgeConfig(app, host="127.0.0.1", port=port, log_level="error", **limits)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.02)
-    url = f"http://127.0.0.1:{port}"
-    spec = {"schedule": "1f1b", "stages": 2, "microbatches": 2, "data_parallel": 1,
-            "tensor_parallel": 1}  # fmt: skip
-    created = httpx.post(f"{url}/v1/jobs", json=spec).json()
-    yield {"url": url, "port": port, "job_id": created["job_id"], "token": created["token"]}
-    server.should_exit = True
-    thread.join(30)
+    try:
+        yield f"http://127.0.0.1:{port}", port
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server with a 0.3 s head timeout and at most 16 connections: ``{url, port, job}``."""
+    database = tmp_path_factory.mktemp("edge") / "perseus.db"
+    with _edge_server(database, header_timeout_s=0.3, max_connections=16) as (url, port):
+        spec = {"schedule": "1f1b", "stages": 2, "microbatches": 2, "data_parallel": 1,
+                "tensor_parallel": 1}  # fmt: skip
+        created = httpx.post(f"{url}/v1/jobs", json=spec).json()
+        yield {"url": url, "port": port, "job_id": created["job_id"], "token": created["token"]}
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> bool:
@@ -220,23 +227,11 @@ def test_access_log_redacts_and_demotes_plan_polls() -> None:
 
 @pytest.fixture(scope="module")
 def slow_body_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A server whose requests have 0.5 s to send their bodies: ``{url, port, database}``."""
+    """A server whose requests have 0.5 s to send their bodies: ``{url, port}``."""
     database = tmp_path_factory.mktemp("body") / "perseus.db"
-    app = create_app(Settings(database=f"sqlite:///{database}", warm_planner=False))
-    port = free_port()
-    config = EdgeConfig(
-        app, host="127.0.0.1", port=port, log_level="error", header_timeout_s=5.0,
-        body_timeout_s=0.5, max_connections=16,
-    )  # fmt: skip
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield {"url": f"http://127.0.0.1:{port}", "port": port}
-    server.should_exit = True
-    thread.join(30)
+    limits = {"header_timeout_s": 5.0, "body_timeout_s": 0.5, "max_connections": 16}
+    with _edge_server(database, **limits) as (url, port):
+        yield {"url": url, "port": port}
 
 
 SPEC = (b'{"schedule": "1f1b", "stages": 2, "microbatches": 2, "data_parallel": 1, '
