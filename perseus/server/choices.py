@@ -8,7 +8,6 @@ frontier, makes a new plan version; ranks fetch their plan by version (the ETag)
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 
 from perseus.schemas import PlanVersion, PolicyModel, StragglerSpec, StragglerView
@@ -18,35 +17,16 @@ from perseus.server.decisions import (
     policy_to_solver,
     replica_measurements,
 )
-from perseus.server.jobs import existing
-from perseus.server.plans import FrontierCache, Plans, choice_of
-from perseus.server.store import JobRow, Store
+from perseus.server.jobs import JobPart, existing
+from perseus.server.plans import choice_of
+from perseus.server.store import JobRow
 
 __all__ = ["PlanChoices"]
 
 
-class PlanChoices:
-    """Changes of policy and straggler, manual and automatic.
-
-    Args:
-        store: the job store.
-        frontiers: parsed frontiers.
-        plans: renders the reply's chosen point.
-        clock: wall clock in seconds (tests pass a fake one).
-    """
-
-    def __init__(
-        self,
-        store: Store,
-        frontiers: FrontierCache,
-        plans: Plans,
-        *,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._store = store
-        self._frontiers = frontiers
-        self._plans = plans
-        self._clock = clock
+class PlanChoices(JobPart):
+    """Changes of policy and straggler, manual and automatic (``plans`` renders the reply's
+    chosen point)."""
 
     def set_policy(self, job_id: str, spec: PolicyModel) -> tuple[PlanVersion, JobRow]:
         """Change the policy; with a frontier, plans move at once (a new version).

@@ -38,7 +38,7 @@ from perseus.server.store import JobRow, RankRow, Store, Transaction
 from perseus.server.telemetry import telemetry_view
 from perseus.solver import make_schedule
 
-__all__ = ["Jobs", "RequestFieldError", "existing", "stages_profiled"]
+__all__ = ["JobPart", "Jobs", "RequestFieldError", "existing", "stages_profiled"]
 
 
 class RequestFieldError(PerseusError):
@@ -70,13 +70,13 @@ def stages_profiled(spec: JobCreate, coverage: set[tuple[int, int]]) -> list[boo
     ]
 
 
-class Jobs:
-    """Job CRUD and rank registration over a :class:`Store`.
+class JobPart:
+    """What the parts of the job service that read and change jobs hold.
 
     Args:
         store: the job store.
-        frontiers: parsed frontiers (the job view shows the chosen point).
-        plans: rendered plans (dropped with their job).
+        frontiers: parsed frontiers.
+        plans: rendered plans.
         clock: wall clock in seconds (tests pass a fake one).
     """
 
@@ -92,6 +92,11 @@ class Jobs:
         self._frontiers = frontiers
         self._plans = plans
         self._clock = clock
+
+
+class Jobs(JobPart):
+    """Job CRUD and rank registration over a :class:`Store` (the job view shows the chosen
+    point; a job's rendered plans are dropped with it)."""
 
     def create(self, spec: JobCreate) -> tuple[JobCreated, JobRow]:
         """Create a job; its token is returned once and stored only hashed.
