@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from perseus.server.settings import Settings
@@ -18,9 +19,14 @@ from perseus.server.settings import Settings
 from .conftest import Job, ProfileRows, clocks_of, create_job
 
 
-def _two_apps(
-    database_url: str, make_client: Callable[[Settings], TestClient]
-) -> tuple[TestClient, TestClient]:
+@pytest.fixture
+def two_processes(
+    database_url: str,
+    make_client: Callable[[Settings], TestClient],
+    example_rows: ProfileRows,
+) -> tuple[TestClient, Job, Job]:
+    """Two apps on one database: ``(a, job, on_b)``, a planned job created through ``a`` and
+    the same job seen through ``b``, which has cached plan version 1."""
     # A long cache TTL: only the version checks, never an expiring cache, can show the
     # second process the first one's changes.
     # On PostgreSQL, a poll too slow for the tests: only the notification can wake them.
@@ -31,30 +37,20 @@ def _two_apps(
         cache_ttl_s=600.0,
         change_poll_s=0.1 if database_url.startswith("sqlite") else 60.0,
     )
-    return make_client(settings), make_client(settings)
-
-
-def _ready(client: TestClient, rows: ProfileRows) -> Job:
-    job = create_job(client)
-    job.register_all(clocks_of(rows))
-    job.report_all(rows)
+    a, b = make_client(settings), make_client(settings)
+    job = create_job(a)
+    job.register_all(clocks_of(example_rows))
+    job.report_all(example_rows)
     assert job.wait_plan().status_code == 200
-    return job
-
-
-def _on(job: Job, client: TestClient) -> Job:
-    return Job(client, job.job_id, job.token, job.stages, job.data_parallel, job.tensor_parallel)
+    on_b = Job(b, job.job_id, job.token, job.stages, job.data_parallel, job.tensor_parallel)
+    assert on_b.wait_plan(wait_s=0).headers["etag"] == '"1"'
+    return a, job, on_b
 
 
 def test_no_process_serves_a_plan_older_than_the_rank_has(
-    database_url: str,
-    make_client: Callable[[Settings], TestClient],
-    example_rows: ProfileRows,
+    two_processes: tuple[TestClient, Job, Job],
 ) -> None:
-    a, b = _two_apps(database_url, make_client)
-    job = _ready(a, example_rows)
-    on_b = _on(job, b)
-    assert on_b.wait_plan(wait_s=0).headers["etag"] == '"1"'  # b caches version 1
+    a, job, on_b = two_processes
     r = a.put(job.url("/policy"), json={"kind": "min-energy"}, headers=job.auth)
     assert r.json()["version"] == 2
     # A rank that got version 2 from a asks b: never version 1 back.
@@ -67,14 +63,9 @@ def test_no_process_serves_a_plan_older_than_the_rank_has(
 
 
 def test_a_change_on_one_process_wakes_ranks_waiting_on_another(
-    database_url: str,
-    make_client: Callable[[Settings], TestClient],
-    example_rows: ProfileRows,
+    two_processes: tuple[TestClient, Job, Job],
 ) -> None:
-    a, b = _two_apps(database_url, make_client)
-    job = _ready(a, example_rows)
-    on_b = _on(job, b)
-    assert on_b.wait_plan(wait_s=0).headers["etag"] == '"1"'
+    a, job, on_b = two_processes
     result: dict[str, Any] = {}
     started = threading.Event()
 
