@@ -182,16 +182,19 @@ class Job:
         return result
 
 
+# The job the tests create unless they say otherwise (4 stages x 2 replicas).
+JOB_SPEC: dict[str, Any] = {
+    "schedule": "1f1b",
+    "stages": 4,
+    "microbatches": 4,
+    "data_parallel": 2,
+    "tensor_parallel": 1,
+    "p_block_w": 100.0,
+}
+
+
 def create_job(client: TestClient, headers: dict[str, str] | None = None, **spec: Any) -> Job:
-    body: dict[str, Any] = {
-        "schedule": "1f1b",
-        "stages": 4,
-        "microbatches": 4,
-        "data_parallel": 2,
-        "tensor_parallel": 1,
-        "p_block_w": 100.0,
-    }
-    body.update(spec)
+    body: dict[str, Any] = {**JOB_SPEC, **spec}
     r = client.post("/v1/jobs", json=body, headers=headers or {})
     assert r.status_code == 201, r.text
     return Job(

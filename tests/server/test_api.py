@@ -14,7 +14,7 @@ from pydantic import SecretStr
 from perseus.schemas import PlanResponse, RankRegistration
 from perseus.server.settings import Settings
 
-from .conftest import Job, ProfileRows, clocks_of, create_job
+from .conftest import JOB_SPEC, Job, ProfileRows, clocks_of, create_job
 
 
 def _snapshot(job: Job) -> dict[str, Any]:
@@ -415,15 +415,7 @@ def test_unknown_job_is_404_not_a_traceback(client: TestClient) -> None:
 def test_bad_job_specs_name_the_field(
     client: TestClient, change: dict[str, Any], field: str
 ) -> None:
-    body = {
-        "schedule": "1f1b",
-        "stages": 4,
-        "microbatches": 4,
-        "data_parallel": 1,
-        "tensor_parallel": 1,
-    }
-    body.update(change)
-    r = client.post("/v1/jobs", json=body)
+    r = client.post("/v1/jobs", json={**JOB_SPEC, **change})
     assert r.status_code == 422, r.text
     assert any(field in err["loc"] for err in r.json()["detail"])
     assert client.get("/v1/jobs").json()["jobs"] == []
@@ -720,15 +712,7 @@ def test_metrics_count_requests_jobs_and_planning(ready_job: Job) -> None:
     ],
 )
 def test_job_numbers_are_strict(client: TestClient, change: dict[str, Any], field: str) -> None:
-    body: dict[str, Any] = {
-        "schedule": "1f1b",
-        "stages": 4,
-        "microbatches": 4,
-        "data_parallel": 2,
-        "tensor_parallel": 1,
-    }
-    body.update(change)
-    r = client.post("/v1/jobs", json=body)
+    r = client.post("/v1/jobs", json={**JOB_SPEC, **change})
     assert r.status_code == 422, r.text
     assert field in [err["loc"][1] for err in r.json()["detail"]]
 
