@@ -145,11 +145,9 @@ class EdgeProtocol(H11Protocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
-        self._header_timeout_s: float | None = getattr(config, "header_timeout_s", None)
         self._max_connections: int | None = getattr(config, "max_connections", None)
-        self._body_timeout_s: float | None = getattr(config, "body_timeout_s", None)
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._body_timer: asyncio.TimerHandle | None = None
+        self._head = _Deadline(getattr(config, "header_timeout_s", None), "request head")
+        self._body = _Deadline(getattr(config, "body_timeout_s", None), "request body")
         self.waiting_since: float | None = None
         """When this connection started waiting for a request head (None: busy)."""
         self.requests = 0
@@ -158,14 +156,14 @@ class EdgeProtocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.waiting_since = time.monotonic()
-        self._start_head_timer()
+        self._head.start(self)
         if self._max_connections is not None and len(self.connections) > self._max_connections:
             self._make_room(len(self.connections) - self._max_connections)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        self._cancel_head_timer()
-        self._cancel_body_timer()
+        self._head.cancel()
+        self._body.cancel()
         self.waiting_since = None
 
     def handle_events(self) -> None:
@@ -175,55 +173,25 @@ class EdgeProtocol(H11Protocol):
             if self.waiting_since is not None:
                 self.waiting_since = None
                 self.requests += 1
-            self._cancel_head_timer()
+            self._head.cancel()
         if busy and self.cycle is not None and self.cycle.more_body:
-            self._start_body_timer()
+            # Closing tells the request's task the client is gone (its receive() answers
+            # http.disconnect): the route never runs on half a body, nothing is stored.
+            self._body.start(self)
         else:
-            self._cancel_body_timer()
-        if not busy and self._head_timer is None and not self.transport.is_closing():
+            self._body.cancel()
+        if not busy and not self.transport.is_closing():
             # Bytes of a request head arrived after a keep-alive pause (which uvicorn has
             # just cancelled): the rest must follow within the head timeout.
-            self._start_head_timer()
+            self._head.start(self)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        self._cancel_body_timer()
+        self._body.cancel()
         if self.cycle is not None and self.cycle.response_complete:
             # Idle again: uvicorn's keep-alive timer governs until the next bytes arrive.
-            self._cancel_head_timer()
+            self._head.cancel()
             self.waiting_since = time.monotonic()
-
-    def _start_head_timer(self) -> None:
-        if self._header_timeout_s is not None and self._head_timer is None:
-            self._head_timer = self.loop.call_later(self._header_timeout_s, self._head_timeout)
-
-    def _cancel_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _head_timeout(self) -> None:
-        self._head_timer = None
-        if not self.transport.is_closing():
-            self.transport.close()
-
-    def _start_body_timer(self) -> None:
-        if self._body_timeout_s is not None and self._body_timer is None:
-            self._body_timer = self.loop.call_later(self._body_timeout_s, self._body_timeout)
-
-    def _cancel_body_timer(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
-
-    def _body_timeout(self) -> None:
-        # Closing tells the request's task the client is gone (its receive() answers
-        # http.disconnect): the route never runs on half a body, nothing is stored.
-        self._body_timer = None
-        if not self.transport.is_closing():
-            log.debug("closed a connection whose request body took over %s s",
-                         self._body_timeout_s)  # fmt: skip
-            self.transport.close()
 
     def _make_room(self, count: int) -> None:
         """Close ``count`` waiting connections: never-used ones first, oldest first."""
@@ -234,8 +202,33 @@ class EdgeProtocol(H11Protocol):
         ]
         for victim in heapq.nsmallest(count, waiting, key=_eviction_order):
             victim.waiting_since = None
-            victim._cancel_head_timer()
+            victim._head.cancel()
             victim.transport.close()
+
+
+class _Deadline:
+    """A one-shot timer that closes its connection when it expires; never, when ``seconds``
+    is None. Starting a running one leaves it running."""
+
+    def __init__(self, seconds: float | None, what: str) -> None:
+        self.seconds = seconds
+        self.what = what
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self, protocol: EdgeProtocol) -> None:
+        if self.seconds is not None and self._handle is None:
+            self._handle = protocol.loop.call_later(self.seconds, self._expire, protocol)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _expire(self, protocol: EdgeProtocol) -> None:
+        self._handle = None
+        if not protocol.transport.is_closing():
+            log.debug("closed a connection whose %s took over %s s", self.what, self.seconds)
+            protocol.transport.close()
 
 
 def _eviction_order(protocol: EdgeProtocol) -> tuple[bool, float]:
