@@ -326,6 +326,15 @@ class _Planner:
         shift = span * np.arange(classes, dtype=np.float64)
         self._keys = costs.time_s + np.repeat(shift, np.diff(costs.start))
         self._shift = shift[self.cls]
+        # Each node's place in its class, in (0, 1): first to last, last to first, and evenly
+        # spread (van der Corput); a crossover moves the nodes below a share first.
+        rank = np.empty(dag.size)
+        spread = np.empty(dag.size)
+        for c in range(classes):
+            members = np.flatnonzero(self.cls == c)
+            rank[members] = (np.arange(len(members)) + 0.5) / max(len(members), 1)
+            spread[members] = [_van_der_corput(i) for i in range(len(members))]
+        self._crossing_orders = (rank, 1.0 - rank, spread)
         self._level_columns = [self._columns(level) for level in dag.levels]
         self._back_columns = [self._columns(level) for level in dag.back_levels]
 
@@ -453,8 +462,10 @@ class _Planner:
         anchor_time, anchor_energy = self.evaluate(anchor_plans)
         by_time = np.lexsort((anchor_energy, anchor_time))
         crossed = self._crossovers(anchor_plans[:, by_time[:-1]], anchor_plans[:, by_time[1:]])
+        crossed_time, crossed_energy = self.evaluate(crossed)
         anchor_plans = np.concatenate([anchor_plans, crossed], axis=1)
-        anchor_time, anchor_energy = self.evaluate(anchor_plans)
+        anchor_time = np.concatenate([anchor_time, crossed_time])
+        anchor_energy = np.concatenate([anchor_energy, crossed_energy])
 
         best_choice = np.empty((n, len(grid)), dtype=np.int64)
         best_time = np.empty(len(grid))
@@ -565,21 +576,13 @@ class _Planner:
         mixtures (some forwards at a fast clock, the others at a much slower one), which
         rounding the relaxation misses.
         """
-        n = self.dag.size
-        rank = np.empty(n)
-        spread = np.empty(n)
-        for c in range(len(self.hull)):
-            members = np.flatnonzero(self.cls == c)
-            k = len(members)
-            rank[members] = (np.arange(k) + 0.5) / k
-            spread[members] = [_van_der_corput(i) for i in range(k)]
         shares = np.linspace(0.0, 1.0, _CROSSOVER_SHARES + 2)[1:-1]
-        out = [np.empty((n, 0), dtype=np.int64)]
+        out = [np.empty((self.dag.size, 0), dtype=np.int64)]
         for k in range(fast_plans.shape[1]):
             fast_plan, slow_plan = fast_plans[:, k], slow_plans[:, k]
             if np.array_equal(fast_plan, slow_plan):
                 continue
-            for key in (rank, 1.0 - rank, spread):
+            for key in self._crossing_orders:
                 switched = key[:, None] < shares[None, :]
                 out.append(np.where(switched, slow_plan[:, None], fast_plan[:, None]))
         return np.concatenate(out, axis=1)
