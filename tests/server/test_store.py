@@ -26,7 +26,7 @@ from perseus.server.planning import plan_frontier
 from perseus.server.service import JobService
 from perseus.server.store import FrontierRow, ProfileRecord, RankRow, Store, normalize_database_url
 
-from .conftest import ProfileRows, clocks_of
+from .conftest import JOB_SPEC, ProfileRows, clocks_of
 
 
 @pytest.fixture
@@ -46,16 +46,7 @@ class Clock:
 
 
 def _spec(**change: object) -> JobCreate:
-    body: dict[str, object] = {
-        "schedule": "1f1b",
-        "stages": 4,
-        "microbatches": 4,
-        "data_parallel": 2,
-        "tensor_parallel": 1,
-        "p_block_w": 100.0,
-    }
-    body.update(change)
-    return JobCreate.model_validate(body)
+    return JobCreate.model_validate({**JOB_SPEC, **change})
 
 
 def _register(service: JobService, job_id: str, spec: JobCreate, clocks: list[int]) -> None:
