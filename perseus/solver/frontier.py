@@ -99,6 +99,7 @@ _ALL_ANCHORS_UP_TO = 512  # instructions
 _REPAIR_GAP = 0.009
 _REPAIR_ROUNDS = 1
 _REPAIR_ANCHORS = 6
+_FIT_BINS = 1024  # table bins per class's time range (see _Planner._fit)
 _SEARCH_CHUNK = 2 * 10**6  # cells per batch of candidate plans (bounds memory: ~16 MB/array)
 
 
@@ -319,13 +320,32 @@ class _Planner:
         self.class_times = [costs.times_of(c) for c in range(len(costs.start) - 1)]
         self.last = costs.start[self.cls + 1] - self.start - 1
         self.hull = hull_options(costs)
-        # Every class's times shifted into its own range of one ascending array, so one
-        # searchsorted fits nodes of many classes at once (see fit).
+        # Fitting (the slowest option within a room) by table: each class's time range cut
+        # into _FIT_BINS equal bins, each bin holding the slowest option that fits its lower
+        # edge; a lookup then needs at most a step or two to the exact answer (see _fit).
         classes = len(costs.start) - 1
-        span = 2.0 * float(np.abs(costs.time_s).max(initial=0.0)) + 1.0
-        shift = span * np.arange(classes, dtype=np.float64)
-        self._keys = costs.time_s + np.repeat(shift, np.diff(costs.start))
-        self._shift = shift[self.cls]
+        padded = [np.append(self.class_times[c], math.nan) for c in range(classes)]
+        self._padded = np.concatenate(padded)
+        padded_start = costs.start[:-1] + np.arange(classes)
+        rows = []
+        scale = np.empty(classes)
+        offset = np.empty(classes)
+        for c, times in enumerate(self.class_times):
+            span = float(times[-1] - times[0])
+            scale[c] = _FIT_BINS / span if span > 0 else 0.0
+            edges = times[0] + np.arange(_FIT_BINS) * (span / _FIT_BINS)
+            fitting = np.searchsorted(times, edges, side="right") - 1
+            rows.append(np.concatenate([[0], np.clip(fitting, 0, len(times) - 1),
+                                        [len(times) - 1]]))  # fmt: skip
+            base = c * (_FIT_BINS + 2)
+            offset[c] = base + 1 - times[0] * scale[c]
+        self._table = np.concatenate(rows).astype(np.int64)
+        self._fit_node = (
+            padded_start[self.cls],
+            scale[self.cls],
+            offset[self.cls],
+            np.arange(classes, dtype=np.float64)[self.cls] * (_FIT_BINS + 2),
+        )
         # Each node's place in its class, in (0, 1): first to last, last to first, and evenly
         # spread (van der Corput); a crossover moves the nodes below a share first.
         rank = np.empty(dag.size)
@@ -361,21 +381,40 @@ class _Planner:
         none does); ``room`` is ``(len(nodes), P)``."""
         return self._fit(self._columns(nodes), room)
 
-    def _columns(self, nodes: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
-        """What :meth:`_fit` needs of ``nodes``: first flat option, last option, key shift."""
-        return self.start[nodes][:, None], self.last[nodes][:, None], self._shift[nodes][:, None]
+    def _columns(self, nodes: IntArray) -> tuple[npt.NDArray[Any], ...]:
+        """What :meth:`_fit` needs of ``nodes``, as columns."""
+        first, scale, offset, base = (a[nodes][:, None] for a in self._fit_node)
+        return first, first + 1, scale, offset, base, base + (_FIT_BINS + 1)
 
-    def _fit(self, columns: tuple[IntArray, IntArray, FloatArray], room: FloatArray) -> IntArray:
-        start, top, shift = columns
-        found = np.searchsorted(self._keys, room + shift, side="right") - 1 - start
-        np.clip(found, 0, top, out=found)
-        # The shift rounds: an option longer than the room by less than a rounding step can
-        # look as if it fits. Step back to the exact answer.
+    def _fit(self, columns: tuple[npt.NDArray[Any], ...], room: FloatArray) -> IntArray:
+        return self._fit_times(columns, room)[0]
+
+    def _fit_times(
+        self, columns: tuple[npt.NDArray[Any], ...], room: FloatArray
+    ) -> tuple[IntArray, FloatArray]:
+        """:meth:`fit` on precomputed columns, with the picked options' times."""
+        first, after, scale, offset, low, high = columns
+        position = room * scale
+        position += offset
+        np.maximum(position, low, out=position)
+        np.minimum(position, high, out=position)
+        found = self._table[position.astype(np.int64)]
+        times = self._padded
+        # The table's bin holds the answer at its lower edge (up to rounding): step to the
+        # exact answer, up while the next option fits (a class's last option is followed by
+        # NaN, which fits nothing), down while this one does not.
         while True:
-            over = (found > 0) & (self.costs.time_s[start + found] > room)
-            if not over.any():
-                return np.asarray(found)
-            found -= over
+            up = times[after + found] <= room
+            if not up.any():
+                break
+            found += up
+        while True:
+            taken = times[first + found]
+            down = taken > room
+            down &= found > 0
+            if not down.any():
+                return found, taken
+            found -= down
 
     def round_down(self, durations: FloatArray) -> IntArray:
         """Slowest option no longer than each relaxed duration ``(n, P)``."""
@@ -394,24 +433,31 @@ class _Planner:
         choices = choices.copy()
         durations = self.durations(choices)
         pred, succ = dag.pred, dag.succ
-        finish = dag.finish_times(durations)
+        begin = dag.finish_times(durations)
+        begin -= durations
         latest = np.empty((n + 1, choices.shape[1]))
         latest[n] = ceiling
-        time_s = self.costs.time_s
         for level, columns in zip(dag.back_levels, self._back_columns, strict=True):
             bound = np.minimum(latest[succ[level, 0]], latest[succ[level, 1]])
-            picked = self._fit(columns, bound - (finish[level] - durations[level]))
+            picked, taken = self._fit_times(columns, bound - begin[level])
             choices[level] = picked
-            durations[level] = time_s[columns[0] + picked]
-            latest[level] = bound - durations[level]
+            durations[level] = taken
+            bound -= taken
+            latest[level] = bound
         earliest = np.zeros((n + 1, choices.shape[1]))
         for level, columns in zip(dag.levels, self._level_columns, strict=True):
-            begin = np.maximum(earliest[pred[level, 0]], earliest[pred[level, 1]])
+            begin_level = np.maximum(earliest[pred[level, 0]], earliest[pred[level, 1]])
             bound = np.minimum(latest[succ[level, 0]], latest[succ[level, 1]])
-            picked = np.maximum(choices[level], self._fit(columns, bound - begin))
+            bound -= begin_level
+            picked, taken = self._fit_times(columns, bound)
+            current = choices[level]
+            slower = picked > current
+            picked = np.where(slower, picked, current)
+            taken = np.where(slower, taken, durations[level])
             choices[level] = picked
-            durations[level] = time_s[columns[0] + picked]
-            earliest[level] = begin + durations[level]
+            durations[level] = taken
+            begin_level += taken
+            earliest[level] = begin_level
         return choices
 
     def fast(
@@ -616,53 +662,68 @@ class _Planner:
         hull_times = [self.class_times[c][self.hull[c]] for c in range(len(self.hull))]
         on_hull = relaxation.dive(deadline_s, [hull_times[c] for c in self.cls], fraction)
         plan = np.asarray([self.hull[c][k] for c, k in zip(self.cls, on_hull, strict=True)])
-        ceiling = np.asarray([deadline_s])
-        starts = [
-            self.refill(plan[:, None], ceiling),
-            self.refill(np.zeros((n, 1), dtype=np.int64), ceiling),
-        ]
-        best = self._best_of(starts, ceiling)[0][:, 0]
-        return self.local_search(best, deadline_s, work)
+        starts = np.stack([plan, np.zeros(n, dtype=np.int64)], axis=1)
+        _, start_energy = self.evaluate(self.refill(starts, np.full(2, deadline_s)))
+        best = starts[:, int(np.argmin(start_energy))]
+        hull_work = work * 3 // 4
+        plan = self.local_search(best, deadline_s, hull_work, raw=True)
+        return self.local_search(plan, deadline_s, work - hull_work)
 
-    def local_search(self, plan: IntArray, deadline_s: float, work: int) -> IntArray:
-        """Improve ``plan`` by moves of one node to another hull option, others refilled.
+    def local_search(
+        self, plan: IntArray, deadline_s: float, work: int, *, raw: bool = False
+    ) -> IntArray:
+        """Improve ``plan`` by moves of one node to another option, others refilled.
 
         Every round evaluates all moves side by side (each a column refilled to the
         deadline: a node made faster frees time for the others, one made slower takes it
         from them), then applies the improving moves together, best first, as long as they
         keep improving. Stops at a local optimum or once ``work`` cells (instruction x
         candidate plan) have been evaluated. O(work) time.
+
+        ``raw``: the search state is a plan on the hull options *before* the refill, moves go
+        to neighbouring hull options only, and each state is judged by its refilled plan (which
+        is returned). A refilled plan holds its slack in options off the hull, which later
+        moves cannot take back; searching before the refill keeps that slack free to move.
         """
         n = self.dag.size
-        ceiling = np.asarray([deadline_s])
-        _, energy_arr = self.evaluate(plan[:, None])
-        energy = float(energy_arr[0])
         limit = deadline_s * (1 + 1e-12)
+
+        def judged(trials: IntArray) -> tuple[IntArray, FloatArray]:
+            """The refilled trials and their energies (inf where the deadline is missed)."""
+            refilled = self.refill(trials, np.full(trials.shape[1], deadline_s))
+            time, energy = self.evaluate(refilled)
+            return refilled, np.where(time <= limit, energy, np.inf)
+
+        def state(trials: IntArray, refilled: IntArray, k: int) -> IntArray:
+            return np.asarray((trials if raw else refilled)[:, k].copy())
+
+        energy = (
+            float(judged(plan[:, None])[1][0]) if raw else float(self.evaluate(plan[:, None])[1][0])
+        )
         while work > 0:
             # Whole-class moves first: in a pipeline's steady state the instructions of one
             # class sit on the critical path together, so only moving them together frees time.
-            shifted = self.refill(self._class_moves(plan), np.full(4 * len(self.hull), deadline_s))
-            shifted_time, shifted_energy = self.evaluate(shifted)
+            classed = self._class_moves(plan, steps=not raw)
+            shifted, shifted_energy = judged(classed)
             work -= n * (shifted.shape[1] + _BATCH_CHARGE)
-            shifted_energy = np.where(shifted_time <= limit, shifted_energy, np.inf)
             best_shift = int(np.argmin(shifted_energy))
-            move_node, move_option = self._moves(plan)
-            moves = np.arange(len(move_node))
-            gains = np.full(len(moves), np.inf)
+            move_node, move_option = self._moves(plan, steps=not raw)
+            gains = np.full(len(move_node), np.inf)
             width = max(1, _SEARCH_CHUNK // n)
-            for lo in range(0, len(moves), width):
-                batch = moves[lo : lo + width]
+            for lo in range(0, len(move_node), width):
+                batch = np.arange(lo, min(lo + width, len(move_node)))
                 trial = np.repeat(plan[:, None], len(batch), axis=1)
                 trial[move_node[batch], np.arange(len(batch))] = move_option[batch]
-                trial = self.refill(trial, np.full(len(batch), deadline_s))
-                time, trial_energy = self.evaluate(trial)
-                gains[lo : lo + width] = np.where(time <= limit, trial_energy, np.inf)
+                gains[batch] = judged(trial)[1]
                 work -= n * (len(batch) + _BATCH_CHARGE)
             better = np.flatnonzero(gains < energy * (1 - 1e-12))
             if shifted_energy[best_shift] < min(
                 energy * (1 - 1e-12), float(gains.min(initial=np.inf))
             ):
-                plan, energy = shifted[:, best_shift].copy(), float(shifted_energy[best_shift])
+                plan, energy = (
+                    state(classed, shifted, best_shift),
+                    float(shifted_energy[best_shift]),
+                )
                 continue
             if not len(better):
                 break
@@ -671,44 +732,45 @@ class _Planner:
             seen: set[int] = set()
             picked = []
             for m in order.tolist():
-                node = int(move_node[moves[m]])
+                node = int(move_node[m])
                 if node not in seen:
                     seen.add(node)
-                    picked.append(moves[m])
+                    picked.append(m)
             picked_arr = np.asarray(picked[: max(1, min(len(picked), width))])
             trial = np.repeat(plan[:, None], len(picked_arr), axis=1)
             for k in range(len(picked_arr)):
                 trial[move_node[picked_arr[: k + 1]], k] = move_option[picked_arr[: k + 1]]
-            trial = self.refill(trial, np.full(len(picked_arr), deadline_s))
-            time, trial_energy = self.evaluate(trial)
+            refilled, trial_energy = judged(trial)
             work -= n * (len(picked_arr) + _BATCH_CHARGE)
-            trial_energy = np.where(time <= limit, trial_energy, np.inf)
             k = int(np.argmin(trial_energy))
             if trial_energy[k] < energy * (1 - 1e-12):
-                plan, energy = trial[:, k].copy(), float(trial_energy[k])
+                plan, energy = state(trial, refilled, k), float(trial_energy[k])
             else:
                 first = int(order[0])
-                single = np.repeat(plan[:, None], 1, axis=1)
-                single[move_node[moves[first]], 0] = move_option[moves[first]]
-                plan = self.refill(single, ceiling)[:, 0]
-                energy = float(gains[first])
-        return plan
+                single = plan[:, None].copy()
+                single[move_node[first], 0] = move_option[first]
+                plan, energy = state(single, judged(single)[0], 0), float(gains[first])
+        return judged(plan[:, None])[0][:, 0] if raw else plan
 
-    def _class_moves(self, plan: IntArray) -> IntArray:
-        """Plans ``(n, 4 * classes)``: every node of one class moved one step together."""
-        trials = np.repeat(plan[:, None], 4 * len(self.hull), axis=1)
+    def _class_moves(self, plan: IntArray, steps: bool = True) -> IntArray:
+        """Plans: every node of one class moved together to its next hull option either side
+        (and, with ``steps``, one option either side)."""
+        per_class = 4 if steps else 2
+        trials = np.repeat(plan[:, None], per_class * len(self.hull), axis=1)
         for c, hull in enumerate(self.hull):
             members = np.flatnonzero(self.cls == c)
             current = plan[members]
             top = len(self.class_times[c]) - 1
             faster = hull[np.maximum(np.searchsorted(hull, current) - 1, 0)]
             slower = hull[np.minimum(np.searchsorted(hull, current, side="right"), len(hull) - 1)]
-            for k, option in enumerate((faster, slower, current - 1, current + 1)):
-                trials[members, 4 * c + k] = np.clip(option, 0, top)
+            options = (faster, slower, current - 1, current + 1)[:per_class]
+            for k, option in enumerate(options):
+                trials[members, per_class * c + k] = np.clip(option, 0, top)
         return trials
 
-    def _moves(self, plan: IntArray) -> tuple[IntArray, IntArray]:
-        """Moves from ``plan``: each node to its next hull option either side, or one step."""
+    def _moves(self, plan: IntArray, steps: bool = True) -> tuple[IntArray, IntArray]:
+        """Moves from ``plan``: each node to its next hull option either side (and, with
+        ``steps``, one option either side)."""
         nodes: list[IntArray] = []
         options: list[IntArray] = []
         for c, hull in enumerate(self.hull):
@@ -719,7 +781,8 @@ class _Planner:
             after = np.searchsorted(hull, current, side="right")
             slower = hull[np.minimum(after, len(hull) - 1)]
             top = len(self.class_times[c]) - 1
-            for option in (faster, slower, current - 1, current + 1):
+            candidates = (faster, slower, current - 1, current + 1) if steps else (faster, slower)
+            for option in candidates:
                 ok = (option != current) & (option >= 0) & (option <= top)
                 nodes.append(members[ok])
                 options.append(option[ok])
