@@ -700,6 +700,7 @@ class _Planner:
         energy = (
             float(judged(plan[:, None])[1][0]) if raw else float(self.evaluate(plan[:, None])[1][0])
         )
+        width = max(1, _SEARCH_CHUNK // n)
         while work > 0:
             # Whole-class moves first: in a pipeline's steady state the instructions of one
             # class sit on the critical path together, so only moving them together frees time.
@@ -707,49 +708,47 @@ class _Planner:
             shifted, shifted_energy = judged(classed)
             work -= n * (shifted.shape[1] + _BATCH_CHARGE)
             best_shift = int(np.argmin(shifted_energy))
+            if shifted_energy[best_shift] < energy * (1 - 1e-12):
+                plan = state(classed, shifted, best_shift)
+                energy = float(shifted_energy[best_shift])
+                continue
             move_node, move_option = self._moves(plan, steps=not raw)
-            gains = np.full(len(move_node), np.inf)
-            width = max(1, _SEARCH_CHUNK // n)
+            origin = plan.copy()
+            improved = False
             for lo in range(0, len(move_node), width):
+                if work <= 0:
+                    break
                 batch = np.arange(lo, min(lo + width, len(move_node)))
+                # moves of nodes that an earlier batch of this round moved are stale
+                batch = batch[plan[move_node[batch]] == origin[move_node[batch]]]
+                if not len(batch):
+                    continue
                 trial = np.repeat(plan[:, None], len(batch), axis=1)
                 trial[move_node[batch], np.arange(len(batch))] = move_option[batch]
-                gains[batch] = judged(trial)[1]
+                gains = judged(trial)[1]
                 work -= n * (len(batch) + _BATCH_CHARGE)
-            better = np.flatnonzero(gains < energy * (1 - 1e-12))
-            if shifted_energy[best_shift] < min(
-                energy * (1 - 1e-12), float(gains.min(initial=np.inf))
-            ):
-                plan, energy = (
-                    state(classed, shifted, best_shift),
-                    float(shifted_energy[best_shift]),
+                better = np.flatnonzero(gains < energy * (1 - 1e-12))
+                if not len(better):
+                    continue
+                # Apply the best moves cumulatively (one node once): the best of the prefixes
+                # of 1, 2, 4, ... moves.
+                order = better[np.argsort(gains[better], kind="stable")]
+                _, first = np.unique(move_node[batch[order]], return_index=True)
+                picked = batch[order[np.sort(first)]]
+                sizes = np.unique(
+                    np.minimum(2 ** np.arange(len(picked).bit_length() + 1), len(picked))
                 )
-                continue
-            if not len(better):
+                trial = np.repeat(plan[:, None], len(sizes), axis=1)
+                for k, size in enumerate(sizes.tolist()):
+                    trial[move_node[picked[:size]], k] = move_option[picked[:size]]
+                refilled, trial_energy = judged(trial)
+                work -= n * (len(sizes) + _BATCH_CHARGE)
+                k = int(np.argmin(trial_energy))
+                if trial_energy[k] < energy * (1 - 1e-12):
+                    plan, energy = state(trial, refilled, k), float(trial_energy[k])
+                    improved = True
+            if not improved:
                 break
-            order = better[np.argsort(gains[better], kind="stable")]
-            # Apply the best moves cumulatively (one node once), keep the best prefix.
-            seen: set[int] = set()
-            picked = []
-            for m in order.tolist():
-                node = int(move_node[m])
-                if node not in seen:
-                    seen.add(node)
-                    picked.append(m)
-            picked_arr = np.asarray(picked[: max(1, min(len(picked), width))])
-            trial = np.repeat(plan[:, None], len(picked_arr), axis=1)
-            for k in range(len(picked_arr)):
-                trial[move_node[picked_arr[: k + 1]], k] = move_option[picked_arr[: k + 1]]
-            refilled, trial_energy = judged(trial)
-            work -= n * (len(picked_arr) + _BATCH_CHARGE)
-            k = int(np.argmin(trial_energy))
-            if trial_energy[k] < energy * (1 - 1e-12):
-                plan, energy = state(trial, refilled, k), float(trial_energy[k])
-            else:
-                first = int(order[0])
-                single = plan[:, None].copy()
-                single[move_node[first], 0] = move_option[first]
-                plan, energy = state(single, judged(single)[0], 0), float(gains[first])
         return judged(plan[:, None])[0][:, 0] if raw else plan
 
     def _class_moves(self, plan: IntArray, steps: bool = True) -> IntArray:
