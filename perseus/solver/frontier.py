@@ -332,7 +332,7 @@ class _Planner:
         offset = np.empty(classes)
         for c, times in enumerate(self.class_times):
             span = float(times[-1] - times[0])
-            scale[c] = _FIT_BINS / span if span > 0 else 0.0
+            scale[c] = _FIT_BINS / span if span > 0 else 1.0  # one time: any bins will do
             edges = times[0] + np.arange(_FIT_BINS) * (span / _FIT_BINS)
             fitting = np.searchsorted(times, edges, side="right") - 1
             rows.append(np.concatenate([[0], np.clip(fitting, 0, len(times) - 1),

@@ -475,20 +475,43 @@ def test_local_search_never_ends_worse_than_it_starts(case: Case, slack: float) 
         assert t2 > deadline * (1 + 1e-12) or e2 >= e1 * (1 - 1e-12), (j, k, e1, e2)
 
 
-@examples(40)
-@given(cases(schedules=ALL_SCHEDULES, options=(2, 6)), st.data())
-def test_fit_takes_the_slowest_option_within_the_room(case: Case, data) -> None:
-    """The vectorised fit (all classes in one shifted array) equals a per-node search, also
-    for rooms exactly at an option's time and a rounding step either side of it."""
+@examples(25)
+@given(cases(schedules=ALL_SCHEDULES, options=(2, 5)), st.floats(1.0, 1.3))
+def test_local_search_before_the_refill_leaves_no_slack_and_never_ends_worse(
+    case: Case, slack: float
+) -> None:
+    """The search over hull plans before the refill returns a refilled plan (no node can
+    take a slower option), meeting the deadline, no worse than its start refilled."""
     note(repr(case))  # hypothesis prints composite values blank
     planner = _planner(case)
     n = planner.dag.size
-    rooms = np.empty((n, 6))
+    deadline = float(planner.evaluate(np.zeros((n, 1), dtype=np.int64))[0][0]) * slack
+    ceiling = np.asarray([deadline])
+    start = np.asarray([planner.hull[c][-1] for c in planner.cls])  # all slowest: overruns
+    end = planner.local_search(start.copy(), deadline, 10**6, raw=True)
+    _, (e0,) = planner.evaluate(planner.refill(start[:, None], ceiling))
+    (t1,), (e1,) = planner.evaluate(end[:, None])
+    assert t1 <= deadline * (1 + 1e-12)
+    assert e1 <= e0 * (1 + 1e-12), (e0, e1)
+    assert np.array_equal(planner.refill(end[:, None], ceiling)[:, 0], end)
+
+
+@examples(40)
+@given(cases(schedules=ALL_SCHEDULES, options=(2, 6)), st.data())
+def test_fit_takes_the_slowest_option_within_the_room(case: Case, data) -> None:
+    """The vectorised fit (a table lookup per class, then a step or two) equals a per-node
+    search, also for rooms exactly at an option's time, a rounding step either side of it,
+    and infinite ones."""
+    note(repr(case))  # hypothesis prints composite values blank
+    planner = _planner(case)
+    n = planner.dag.size
+    rooms = np.empty((n, 8))
     for j in range(n):
         times = planner.class_times[planner.cls[j]]
         exact = float(times[data.draw(st.integers(0, len(times) - 1))])
         rooms[j] = [exact, np.nextafter(exact, 0.0), np.nextafter(exact, np.inf),
-                    exact * 0.5, exact * 3.0, data.draw(st.floats(-1.0, 10.0))]  # fmt: skip
+                    exact * 0.5, exact * 3.0, data.draw(st.floats(-1.0, 10.0)),
+                    np.inf, -np.inf]  # fmt: skip
     got = planner.fit(np.arange(n), rooms)
     for j in range(n):
         times = planner.class_times[planner.cls[j]]

@@ -176,7 +176,7 @@ def test_real_frontier_near_the_milp_at_the_deadlines_users_pick(
     real_profile: tuple[Path, float],
 ) -> None:
     """8 x 12: at no slowdown (the default plan's time) and 1.01, 1.02, 1.05 x it, the best
-    point that fits is within 0.4 % of the energy of the best plan a 300 s MILP found there
+    point that fits is within 0.3 % of the energy of the best plan a 300 s MILP found there
     (benchmarks/data/milp_reference.json), and its reported gap bounds it from below."""
     import json
 
@@ -196,7 +196,7 @@ def test_real_frontier_near_the_milp_at_the_deadlines_users_pick(
         assert rel(deadline, row["deadline_s"]) <= 1e-9
         fits = [i for i in range(len(frontier)) if frontier.times_s[i] <= deadline * (1 + RTOL)]
         energy = float(frontier.energies_j[fits[-1]])
-        assert energy <= row["best_j"] * 1.004, (row["factor"], energy, row["best_j"])
+        assert energy <= row["best_j"] * 1.003, (row["factor"], energy, row["best_j"])
         bound = energy / (1 + float(frontier.gaps[fits[-1]]))
         assert bound <= row["best_j"] * (1 + RTOL)
 
@@ -215,3 +215,27 @@ def test_real_frontier_has_no_holes_where_the_profile_is_not_convex() -> None:
     t_default = default_time(profile, schedule)
     assert float(np.diff(frontier.times_s).max()) <= 0.01 * t_default
     assert float(frontier.gaps.max()) <= 0.015, float(frontier.gaps.max())
+
+
+def test_real_frontier_near_the_milp_where_the_profile_is_not_convex() -> None:
+    """bloom on the A40 at 24 microbatches, 1.02 x the default time: the best plans run some
+    forwards at 1575 MHz and others near 1050 MHz. A local search over plans after the refill
+    stopped at 12.16 % (0.4 % of energy above the 300 s MILP's 12.53 %): a refilled plan holds
+    its slack in off-hull clocks that no single move gives back. Searching the hull plans
+    before the refill gets within 0.3 % at every deadline users pick."""
+    import json
+
+    path = SHARED_PROFILES / "bloom+a40_bf16.csv"
+    if not path.is_file():
+        pytest.skip(f"real profile {path} not present; set PERSEUS_TEST_PROFILES")
+    profile = load_profile(path)
+    schedule = make_schedule("1f1b", STAGES, 24)
+    frontier = compute_frontier(profile, schedule, p_block_w=70.38)
+    t_default = default_time(profile, schedule)
+    rows = [row for row in json.loads(MILP_REFERENCE.read_text())
+            if row["profile"] == path.name and row["microbatches"] == 24]  # fmt: skip
+    assert len(rows) == 4
+    for row in rows:
+        fits = np.flatnonzero(frontier.times_s <= row["factor"] * t_default * (1 + RTOL))
+        energy = float(frontier.energies_j[fits[-1]])
+        assert energy <= row["best_j"] * 1.003, (row["factor"], energy, row["best_j"])
