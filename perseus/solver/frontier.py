@@ -357,8 +357,18 @@ class _Planner:
             rank[members] = (np.arange(len(members)) + 0.5) / max(len(members), 1)
             spread[members] = [_van_der_corput(i) for i in range(len(members))]
         self._crossing_orders = (rank, 1.0 - rank, spread)
-        self._level_columns = [self._columns(level) for level in dag.levels]
-        self._back_columns = [self._columns(level) for level in dag.back_levels]
+        # Per level of the refill's passes: its nodes, their predecessors and successors (the
+        # DAG's two link columns; the index n is "none"), and the fit's columns.
+        pred, succ = dag.pred, dag.succ
+        self._back_steps = [
+            (level, succ[level, 0], succ[level, 1], self._columns(level))
+            for level in dag.back_levels
+        ]
+        self._steps = [
+            (level, pred[level, 0], pred[level, 1], succ[level, 0], succ[level, 1],
+             self._columns(level))
+            for level in dag.levels
+        ]  # fmt: skip
 
     def flat(self, choices: IntArray) -> IntArray:
         """Flat cost-table index of every (plan, node) choice."""
@@ -430,37 +440,46 @@ class _Planner:
         does the same from the other side. A node whose current plan overruns shrinks here too,
         so the result always fits ``ceiling`` when the all-fastest plan does.
         """
+        return self.refill_evaluated(choices, ceiling)[0]
+
+    def refill_evaluated(
+        self, choices: IntArray, ceiling: FloatArray
+    ) -> tuple[IntArray, FloatArray, FloatArray]:
+        """:meth:`refill`, with the exact iteration time and energy of the refilled plans (as
+        :meth:`evaluate` gives them; the forward pass has the finish times already)."""
         dag = self.dag
         n = dag.size
         choices = choices.copy()
         durations = self.durations(choices)
-        pred, succ = dag.pred, dag.succ
         begin = dag.finish_times(durations)
         begin -= durations
         latest = np.empty((n + 1, choices.shape[1]))
         latest[n] = ceiling
-        for level, columns in zip(dag.back_levels, self._back_columns, strict=True):
-            bound = np.minimum(latest[succ[level, 0]], latest[succ[level, 1]])
+        for level, after_a, after_b, columns in self._back_steps:
+            bound = np.minimum(latest[after_a], latest[after_b])
             picked, taken = self._fit_times(columns, bound - begin[level])
             choices[level] = picked
             durations[level] = taken
             bound -= taken
             latest[level] = bound
         earliest = np.zeros((n + 1, choices.shape[1]))
-        for level, columns in zip(dag.levels, self._level_columns, strict=True):
-            begin_level = np.maximum(earliest[pred[level, 0]], earliest[pred[level, 1]])
-            bound = np.minimum(latest[succ[level, 0]], latest[succ[level, 1]])
+        for level, before_a, before_b, after_a, after_b, columns in self._steps:
+            begin_level = np.maximum(earliest[before_a], earliest[before_b])
+            bound = np.minimum(latest[after_a], latest[after_b])
             bound -= begin_level
             picked, taken = self._fit_times(columns, bound)
-            current = choices[level]
-            slower = picked > current
-            picked = np.where(slower, picked, current)
-            taken = np.where(slower, taken, durations[level])
-            choices[level] = picked
+            # options are in ascending time: the slower of two is the later index
+            choices[level] = np.maximum(picked, choices[level])
+            taken = np.maximum(taken, durations[level])
             durations[level] = taken
             begin_level += taken
             earliest[level] = begin_level
-        return choices
+        total = earliest[:n].max(axis=0)
+        flat = self.start[:, None] + choices
+        energy = self.costs.energy_j[flat].sum(axis=0) + self.costs.p_block_w * (
+            self.costs.num_gpus * total - durations.sum(axis=0)
+        )
+        return choices, total, energy
 
     def fast(
         self,
@@ -692,8 +711,9 @@ class _Planner:
 
         def judged(trials: IntArray) -> tuple[IntArray, FloatArray]:
             """The refilled trials and their energies (inf where the deadline is missed)."""
-            refilled = self.refill(trials, np.full(trials.shape[1], deadline_s))
-            time, energy = self.evaluate(refilled)
+            refilled, time, energy = self.refill_evaluated(
+                trials, np.full(trials.shape[1], deadline_s)
+            )
             return refilled, np.where(time <= limit, energy, np.inf)
 
         def state(trials: IntArray, refilled: IntArray, k: int) -> IntArray:
