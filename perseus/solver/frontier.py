@@ -96,7 +96,7 @@ _MAIN_SLOWDOWNS = (1.0, 1.01, 1.02, 1.05)
 _CROSSOVER_SHARES = 31  # plans between two neighbouring anchors, per node order
 _CROSSOVER_ROUNDS = 2
 _CROSSOVER_PAIRS = 16
-_ALL_ANCHORS_UP_TO = 512  # instructions
+_ALL_ANCHORS_UP_TO = 1024  # instructions
 # Repair rounds (small DAGs): search again where a point's reported gap exceeds this.
 _REPAIR_GAP = 0.009
 _REPAIR_ROUNDS = 1
