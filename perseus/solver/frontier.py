@@ -13,10 +13,12 @@ How the fast mode works, for a DAG of ``n`` instructions and ``G`` grid deadline
    columns: O(n * G) work with small constants.
 3. At a few anchor deadlines (the default plan's time, every instruction at its highest clock,
    and small slowdowns of it: the deadlines the policies name), dive through the relaxation
-   rounding to hull options only, refill, and run a local search whose moves (a node, or a
-   whole class of nodes, to a neighbouring option, the rest refilled) are evaluated side by
-   side as numpy columns. Every grid deadline also gets the best anchor plan that fits. All
-   budgets are counted in work, never seconds: the same frontier on every machine.
+   rounding to hull options only, and run a local search whose moves (a node, or a whole
+   class of nodes, to a neighbouring option, the rest refilled) are evaluated side by side as
+   numpy columns: first over plans on hull options, each judged by its refilled plan (so the
+   slack stays free to move until the refill spends it), then over refilled plans. Every grid
+   deadline also gets the best anchor plan that fits. All budgets are counted in work, never
+   seconds: the same frontier on every machine.
 4. Replay every plan exactly on the profile values (so stated times and energies are truthful),
    keep the Pareto-optimal ones, and report each plan's gap to the lower bound at the largest
    deadline it serves; small DAGs search once more where a gap is still large.
