@@ -445,6 +445,12 @@ def test_refill_meets_the_ceiling_and_leaves_no_node_a_slower_option(case: Case,
     refilled = planner.refill(plan[:, None], np.asarray([ceiling]))[:, 0]
     time_s = float(planner.evaluate(refilled[:, None])[0][0])
     assert time_s <= ceiling * (1 + 1e-12)
+    # the time and energy the refill states are what evaluating its plan gives
+    _, stated_time, stated_energy = planner.refill_evaluated(plan[:, None], np.asarray([ceiling]))
+    assert float(stated_time[0]) == time_s
+    assert float(stated_energy[0]) == pytest.approx(
+        float(planner.evaluate(refilled[:, None])[1][0]), rel=1e-12
+    )
     for j in range(n):
         if refilled[j] < planner.last[j]:
             slower = refilled.copy()
