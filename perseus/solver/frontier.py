@@ -697,11 +697,13 @@ class _Planner:
     ) -> IntArray:
         """Improve ``plan`` by moves of one node to another option, others refilled.
 
-        Every round evaluates all moves side by side (each a column refilled to the
-        deadline: a node made faster frees time for the others, one made slower takes it
-        from them), then applies the improving moves together, best first, as long as they
-        keep improving. Stops at a local optimum or once ``work`` cells (instruction x
-        candidate plan) have been evaluated. O(work) time.
+        Every round tries the whole-class moves, applying the best if it improves; otherwise
+        every single-node move, in batches evaluated side by side (each a column refilled to
+        the deadline: a node made faster frees time for the others, one made slower takes it
+        from them). After each batch the best of the prefixes of 1, 2, 4, ... of its
+        improving moves (best first) is applied, and the improving moves left over are tried
+        again at once. Stops at a local optimum or once ``work`` cells (instruction x
+        candidate plan, plus a charge per batch) have been evaluated. O(work) time.
 
         ``raw``: the search state is a plan on the hull options *before* the refill, moves go
         to neighbouring hull options only, and each state is judged by its refilled plan (which
