@@ -103,6 +103,7 @@ _ALL_ANCHORS_UP_TO = 1024  # instructions
 _REPAIR_GAP = 0.009
 _REPAIR_ROUNDS = 1
 _REPAIR_ANCHORS = 6
+_WIDE_MOVES_UP_TO = 512  # instructions (see _Planner._local_search)
 _FIT_BINS = 1024  # table bins per class's time range (see _Planner._fit)
 _SEARCH_CHUNK = 2 * 10**6  # cells per batch of candidate plans (bounds memory: ~16 MB/array)
 
@@ -706,8 +707,9 @@ class _Planner:
         candidate plan, plus a charge per batch) have been evaluated. O(work) time.
 
         ``raw``: the search state is a plan on the hull options *before* the refill, moves go
-        to neighbouring hull options only, and each state is judged by its refilled plan (which
-        is returned). A refilled plan holds its slack in options off the hull, which later
+        to neighbouring hull options only (on DAGs of up to 512 instructions also to the hull
+        option after those), and each state is judged by its refilled plan (which is
+        returned). A refilled plan holds its slack in options off the hull, which later
         moves cannot take back; searching before the refill keeps that slack free to move.
         """
         n = self.dag.size
@@ -757,6 +759,10 @@ class _Planner:
             return nodes[rest], options[rest], True
 
         width = max(1, _SEARCH_CHUNK // n)
+        # Small DAGs' searches converge within their work: there a node may also skip one hull
+        # option (a wider neighbourhood, with more moves per round); on larger DAGs the work
+        # buys more rounds of the narrower one.
+        reach = 2 if raw and n <= _WIDE_MOVES_UP_TO else 1
         while work > 0:
             # Whole-class moves first: in a pipeline's steady state the instructions of one
             # class sit on the critical path together, so only moving them together frees time.
@@ -768,7 +774,7 @@ class _Planner:
                 plan = state(classed, shifted, best_shift)
                 energy = float(shifted_energy[best_shift])
                 continue
-            move_node, move_option = self._moves(plan, steps=not raw)
+            move_node, move_option = self._moves(plan, steps=not raw, reach=reach)
             origin = plan.copy()
             improved = False
             for lo in range(0, len(move_node), width):
@@ -803,9 +809,11 @@ class _Planner:
                 trials[members, per_class * c + k] = np.clip(option, 0, top)
         return trials
 
-    def _moves(self, plan: IntArray, steps: bool = True) -> tuple[IntArray, IntArray]:
-        """Moves from ``plan``: each node to its next hull option either side (and, with
-        ``steps``, one option either side)."""
+    def _moves(
+        self, plan: IntArray, steps: bool = True, reach: int = 1
+    ) -> tuple[IntArray, IntArray]:
+        """Moves from ``plan``: each node to its next hull option either side (with ``reach``
+        2, also the one after; with ``steps``, also one option either side)."""
         nodes: list[IntArray] = []
         options: list[IntArray] = []
         for c, hull in enumerate(self.hull):
@@ -816,7 +824,12 @@ class _Planner:
             after = np.searchsorted(hull, current, side="right")
             slower = hull[np.minimum(after, len(hull) - 1)]
             top = len(self.class_times[c]) - 1
-            candidates = (faster, slower, current - 1, current + 1) if steps else (faster, slower)
+            candidates = [faster, slower]
+            if reach > 1:
+                last = len(hull) - 1
+                candidates += [hull[np.maximum(at - 2, 0)], hull[np.minimum(after + 1, last)]]
+            if steps:
+                candidates += [current - 1, current + 1]
             for option in candidates:
                 ok = (option != current) & (option >= 0) & (option <= top)
                 nodes.append(members[ok])

@@ -229,7 +229,8 @@ def test_real_frontier_near_the_milp_where_the_profile_is_not_convex() -> None:
     forwards at 1575 MHz and others near 1050 MHz. A local search over plans after the refill
     stopped at 12.16 % (0.4 % of energy above the 300 s MILP's 12.53 %): a refilled plan holds
     its slack in off-hull clocks that no single move gives back. Searching the hull plans
-    before the refill gets within 0.3 % at every deadline users pick."""
+    before the refill gets within 0.3 % at every deadline users pick, and with moves that
+    skip a hull option every reported gap is under 1 % (1.08 % without them)."""
     import json
 
     frontier, t_default = _bloom_a40_frontier(24)
@@ -240,3 +241,4 @@ def test_real_frontier_near_the_milp_where_the_profile_is_not_convex() -> None:
         fits = np.flatnonzero(frontier.times_s <= row["factor"] * t_default * (1 + RTOL))
         energy = float(frontier.energies_j[fits[-1]])
         assert energy <= row["best_j"] * 1.003, (row["factor"], energy, row["best_j"])
+    assert float(frontier.gaps.max()) <= 0.01, float(frontier.gaps.max())
