@@ -353,10 +353,11 @@ class _Planner:
         )
         # Each node's place in its class, in (0, 1): first to last, last to first, and evenly
         # spread (van der Corput); a crossover moves the nodes below a share first.
+        self._members = [np.flatnonzero(self.cls == c) for c in range(classes)]
+        self.class_top = [len(times) - 1 for times in self.class_times]
         rank = np.empty(dag.size)
         spread = np.empty(dag.size)
-        for c in range(classes):
-            members = np.flatnonzero(self.cls == c)
+        for members in self._members:
             rank[members] = (np.arange(len(members)) + 0.5) / max(len(members), 1)
             spread[members] = [_van_der_corput(i) for i in range(len(members))]
         self._crossing_orders = (rank, 1.0 - rank, spread)
@@ -687,7 +688,7 @@ class _Planner:
         on_hull = relaxation.dive(deadline_s, [hull_times[c] for c in self.cls], fraction)
         plan = np.asarray([self.hull[c][k] for c, k in zip(self.cls, on_hull, strict=True)])
         starts = np.stack([plan, np.zeros(n, dtype=np.int64)], axis=1)
-        _, start_energy = self.evaluate(self.refill(starts, np.full(2, deadline_s)))
+        _, _, start_energy = self.refill_evaluated(starts, np.full(2, deadline_s))
         best = starts[:, int(np.argmin(start_energy))]
         hull_work = work * 3 // 4
         plan = self.local_search(best, deadline_s, hull_work, raw=True)
@@ -793,45 +794,41 @@ class _Planner:
                 break
         return judged(plan[:, None])[0][:, 0] if raw else plan
 
+    def _neighbours(self, c: int, current: IntArray, steps: bool, reach: int = 1) -> list[IntArray]:
+        """Options near ``current`` (options of class ``c``): the next hull option either side
+        (with ``reach`` 2, also the one after; with ``steps``, also one option either side)."""
+        hull = self.hull[c]
+        last = len(hull) - 1
+        at = np.searchsorted(hull, current)
+        after = np.searchsorted(hull, current, side="right")
+        near = [hull[np.maximum(at - 1, 0)], hull[np.minimum(after, last)]]
+        if reach > 1:
+            near += [hull[np.maximum(at - 2, 0)], hull[np.minimum(after + 1, last)]]
+        if steps:
+            near += [current - 1, current + 1]
+        return near
+
     def _class_moves(self, plan: IntArray, steps: bool = True) -> IntArray:
         """Plans: every node of one class moved together to its next hull option either side
         (and, with ``steps``, one option either side)."""
         per_class = 4 if steps else 2
         trials = np.repeat(plan[:, None], per_class * len(self.hull), axis=1)
-        for c, hull in enumerate(self.hull):
-            members = np.flatnonzero(self.cls == c)
-            current = plan[members]
-            top = len(self.class_times[c]) - 1
-            faster = hull[np.maximum(np.searchsorted(hull, current) - 1, 0)]
-            slower = hull[np.minimum(np.searchsorted(hull, current, side="right"), len(hull) - 1)]
-            options = (faster, slower, current - 1, current + 1)[:per_class]
+        for c, members in enumerate(self._members):
+            options = self._neighbours(c, plan[members], steps)
             for k, option in enumerate(options):
-                trials[members, per_class * c + k] = np.clip(option, 0, top)
+                trials[members, per_class * c + k] = np.clip(option, 0, self.class_top[c])
         return trials
 
     def _moves(
         self, plan: IntArray, steps: bool = True, reach: int = 1
     ) -> tuple[IntArray, IntArray]:
-        """Moves from ``plan``: each node to its next hull option either side (with ``reach``
-        2, also the one after; with ``steps``, also one option either side)."""
+        """Moves from ``plan``: each node to one of :meth:`_neighbours`' options."""
         nodes: list[IntArray] = []
         options: list[IntArray] = []
-        for c, hull in enumerate(self.hull):
-            members = np.flatnonzero(self.cls == c)
+        for c, members in enumerate(self._members):
             current = plan[members]
-            at = np.searchsorted(hull, current)
-            faster = hull[np.maximum(at - 1, 0)]
-            after = np.searchsorted(hull, current, side="right")
-            slower = hull[np.minimum(after, len(hull) - 1)]
-            top = len(self.class_times[c]) - 1
-            candidates = [faster, slower]
-            if reach > 1:
-                last = len(hull) - 1
-                candidates += [hull[np.maximum(at - 2, 0)], hull[np.minimum(after + 1, last)]]
-            if steps:
-                candidates += [current - 1, current + 1]
-            for option in candidates:
-                ok = (option != current) & (option >= 0) & (option <= top)
+            for option in self._neighbours(c, current, steps, reach):
+                ok = (option != current) & (option >= 0) & (option <= self.class_top[c])
                 nodes.append(members[ok])
                 options.append(option[ok])
         node_arr, option_arr = np.concatenate(nodes), np.concatenate(options)
