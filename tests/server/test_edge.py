@@ -238,6 +238,27 @@ SPEC = (b'{"schedule": "1f1b", "stages": 2, "microbatches": 2, "data_parallel": 
         b'"tensor_parallel": 1}')  # fmt: skip
 
 
+def _response(sock: socket.socket) -> bytes:
+    """One whole HTTP response from ``sock`` (head and ``Content-Length`` body), however the
+    bytes are split across reads."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed mid-response: {data[:80]!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+         if line.lower().startswith(b"content-length:")),
+        0,
+    )  # fmt: skip
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed mid-body: {data[:80]!r}"
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def _head(length: int) -> bytes:
     return (f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {length}\r\n\r\n").encode()  # fmt: skip
@@ -280,8 +301,8 @@ def test_a_body_in_time_is_served_and_the_connection_kept(
         time.sleep(0.2)
         sock.sendall(SPEC[20:])
         sock.settimeout(5.0)
-        answer = sock.recv(65536)
+        answer = _response(sock)
         assert answer.startswith(b"HTTP/1.1 201"), answer[:80]
         time.sleep(0.8)  # past the body timeout: an idle kept-alive connection is not touched
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        assert _response(sock).startswith(b"HTTP/1.1 200")
