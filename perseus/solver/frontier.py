@@ -99,7 +99,7 @@ _CROSSOVER_SHARES = 31  # plans between two neighbouring anchors, per node order
 _CROSSOVER_ROUNDS = 2
 _CROSSOVER_PAIRS = 16
 _ALL_ANCHORS_UP_TO = 1024  # instructions
-# Repair rounds (small DAGs): search again where a point's reported gap exceeds this.
+# Repair rounds: search again where a point's reported gap exceeds this.
 _REPAIR_GAP = 0.009
 _REPAIR_ROUNDS = 1
 _REPAIR_ANCHORS = 6
@@ -625,15 +625,30 @@ class _Planner:
                 upto=float(max(best_time[b] for _, b in pairs)),
             )
             keep, served, gaps = finish()
-        # Repair by searching at the deadline a point with a large gap serves up to (small DAGs
-        # only; a fixed number of rounds and anchors, so the work is bounded).
-        for _ in range(_REPAIR_ROUNDS if n <= _ALL_ANCHORS_UP_TO else 0):
+        # Repair by searching where gaps are large; a fixed number of rounds and anchors, so
+        # the work is bounded. Small DAGs search at the deadlines their worst points serve up
+        # to. Large DAGs afford one search: at the first point of the stretch of large gaps
+        # holding the worst, since a plan serves every deadline from its own time up (refilled),
+        # so that one plan lifts the whole stretch, not only the worst point.
+        small = n <= _ALL_ANCHORS_UP_TO
+        for _ in range(_REPAIR_ROUNDS):
             worst = large_gaps()
             if not worst:
                 break
-            targets = sorted({float(served[i]) for i in worst[:_REPAIR_ANCHORS]})
+            upto = None
+            if small:
+                targets = sorted({float(served[i]) for i in worst[:_REPAIR_ANCHORS]})
+            else:
+                first = last = worst[0]
+                while first > 0 and gaps[first - 1] > _REPAIR_GAP:
+                    first -= 1
+                while last + 1 < len(gaps) and gaps[last + 1] > _REPAIR_GAP:
+                    last += 1
+                targets = [float(best_time[keep[first]])]
+                upto = float(served[last])
             share = search_work // (4 * _REPAIR_ANCHORS)
-            merge(np.stack([self.search(relaxation, d, share, 0.25) for d in targets], axis=1))
+            repaired = [self.search(relaxation, d, share, 0.25) for d in targets]
+            merge(np.stack(repaired, axis=1), upto)
             keep, served, gaps = finish()
         return best_time[keep], best_energy[keep], gaps, best_choice[:, keep].T.copy()
 
