@@ -21,7 +21,7 @@ How the fast mode works, for a DAG of ``n`` instructions and ``G`` grid deadline
    seconds: the same frontier on every machine.
 4. Replay every plan exactly on the profile values (so stated times and energies are truthful),
    keep the Pareto-optimal ones, and report each plan's gap to the lower bound at the largest
-   deadline it serves; small DAGs search once more where a gap is still large.
+   deadline it serves; then search once more where gaps are still large.
 
 The exact mode starts from the fast frontier and replaces it with one MILP per frontier point,
 sweeping deadlines downwards, within a time limit it checks (and refuses) up front.
