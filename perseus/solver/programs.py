@@ -18,9 +18,10 @@ reaches stdout or stderr.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,6 +201,7 @@ class Relaxation:
             np.concatenate([np.full(n + 1, np.inf), lengths_arr]),
         )
         self._lengths = lengths_arr
+        self._cost = cost
         self._segment_start = np.searchsorted(np.asarray(segment_node), np.arange(n + 1))
         self._segment_node = np.asarray(segment_node, dtype=np.int64)
         self._base_time = base_time
@@ -293,6 +295,23 @@ class Relaxation:
             for col, length in enumerate(self._lengths.tolist()):
                 highs.changeColBounds(n + 1 + col, 0.0, length)
         return choice
+
+    @contextlib.contextmanager
+    def weighted(self, weights: FloatArray) -> Iterator[None]:
+        """Within the block, node ``j``'s energy slopes are scaled by ``weights[j]`` (> 0):
+        another convex problem whose optimum sits on another vertex, for diversified dives.
+        The solutions are not lower bounds of the real problem there."""
+        cost = self._cost.copy()
+        cost[self._n + 1 :] *= weights[self._segment_node]
+        columns = np.arange(len(cost), dtype=np.int32)
+        basis = self._highs.getBasis()
+        self._highs.changeColsCost(len(cost), columns, cost)
+        try:
+            yield
+        finally:
+            self._highs.changeColsCost(len(cost), columns, self._cost)
+            # solves after the block start where they would have without it
+            self._highs.setBasis(basis)
 
     def _fix(self, node: int, duration_s: float) -> None:
         """Pin ``node``'s hull segments so that its duration is ``duration_s``."""

@@ -502,6 +502,53 @@ def test_local_search_before_the_refill_leaves_no_slack_and_never_ends_worse(
     assert np.array_equal(planner.refill(end[:, None], ceiling)[:, 0], end)
 
 
+@examples(20)
+@given(cases(schedules=ALL_SCHEDULES, options=(2, 5)), st.floats(1.0, 1.2))
+def test_restarts_keep_the_best_plan_and_leave_the_relaxation_as_it_was(
+    case: Case, slack: float
+) -> None:
+    """The restarted searches (from relaxations with scaled slopes) return a plan meeting the
+    deadline, no worse than the plan they were given; afterwards the relaxation solves as
+    before (its costs and basis restored, so later dives are unaffected)."""
+    from perseus.solver.programs import Relaxation
+
+    note(repr(case))  # hypothesis prints composite values blank
+    planner = _planner(case)
+    n = planner.dag.size
+    deadline = float(planner.evaluate(np.zeros((n, 1), dtype=np.int64))[0][0]) * slack
+    relaxation = Relaxation(planner.dag, planner.costs)
+    before = relaxation.solve(deadline)
+    given_plan = planner.refill(np.zeros((n, 1), dtype=np.int64), np.asarray([deadline]))[:, 0]
+    best = planner._restarts(relaxation, deadline, 10**5, given_plan)
+    (t1,), (e1,) = planner.evaluate(best[:, None])
+    _, (e0,) = planner.evaluate(given_plan[:, None])
+    assert t1 <= deadline * (1 + 1e-12)
+    assert e1 <= e0 * (1 + 1e-12), (e0, e1)
+    after = relaxation.solve(deadline)
+    assert after.value_j == pytest.approx(before.value_j, rel=1e-9)
+    assert np.allclose(after.durations_s, before.durations_s, rtol=1e-9, atol=1e-12)
+
+
+def test_weighted_relaxation_scales_the_slopes_only_inside_the_block() -> None:
+    """Inside ``weighted`` the relaxation optimises the scaled energy slopes (doubling every
+    slope doubles what slowing saves, so the value moves); outside it, the real ones."""
+    from perseus.solver import build_costs, build_dag
+    from perseus.solver.programs import Relaxation
+
+    rows = [(g, kind, f, t * (1 + 0.2 * g) * (2 if kind == "backward" else 1), e)
+            for g in range(2) for kind in ("forward", "backward")
+            for f, t, e in ((1980, 0.05, 12.0), (1500, 0.07, 10.0), (1200, 0.09, 9.5))]  # fmt: skip
+    profile, schedule = profile_from_rows(rows), make_schedule("1f1b", 2, 3)
+    dag = build_dag(schedule)
+    relaxation = Relaxation(dag, build_costs(profile, schedule, 20.0))
+    plain = relaxation.solve(None)
+    with relaxation.weighted(np.full(dag.size, 2.0)):
+        doubled = relaxation.solve(None)
+    again = relaxation.solve(None)
+    assert doubled.value_j < plain.value_j - 1e-6
+    assert again.value_j == pytest.approx(plain.value_j, rel=1e-12)
+
+
 @examples(40)
 @given(cases(schedules=ALL_SCHEDULES, options=(2, 6)), st.data())
 def test_fit_takes_the_slowest_option_within_the_room(case: Case, data) -> None:
