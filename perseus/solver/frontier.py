@@ -691,12 +691,19 @@ class _Planner:
         deadlines: FloatArray,
     ) -> list[IntArray]:
         """Per deadline, the least-energy plan of ``plans`` that fits (the all-fastest plan
-        if none does), as it is and with the extra time refilled."""
+        if none does), as it is and with the extra time refilled; and the fastest plan that
+        does not fit, shrunk onto the deadline by the refill.
+
+        A plan serves deadlines from its own time up, so just below a searched plan the
+        frontier otherwise holds the plan searched below it, stretched ever further: on
+        gpt3-175b+a40 8 x 16 the gaps grew to 1.20 % on the way up to the next anchor. Shrinking
+        the plan above by a little costs less (0.92 %)."""
         fits = np.asarray(plan_time[:, None] <= deadlines[None, :] * (1 + 1e-12))
         pick = np.argmin(np.where(fits, plan_energy[:, None], np.inf), axis=0)
         any_fits = np.asarray(fits.any(axis=0))
         chosen = np.where(any_fits[None, :], plans[:, pick], 0)
-        return [self.refill(chosen, deadlines), chosen]
+        above = np.argmin(np.where(fits, np.inf, plan_time[:, None]), axis=0)
+        return [self.refill(chosen, deadlines), chosen, self.refill(plans[:, above], deadlines)]
 
     def search(
         self, relaxation: Relaxation, deadline_s: float, work: int, fraction: float = 0.05

@@ -271,3 +271,18 @@ def test_real_no_slowdown_within_005_points_of_the_old_30s_polish() -> None:
     fits = np.flatnonzero(frontier.times_s <= default.time_s * (1 + RTOL))
     saving = 1 - float(frontier.energies_j[fits[-1]]) / default.energy_j
     assert saving >= 0.1234, saving
+
+
+def test_real_frontier_just_below_a_searched_deadline() -> None:
+    """gpt3-175b on the A40, 8 x 16: just below each searched deadline the frontier held the
+    plan searched below it, stretched, and gaps grew to 1.20 % on the way up. The plan
+    searched above, shrunk onto those deadlines by the refill, does better: every reported
+    gap is under 1 %."""
+    from .conftest import REAL_PROFILES
+
+    path = SHARED_PROFILES / "gpt3-175b+a40_bf16.csv"
+    if not path.is_file():
+        pytest.skip(f"shared profile {path} not present")
+    schedule = make_schedule("1f1b", STAGES, 16)
+    frontier = compute_frontier(load_profile(path), schedule, p_block_w=REAL_PROFILES[path.name])
+    assert float(frontier.gaps.max()) <= 0.01, float(frontier.gaps.max())
