@@ -66,6 +66,8 @@ FRONTIER_FORMAT = "perseus.frontier/1"
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 Progress = Callable[[int, int], None]
+# Plans (n, P) with their exact iteration times and energies (P each).
+Evaluated = tuple[IntArray, FloatArray, FloatArray]
 
 # Relative chord-minus-tangent error of V between knots above which another knot is solved.
 _KNOT_TOLERANCE = 2e-4
@@ -95,6 +97,10 @@ DEFAULT_SEARCH_WORK = 4 * 10**7
 _BATCH_CHARGE = 160
 # The anchors that get twice the share of the work: the deadlines the policies name.
 _MAIN_SLOWDOWNS = (1.0, 1.01, 1.02, 1.05)
+# Larger DAGs search at those and at 1.03 x, inside the widest stretch between them (on
+# gpt3-175b+a40 8 x 96 without it the points from 1.02 to 1.035 x reported gaps up to 1.37 %;
+# with it 1.08 %; more anchors there spread the work thinner and did worse).
+_LARGE_SLOWDOWNS = (1.0, 1.01, 1.02, 1.03, 1.05)
 _CROSSOVER_SHARES = 31  # plans between two neighbouring anchors, per node order
 _CROSSOVER_ROUNDS = 2
 _CROSSOVER_PAIRS = 16
@@ -303,7 +309,7 @@ def compute_frontier(
 def anchor_slowdowns(instructions: int) -> tuple[float, ...]:
     """The deadlines (multiples of the default plan's time) where the fast mode searches, for
     a DAG of ``instructions`` nodes: large DAGs search only where the policies point."""
-    return ANCHOR_SLOWDOWNS if instructions <= _ALL_ANCHORS_UP_TO else _MAIN_SLOWDOWNS
+    return ANCHOR_SLOWDOWNS if instructions <= _ALL_ANCHORS_UP_TO else _LARGE_SLOWDOWNS
 
 
 def default_time(profile: Profile, schedule: Schedule, *, dag: PipelineDag | None = None) -> float:
@@ -536,8 +542,10 @@ class _Planner:
                     rel_gap=1e-3,
                     allow_incomplete=True,
                 )
-                plan = self._best_of([plan[:, None], polished.choice[:, None]],
-                                     np.asarray([deadline]))[0][:, 0]  # fmt: skip
+                plan = self._best_of(
+                    [self._evaluated(plan[:, None]), self._evaluated(polished.choice[:, None])],
+                    np.asarray([deadline]),
+                )[0][:, 0]
             anchor_plans[:, a] = plan
             progress(a + 1, len(anchors) + len(grid))
         anchor_time, anchor_energy = self.evaluate(anchor_plans)
@@ -573,8 +581,8 @@ class _Planner:
             # Two ceilings: the relaxation's own iteration time, and what rounding left of it;
             # and the anchors' plans.
             candidates = [
-                self.refill(rounded, tau),
-                self.refill(rounded, np.minimum(rounded_time, tau)),
+                self.refill_evaluated(rounded, tau),
+                self.refill_evaluated(rounded, np.minimum(rounded_time, tau)),
                 *self._from_anchors(anchor_plans, anchor_time, anchor_energy, deadlines),
             ]
             chosen, chosen_time, chosen_energy = self._best_of(candidates, deadlines)
@@ -608,7 +616,7 @@ class _Planner:
             for lo in range(first, stop, _CHUNK):
                 hi = min(lo + _CHUNK, stop)
                 deadlines = grid[lo:hi]
-                current = best_choice[:, lo:hi]
+                current = (best_choice[:, lo:hi], best_time[lo:hi], best_energy[lo:hi])
                 extra = self._from_anchors(plans, plan_time, plan_energy, deadlines)
                 chosen, chosen_time, chosen_energy = self._best_of([current, *extra], deadlines)
                 best_choice[:, lo:hi] = chosen
@@ -689,7 +697,7 @@ class _Planner:
         plan_time: FloatArray,
         plan_energy: FloatArray,
         deadlines: FloatArray,
-    ) -> list[IntArray]:
+    ) -> list[Evaluated]:
         """Per deadline, the least-energy plan of ``plans`` that fits (the all-fastest plan
         if none does), as it is and with the extra time refilled; and the fastest plan that
         does not fit, shrunk onto the deadline by the refill.
@@ -702,8 +710,18 @@ class _Planner:
         pick = np.argmin(np.where(fits, plan_energy[:, None], np.inf), axis=0)
         any_fits = np.asarray(fits.any(axis=0))
         chosen = np.where(any_fits[None, :], plans[:, pick], 0)
+        (fastest_time,), (fastest_energy,) = self.evaluate(np.zeros((self.dag.size, 1), np.int64))
+        as_is = (
+            chosen,
+            np.where(any_fits, plan_time[pick], fastest_time),
+            np.where(any_fits, plan_energy[pick], fastest_energy),
+        )
         above = np.argmin(np.where(fits, np.inf, plan_time[:, None]), axis=0)
-        return [self.refill(chosen, deadlines), chosen, self.refill(plans[:, above], deadlines)]
+        return [
+            self.refill_evaluated(chosen, deadlines),
+            as_is,
+            self.refill_evaluated(plans[:, above], deadlines),
+        ]
 
     def search(
         self, relaxation: Relaxation, deadline_s: float, work: int, fraction: float = 0.05
@@ -891,19 +909,21 @@ class _Planner:
         pairs = np.unique(np.stack([node_arr[order], option_arr[order]]), axis=1)
         return pairs[0], pairs[1]
 
+    def _evaluated(self, plans: IntArray) -> Evaluated:
+        return (plans, *self.evaluate(plans))
+
     def _best_of(
-        self, candidates: list[IntArray], deadlines: FloatArray
+        self, candidates: list[Evaluated], deadlines: FloatArray
     ) -> tuple[IntArray, FloatArray, FloatArray]:
         """Per deadline, the least-energy candidate plan that meets it (energy inf if none)."""
         limit = deadlines * (1 + 1e-12)
-        chosen = candidates[0].copy()
-        chosen_time, chosen_energy = self.evaluate(chosen)
+        first, chosen_time, chosen_energy = candidates[0]
+        chosen = first.copy()
         chosen_energy = np.where(chosen_time <= limit, chosen_energy, np.inf)
-        for candidate in candidates[1:]:
-            time, energy = self.evaluate(candidate)
-            better = (time <= limit) & (energy < chosen_energy)
+        for candidate, candidate_time, energy in candidates[1:]:
+            better = (candidate_time <= limit) & (energy < chosen_energy)
             chosen = np.where(better[None, :], candidate, chosen)
-            chosen_time = np.where(better, time, chosen_time)
+            chosen_time = np.where(better, candidate_time, chosen_time)
             chosen_energy = np.where(better, energy, chosen_energy)
         return chosen, chosen_time, chosen_energy
 
