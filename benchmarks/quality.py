@@ -12,7 +12,7 @@ deadline ("MILP") and the most its proven bound allows ("bound"), from
 ``benchmarks/data/milp_reference.json`` (made by ``benchmarks/milp_reference_job.py``; "-"
 where absent). Then the minimum-energy point's saving, the largest gap the frontier reports
 at the deadlines where the fast mode searches ("anchor gap": the default plan's time x 1,
-1.005, ..., 1.1 on DAGs up to 1024 instructions, x 1, 1.01, 1.02, 1.05 on larger ones) and
+1.005, ..., 1.1 on DAGs up to 1024 instructions, x 1, 1.01, 1.02, 1.03, 1.05 on larger ones) and
 over all its points ("max gap": each point's energy against a proven lower bound over the
 deadlines it serves), the largest time step between neighbouring points, and the wall time
 of ``compute_frontier``. Everything but the wall time is deterministic.

@@ -245,8 +245,8 @@ def test_real_frontier_near_the_milp_where_the_profile_is_not_convex() -> None:
 
 
 def test_real_large_frontier_repairs_a_stretch_of_large_gaps() -> None:
-    """bloom on the A40 at 96 microbatches (1536 instructions, where only the four main
-    deadlines are searched): points near 1.08 x the default time came from refilling and
+    """bloom on the A40 at 96 microbatches (1536 instructions, where only five deadlines
+    are searched): points near 1.08 x the default time came from refilling and
     crossing plans searched elsewhere, and 42 of them reported gaps of 1.0-1.08 %. Searching
     once at the worst point's own deadline lifted that point only (its neighbours below it
     stayed over 1 %); searching at the first point of the stretch gives one plan that,
