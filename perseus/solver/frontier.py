@@ -16,9 +16,11 @@ How the fast mode works, for a DAG of ``n`` instructions and ``G`` grid deadline
    rounding to hull options only, and run a local search whose moves (a node, or a whole
    class of nodes, to a neighbouring option, the rest refilled) are evaluated side by side as
    numpy columns: first over plans on hull options, each judged by its refilled plan (so the
-   slack stays free to move until the refill spends it), then over refilled plans. Every grid
-   deadline also gets the best anchor plan that fits. All budgets are counted in work, never
-   seconds: the same frontier on every machine.
+   slack stays free to move until the refill spends it), then over refilled plans; on small
+   DAGs the no-slowdown deadline is searched twice more, from relaxations with scaled slopes.
+   Every grid deadline also gets the best anchor plan that fits, and the fastest that does
+   not, shrunk onto it. All budgets are counted in work, never seconds: the same frontier on
+   every machine.
 4. Replay every plan exactly on the profile values (so stated times and energies are truthful),
    keep the Pareto-optimal ones, and report each plan's gap to the lower bound at the largest
    deadline it serves; then search once more where gaps are still large.
@@ -763,8 +765,8 @@ class _Planner:
             with relaxation.weighted(factors):
                 plans.append(self.search(relaxation, deadline_s, work))
         stacked = np.stack(plans, axis=1)
-        time, energy = self.evaluate(stacked)
-        energy = np.where(time <= deadline_s * (1 + 1e-12), energy, np.inf)
+        plan_time, energy = self.evaluate(stacked)
+        energy = np.where(plan_time <= deadline_s * (1 + 1e-12), energy, np.inf)
         return np.asarray(stacked[:, int(np.argmin(energy))])
 
     def local_search(
