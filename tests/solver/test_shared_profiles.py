@@ -286,3 +286,19 @@ def test_real_frontier_just_below_a_searched_deadline() -> None:
     schedule = make_schedule("1f1b", STAGES, 16)
     frontier = compute_frontier(load_profile(path), schedule, p_block_w=REAL_PROFILES[path.name])
     assert float(frontier.gaps.max()) <= 0.01, float(frontier.gaps.max())
+
+
+def test_real_large_frontier_searches_inside_its_widest_stretch() -> None:
+    """gpt3-175b on the A40 at 96 microbatches searches at 1, 1.01, 1.02, 1.03 and 1.05 x the
+    default time. Without 1.03 x, the points from 1.02 to 1.035 x (refilled, crossed and shrunk
+    from the plans at 1.02 and 1.05 x) reported gaps up to 1.37 %; with it the largest is
+    1.08 %. (Under 1 % is the goal; the plans between the searched deadlines are what is
+    loose there, not the bound.)"""
+    from .conftest import REAL_PROFILES
+
+    path = SHARED_PROFILES / "gpt3-175b+a40_bf16.csv"
+    if not path.is_file():
+        pytest.skip(f"shared profile {path} not present")
+    schedule = make_schedule("1f1b", STAGES, 96)
+    frontier = compute_frontier(load_profile(path), schedule, p_block_w=REAL_PROFILES[path.name])
+    assert float(frontier.gaps.max()) <= 0.011, float(frontier.gaps.max())
