@@ -376,6 +376,9 @@ class _Planner:
             rank[members] = (np.arange(len(members)) + 0.5) / max(len(members), 1)
             spread[members] = [_van_der_corput(i) for i in range(len(members))]
         self._crossing_orders = (rank, 1.0 - rank, spread)
+        # The all-fastest plan's time and energy (every instruction at its fastest option).
+        (fastest_time,), (fastest_energy,) = self.evaluate(np.zeros((dag.size, 1), np.int64))
+        self.fastest_time_s, self.fastest_energy_j = float(fastest_time), float(fastest_energy)
         # Per level of the refill's passes: its nodes, their predecessors and successors (the
         # DAG's two link columns; the index n is "none"), and the fit's columns.
         pred, succ = dag.pred, dag.succ
@@ -509,8 +512,7 @@ class _Planner:
         polish_s: float = 0.0,
     ) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
         n = self.dag.size
-        fastest = np.zeros((n, 1), dtype=np.int64)
-        t_fast = float(self.dag.iteration_time(self.durations(fastest))[0])
+        t_fast = self.fastest_time_s
         relaxation = Relaxation(self.dag, self.costs)
         free = relaxation.solve(None)
         slowest_time = float(self.dag.iteration_time(self.durations(self.last[:, None]))[0])
@@ -712,11 +714,10 @@ class _Planner:
         pick = np.argmin(np.where(fits, plan_energy[:, None], np.inf), axis=0)
         any_fits = np.asarray(fits.any(axis=0))
         chosen = np.where(any_fits[None, :], plans[:, pick], 0)
-        (fastest_time,), (fastest_energy,) = self.evaluate(np.zeros((self.dag.size, 1), np.int64))
         as_is = (
             chosen,
-            np.where(any_fits, plan_time[pick], fastest_time),
-            np.where(any_fits, plan_energy[pick], fastest_energy),
+            np.where(any_fits, plan_time[pick], self.fastest_time_s),
+            np.where(any_fits, plan_energy[pick], self.fastest_energy_j),
         )
         above = np.argmin(np.where(fits, np.inf, plan_time[:, None]), axis=0)
         return [
@@ -990,9 +991,8 @@ class _Planner:
             SolverTimeout: All solves together needed more than ``work_budget``, or the sweep
                 is estimated to need more than ``time_limit_s`` (refused before it starts).
         """
-        n = self.dag.size
         program = ExactProgram(self.dag, self.costs)
-        t_fast = float(self.dag.iteration_time(self.durations(np.zeros((n, 1), dtype=np.int64)))[0])
+        t_fast = self.fastest_time_s
         slowest_time = float(self.dag.iteration_time(self.durations(self.last[:, None]))[0])
         steps = math.ceil((slowest_time - t_fast) / resolution_s - 1e-9)
         grid = t_fast + resolution_s * np.arange(steps + 1)

@@ -202,15 +202,18 @@ def test_real_frontier_near_the_milp_at_the_deadlines_users_pick(
         assert bound <= row["best_j"] * (1 + RTOL)
 
 
-def _bloom_a40_frontier(microbatches: int) -> tuple[Frontier, float]:
-    """The default-mode frontier of bloom on the A40, 8 x ``microbatches`` 1F1B, and the
+def _shared_frontier(name: str, microbatches: int) -> tuple[Frontier, float]:
+    """The default-mode frontier of shared profile ``name``, 8 x ``microbatches`` 1F1B, and the
     default plan's time (skips without the shared profile)."""
-    path = SHARED_PROFILES / "bloom+a40_bf16.csv"
+    from .conftest import REAL_PROFILES
+
+    path = SHARED_PROFILES / name
     if not path.is_file():
         pytest.skip(f"real profile {path} not present; set PERSEUS_TEST_PROFILES")
     profile = load_profile(path)
     schedule = make_schedule("1f1b", STAGES, microbatches)
-    return compute_frontier(profile, schedule, p_block_w=70.38), default_time(profile, schedule)
+    frontier = compute_frontier(profile, schedule, p_block_w=REAL_PROFILES[name])
+    return frontier, default_time(profile, schedule)
 
 
 def test_real_frontier_has_no_holes_where_the_profile_is_not_convex() -> None:
@@ -219,7 +222,7 @@ def test_real_frontier_has_no_holes_where_the_profile_is_not_convex() -> None:
     plans that run some forwards at each. Rounding the relaxation missed them: the frontier
     had a step of 1.86 % of the default time and reported gaps near 5 %; now every reported
     gap is under 1 %."""
-    frontier, t_default = _bloom_a40_frontier(48)
+    frontier, t_default = _shared_frontier("bloom+a40_bf16.csv", 48)
     assert float(np.diff(frontier.times_s).max()) <= 0.01 * t_default
     assert float(frontier.gaps.max()) <= 0.01, float(frontier.gaps.max())
 
@@ -233,7 +236,7 @@ def test_real_frontier_near_the_milp_where_the_profile_is_not_convex() -> None:
     skip a hull option every reported gap is under 1 % (1.08 % without them)."""
     import json
 
-    frontier, t_default = _bloom_a40_frontier(24)
+    frontier, t_default = _shared_frontier("bloom+a40_bf16.csv", 24)
     rows = [row for row in json.loads(MILP_REFERENCE.read_text())
             if row["profile"] == "bloom+a40_bf16.csv" and row["microbatches"] == 24]  # fmt: skip
     assert len(rows) == 4
@@ -251,7 +254,7 @@ def test_real_large_frontier_repairs_a_stretch_of_large_gaps() -> None:
     once at the worst point's own deadline lifted that point only (its neighbours below it
     stayed over 1 %); searching at the first point of the stretch gives one plan that,
     refilled, serves the whole stretch, and every reported gap is then under 1 %."""
-    frontier, t_default = _bloom_a40_frontier(96)
+    frontier, t_default = _shared_frontier("bloom+a40_bf16.csv", 96)
     assert float(np.diff(frontier.times_s).max()) <= 0.01 * t_default
     assert float(frontier.gaps.max()) <= 0.01, float(frontier.gaps.max())
 
@@ -278,13 +281,7 @@ def test_real_frontier_just_below_a_searched_deadline() -> None:
     plan searched below it, stretched, and gaps grew to 1.20 % on the way up. The plan
     searched above, shrunk onto those deadlines by the refill, does better: every reported
     gap is under 1 %."""
-    from .conftest import REAL_PROFILES
-
-    path = SHARED_PROFILES / "gpt3-175b+a40_bf16.csv"
-    if not path.is_file():
-        pytest.skip(f"shared profile {path} not present")
-    schedule = make_schedule("1f1b", STAGES, 16)
-    frontier = compute_frontier(load_profile(path), schedule, p_block_w=REAL_PROFILES[path.name])
+    frontier, _ = _shared_frontier("gpt3-175b+a40_bf16.csv", 16)
     assert float(frontier.gaps.max()) <= 0.01, float(frontier.gaps.max())
 
 
@@ -294,11 +291,5 @@ def test_real_large_frontier_searches_inside_its_widest_stretch() -> None:
     from the plans at 1.02 and 1.05 x) reported gaps up to 1.37 %; with it the largest is
     1.08 %. (Under 1 % is the goal; the plans between the searched deadlines are what is
     loose there, not the bound.)"""
-    from .conftest import REAL_PROFILES
-
-    path = SHARED_PROFILES / "gpt3-175b+a40_bf16.csv"
-    if not path.is_file():
-        pytest.skip(f"shared profile {path} not present")
-    schedule = make_schedule("1f1b", STAGES, 96)
-    frontier = compute_frontier(load_profile(path), schedule, p_block_w=REAL_PROFILES[path.name])
+    frontier, _ = _shared_frontier("gpt3-175b+a40_bf16.csv", 96)
     assert float(frontier.gaps.max()) <= 0.011, float(frontier.gaps.max())
