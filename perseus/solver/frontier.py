@@ -119,7 +119,9 @@ _WIDE_MOVES_UP_TO = 512  # instructions (see _Planner._local_search)
 _RESTARTS_UP_TO = 512
 _RESTARTS = 2
 _RESTART_SPREAD = 0.05
-_FIT_BINS = 1024  # table bins per class's time range (see _Planner._fit)
+_FIT_BINS = 1024  # table bins per class's time range, at least (see _Planner.__init__)
+_FIT_BINS_MAX = 1 << 15
+_FIT_MARGIN = 1e-6  # of a bin: a table entry fits this far below its bin (rounding's room)
 _SEARCH_CHUNK = 2 * 10**6  # cells per batch of candidate plans (bounds memory: ~16 MB/array)
 
 
@@ -341,30 +343,45 @@ class _Planner:
         self.last = costs.start[self.cls + 1] - self.start - 1
         self.hull = hull_options(costs)
         # Fitting (the slowest option within a room) by table: each class's time range cut
-        # into _FIT_BINS equal bins, each bin holding the slowest option that fits its lower
-        # edge; a lookup then needs at most a step or two to the exact answer (see _fit).
+        # into equal bins, each bin holding the slowest option that fits a hair below its lower
+        # edge. With bins narrower than the class's closest two option times (as many as that
+        # takes, up to _FIT_BINS_MAX), a bin's answer is its entry or the option after it: one
+        # step, exact. Otherwise (near-duplicate times) _FIT_BINS bins, and steps until exact.
         classes = len(costs.start) - 1
         padded = [np.append(self.class_times[c], math.nan) for c in range(classes)]
         self._padded = np.concatenate(padded)
         padded_start = costs.start[:-1] + np.arange(classes)
+        spans = [float(times[-1] - times[0]) for times in self.class_times]
+        needed = []  # bins for a class: twice its span over its closest two times
+        for times, span in zip(self.class_times, spans, strict=True):
+            closest = float(np.diff(times).min(initial=math.inf))
+            needed.append(2 * span / closest if closest > 0 else math.inf)
+        self._one_step = max(needed, default=0.0) <= _FIT_BINS_MAX
         rows = []
         scale = np.empty(classes)
         offset = np.empty(classes)
+        low = np.empty(classes)
+        base = 0
         for c, times in enumerate(self.class_times):
-            span = float(times[-1] - times[0])
-            scale[c] = _FIT_BINS / span if span > 0 else 1.0  # one time: any bins will do
-            edges = times[0] + np.arange(_FIT_BINS) * (span / _FIT_BINS)
+            bins = max(_FIT_BINS, math.ceil(needed[c])) if self._one_step else _FIT_BINS
+            width = spans[c] / bins
+            scale[c] = 1.0 / width if width > 0 else 1.0  # one time: any bins will do
+            # rows: below the range, its bins, and at or above its end
+            edges = times[0] + np.arange(bins + 1) * width - _FIT_MARGIN * width
             fitting = np.searchsorted(times, edges, side="right") - 1
-            rows.append(np.concatenate([[0], np.clip(fitting, 0, len(times) - 1),
-                                        [len(times) - 1]]))  # fmt: skip
-            base = c * (_FIT_BINS + 2)
+            rows.append(np.concatenate([[0], np.clip(fitting, 0, len(times) - 1)]))
+            low[c] = base
             offset[c] = base + 1 - times[0] * scale[c]
+            base += bins + 2
         self._table = np.concatenate(rows).astype(np.int64)
+        # per node: its class's first padded time, scale, offset, and table rows (first, last)
+        high = np.append(low[1:], base) - 1
         self._fit_node = (
             padded_start[self.cls],
             scale[self.cls],
             offset[self.cls],
-            np.arange(classes, dtype=np.float64)[self.cls] * (_FIT_BINS + 2),
+            low[self.cls],
+            high[self.cls],
         )
         # Each node's place in its class, in (0, 1): first to last, last to first, and evenly
         # spread (van der Corput); a crossover moves the nodes below a share first.
@@ -417,8 +434,8 @@ class _Planner:
 
     def _columns(self, nodes: IntArray) -> tuple[npt.NDArray[Any], ...]:
         """What :meth:`_fit` needs of ``nodes``, as columns."""
-        first, scale, offset, base = (a[nodes][:, None] for a in self._fit_node)
-        return first, first + 1, scale, offset, base, base + (_FIT_BINS + 1)
+        first, scale, offset, low, high = (a[nodes][:, None] for a in self._fit_node)
+        return first, first + 1, scale, offset, low, high
 
     def _fit(self, columns: tuple[npt.NDArray[Any], ...], room: FloatArray) -> IntArray:
         return self._fit_times(columns, room)[0]
@@ -434,6 +451,9 @@ class _Planner:
         np.minimum(position, high, out=position)
         found = self._table[position.astype(np.int64)]
         times = self._padded
+        if self._one_step:
+            found += times[after + found] <= room
+            return found, times[first + found]
         # The table's bin holds the answer at its lower edge (up to rounding): step to the
         # exact answer, up while the next option fits (a class's last option is followed by
         # NaN, which fits nothing), down while this one does not.

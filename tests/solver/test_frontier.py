@@ -550,27 +550,64 @@ def test_weighted_relaxation_scales_the_slopes_only_inside_the_block() -> None:
 
 
 @examples(40)
-@given(cases(schedules=ALL_SCHEDULES, options=(2, 6)), st.data())
-def test_fit_takes_the_slowest_option_within_the_room(case: Case, data) -> None:
-    """The vectorised fit (a table lookup per class, then a step or two) equals a per-node
-    search, also for rooms exactly at an option's time, a rounding step either side of it,
-    and infinite ones."""
+@given(cases(schedules=ALL_SCHEDULES, options=(2, 6)), st.data(), st.booleans())
+def test_fit_takes_the_slowest_option_within_the_room(case: Case, data, one_step: bool) -> None:
+    """The vectorised fit (a table lookup per class, then one step, or steps until exact
+    where option times are too close for a table of bounded size) equals a per-node search,
+    also for rooms exactly at an option's time, a rounding step either side of it, a bin's
+    edge, and infinite ones."""
+    from perseus.solver import frontier
+
     note(repr(case))  # hypothesis prints composite values blank
-    planner = _planner(case)
+    saved = frontier._FIT_BINS_MAX
+    frontier._FIT_BINS_MAX = saved if one_step else -1
+    try:
+        planner = _planner(case)
+    finally:
+        frontier._FIT_BINS_MAX = saved
+    if not one_step:
+        assert not planner._one_step
     n = planner.dag.size
-    rooms = np.empty((n, 8))
+    rooms = np.empty((n, 10))
+    _, scale, offset, low, _ = planner._fit_node
     for j in range(n):
         times = planner.class_times[planner.cls[j]]
         exact = float(times[data.draw(st.integers(0, len(times) - 1))])
+        # a bin's lower edge (and a rounding step below it)
+        edge = (float(low[j]) + 1 + data.draw(st.integers(0, 2000)) - offset[j]) / scale[j]
         rooms[j] = [exact, np.nextafter(exact, 0.0), np.nextafter(exact, np.inf),
                     exact * 0.5, exact * 3.0, data.draw(st.floats(-1.0, 10.0)),
-                    np.inf, -np.inf]  # fmt: skip
-    got = planner.fit(np.arange(n), rooms)
+                    edge, np.nextafter(edge, 0.0), np.inf, -np.inf]  # fmt: skip
+    got, taken = planner._fit_times(planner._columns(np.arange(n)), rooms)
     for j in range(n):
         times = planner.class_times[planner.cls[j]]
         for p in range(rooms.shape[1]):
             fits = np.flatnonzero(times <= rooms[j, p])
             assert got[j, p] == (fits[-1] if len(fits) else 0), (j, p, rooms[j, p])
+            assert taken[j, p] == times[got[j, p]]
+
+
+def test_fit_on_the_real_profiles_is_one_step_and_exact(real_profile) -> None:
+    """The measured profiles' option times are far enough apart for the one-step table, and
+    its answers equal a search for rooms at, just around and between every option's time."""
+    from perseus.solver import build_costs, build_dag, load_profile
+    from perseus.solver.frontier import _Planner
+
+    path, p_block_w = real_profile
+    profile = load_profile(path)
+    schedule = make_schedule("1f1b", profile.num_stages, 2)
+    planner = _Planner(build_dag(schedule), build_costs(profile, schedule, p_block_w))
+    assert planner._one_step
+    n = planner.dag.size
+    for j in range(n):
+        times = planner.class_times[planner.cls[j]]
+        around = [np.nextafter(times, 0.0), np.nextafter(times, np.inf)]
+        between = [(times[1:] + times[:-1]) / 2, np.linspace(0, 2 * times[-1], 4001)]
+        rooms = np.concatenate([times, *around, *between])
+        got, taken = planner._fit_times(planner._columns(np.full(len(rooms), j)), rooms[:, None])
+        want = np.maximum(np.searchsorted(times, rooms, side="right") - 1, 0)
+        assert np.array_equal(got[:, 0], want), (path.name, j)
+        assert np.array_equal(taken[:, 0], times[want])
 
 
 @pytest.mark.parametrize("name", ALL_SCHEDULES)
