@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +28,7 @@ from perseus.arguments import policy as policy_argument
 from perseus.baselines import baseline_label, reference_key, saving_text, shown_baselines
 from perseus.defaults import EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
 from perseus.errors import InfeasibleDeadline, PerseusError, PlanError, ProfileError
+from perseus.outputs import resolve, write_files
 
 if TYPE_CHECKING:
     from perseus.solver import Baseline, Frontier, Policy, Profile, Schedule
@@ -790,7 +790,7 @@ def _reset_clocks(argv: list[str]) -> int:
 
 @dataclass
 class _Outputs:
-    """Files to write at the very end, each through a temporary file renamed into place."""
+    """Files to write at the very end, all or none (:func:`perseus.outputs.write_files`)."""
 
     paths: list[str | None]
     options: list[str]
@@ -801,9 +801,19 @@ class _Outputs:
         for path, option in zip(self.paths, self.options, strict=True):
             if path is None:
                 continue
-            target = Path(path)
+            if path == "-":
+                raise _UsageError(
+                    f"{option}: '-': this command prints its table on standard output; give a "
+                    f"file name"
+                )
+            target = resolve(path)
             if target.is_dir():
                 raise _UsageError(f"{option}: {path} is a directory")
+            if target.exists() and not target.is_file():
+                # a device or a pipe (/dev/null, /dev/stdout): written in place
+                if not os.access(target, os.W_OK):
+                    raise _UsageError(f"{option}: {path} is not writable")
+                continue
             parent = target.parent
             if not parent.is_dir():
                 raise _UsageError(f"{option}: {path}: directory {parent} does not exist")
@@ -814,24 +824,10 @@ class _Outputs:
         self._pending[path] = data
 
     def write(self) -> list[str]:
-        """Write every pending file; all temporaries first, then the renames."""
-        staged: list[tuple[str, str]] = []
-        umask = os.umask(0)
-        os.umask(umask)
+        """Write every pending file (see :func:`perseus.outputs.write_files`)."""
         try:
-            for path, data in self._pending.items():
-                fd, tmp = tempfile.mkstemp(
-                    dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=".tmp"
-                )
-                staged.append((tmp, path))
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual mode
-            for tmp, path in staged:
-                os.replace(tmp, path)
+            write_files(self._pending)
         except OSError as err:
-            for tmp, _ in staged:
-                Path(tmp).unlink(missing_ok=True)
             raise _UsageError(f"cannot write {err.filename or 'output'}: {err.strerror}") from err
         return list(self._pending)
 

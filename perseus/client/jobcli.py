@@ -16,7 +16,6 @@ import argparse
 import os
 import shlex
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -31,6 +30,7 @@ from perseus.errors import (
     PlanNotReady,
     PolicyError,
 )
+from perseus.outputs import resolve, write_files
 from perseus.solver.policies import Policy
 from perseus.solver.schedules import SCHEDULE_NAMES
 
@@ -449,8 +449,8 @@ def _delete(args: argparse.Namespace, ctx: _Context) -> None:
 
 def _profile(args: argparse.Namespace, ctx: _Context) -> None:
     target = None if args.output == "-" else Path(args.output)
-    if target is not None and not target.parent.is_dir():
-        raise CommandError(f"--output: directory {target.parent} does not exist")
+    if target is not None and not resolve(target).parent.is_dir():
+        raise CommandError(f"--output: directory {resolve(target).parent} does not exist")
     with _open(args, ctx) as client:
         text = client.profile_csv()
     if target is None:
@@ -462,19 +462,9 @@ def _profile(args: argparse.Namespace, ctx: _Context) -> None:
 
 
 def _write_atomically(target: Path, text: str) -> None:
-    """Write through a temporary file renamed into place: a failure leaves no half file."""
+    """Write whole or not at all (:func:`perseus.outputs.write_files`)."""
     try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-                handle.write(text)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual mode
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_files({str(target): text.encode("utf-8")})
     except OSError as err:
         raise CommandError(f"--output: cannot write {target}: {err.strerror}") from err
 

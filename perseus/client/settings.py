@@ -59,6 +59,7 @@ class ProfileBudget:
         max_s: The sweep stops (keeping what it has) after this many seconds.
         rising_stop: Stop after energy per instruction rose at this many clocks in a row.
         blocking_s: Seconds the blocking power is measured while the rank waits on peers.
+        clocks_setting: What errors about ``clocks`` call it (the variable, or a flag).
     """
 
     window_s: float = 0.6
@@ -67,6 +68,15 @@ class ProfileBudget:
     max_s: float = 600.0
     rising_stop: int = 5
     blocking_s: float = 1.2
+    clocks_setting: str = "PERSEUS_PROFILE_CLOCKS"
+
+    def check(self) -> None:
+        """Check what can be checked before the GPU is open: the syntax of ``clocks``.
+
+        Raises:
+            SettingsError: ``clocks`` is malformed.
+        """
+        _check_clocks_syntax(self.clocks, self.clocks_setting)
 
     def select(self, supported_mhz: tuple[int, ...]) -> tuple[int, ...]:
         """The clocks to sweep, high to low, among ``supported_mhz``.
@@ -79,14 +89,14 @@ class ProfileBudget:
         if text == "all":
             return ordered
         if text.startswith("every:"):
-            step = _int(text.removeprefix("every:"), "PERSEUS_PROFILE_CLOCKS", minimum=1)
+            step = _int(text.removeprefix("every:"), self.clocks_setting, minimum=1)
             return ordered[::step]
         chosen: set[int] = set()
         for part in text.split(","):
-            mhz = _int(part, "PERSEUS_PROFILE_CLOCKS", minimum=1)
+            mhz = _int(part, self.clocks_setting, minimum=1)
             if mhz not in ordered:
                 raise SettingsError(
-                    f"PERSEUS_PROFILE_CLOCKS: {mhz} MHz is not a supported clock "
+                    f"{self.clocks_setting}: {mhz} MHz is not a supported clock "
                     f"({ordered[-1]}-{ordered[0]} MHz)"
                 )
             chosen.add(mhz)
@@ -248,13 +258,13 @@ def _int(text: str, variable: str, *, minimum: int) -> int:
     return int(text)
 
 
-def _check_clocks_syntax(text: str) -> None:
+def _check_clocks_syntax(text: str, setting: str = "PERSEUS_PROFILE_CLOCKS") -> None:
     # Whether the clocks exist is known only once the GPU is open; the syntax is known now.
     text = text.strip()
     if text == "all":
         return
     if text.startswith("every:"):
-        _int(text.removeprefix("every:"), "PERSEUS_PROFILE_CLOCKS", minimum=1)
+        _int(text.removeprefix("every:"), setting, minimum=1)
         return
     for part in text.split(","):
-        _int(part, "PERSEUS_PROFILE_CLOCKS", minimum=1)
+        _int(part, setting, minimum=1)

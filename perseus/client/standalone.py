@@ -28,6 +28,7 @@ from perseus.client.meter import EnergyMeter
 from perseus.client.profiler import ClockSweep, StageProfile, device_work, measure_idle_power
 from perseus.client.settings import GPU_MODES, ProfileBudget, SettingsError
 from perseus.errors import NvmlPermissionError, PerseusError
+from perseus.outputs import resolve, write_files
 
 __all__ = ["add_profile_arguments", "run_profile"]
 
@@ -74,10 +75,23 @@ def run_profile(args: argparse.Namespace, out: Any = None) -> int:
     stream = out if out is not None else sys.stdout
     if not args.output.endswith((".csv", ".json")):
         raise SettingsError(f"--output: expected a .csv or .json file name, got {args.output!r}")
+    target = resolve(args.output)
+    if not target.parent.is_dir():
+        raise SettingsError(f"--output: directory {target.parent} does not exist")
+    if target.is_dir():
+        raise SettingsError(f"--output: {args.output} is a directory")
     for name in ("window", "settle", "max_seconds"):
         value = getattr(args, name)
         if not (math.isfinite(value) and value >= (0 if name == "settle" else 0.05)):
             raise SettingsError(f"--{name.replace('_', '-')}: must be a positive number")
+    budget = ProfileBudget(
+        window_s=args.window,
+        settle_s=args.settle,
+        clocks=args.clocks,
+        max_s=args.max_seconds,
+        clocks_setting="--clocks",
+    )
+    budget.check()  # a malformed --clocks fails before the GPU is opened
     gpu = open_gpu(args.gpu, args.gpu_index)
     clocks = gpu.supported_clocks_mhz()
     print(f"GPU {gpu.index}  {gpu.name} ({args.gpu})", file=stream)
@@ -94,10 +108,7 @@ def run_profile(args: argparse.Namespace, out: Any = None) -> int:
         print("\n".join(map(str, clocks)), file=stream)
         return 0
 
-    budget = ProfileBudget(
-        window_s=args.window, settle_s=args.settle, clocks=args.clocks, max_s=args.max_seconds
-    )
-    budget.select(clocks)  # a bad --clocks fails before any work
+    budget.select(clocks)  # an unsupported clock in --clocks fails before any work
     workload = SyntheticStage.build(args)
     print(f"stage          {workload.describe()}", file=stream)
     meter = EnergyMeter(gpu)
@@ -191,10 +202,10 @@ def _write(path: str, stage: int, profile: StageProfile, idle_w: float) -> None:
                 )
                 + "\n"
             )
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        write_files({path: text.encode("utf-8")})
+    except OSError as err:
+        raise SettingsError(f"--output: cannot write {path}: {err.strerror}") from err
 
 
 class SyntheticStage:

@@ -1,0 +1,103 @@
+"""Output files: written whole or not at all, through symbolic links, and never in place of a
+device or a pipe (``perseus plan --output /dev/null`` once replaced the device node)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from perseus.cli import main
+from perseus.outputs import write_files
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "perseus" / "data" / "example_profile.csv"
+
+
+def test_a_new_file_gets_the_usual_mode_and_a_replaced_one_keeps_its_own(tmp_path: Path) -> None:
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    old.write_text("old")
+    old.chmod(0o640)
+    umask = os.umask(0o022)
+    try:
+        write_files({str(new): b"new", str(old): b"replaced"})
+    finally:
+        os.umask(umask)
+    assert new.read_bytes() == b"new" and stat.S_IMODE(new.stat().st_mode) == 0o644
+    assert old.read_bytes() == b"replaced" and stat.S_IMODE(old.stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.json", "old.json"]
+
+
+def test_a_symlink_stays_and_its_target_is_replaced(tmp_path: Path) -> None:
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(real.name)
+    write_files({str(link): b"new"})
+    assert link.is_symlink() and os.readlink(link) == real.name
+    assert real.read_bytes() == b"new"
+
+
+def test_a_device_is_written_in_place_not_replaced() -> None:
+    write_files({os.devnull: b"nothing"})
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
+def test_a_fifo_is_written_in_place(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_files({str(fifo): b"through the pipe"})
+    reader.join(timeout=10)
+    assert got == [b"through the pipe"]
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_one_file_that_cannot_be_written_leaves_every_other_untouched(tmp_path: Path) -> None:
+    kept = tmp_path / "kept.json"
+    kept.write_text("old")
+    with pytest.raises(OSError):
+        write_files({str(kept): b"new", str(tmp_path / "missing" / "x.json"): b"x"})
+    assert kept.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["kept.json"]  # no temporary left
+
+
+def _plan(*extra: str) -> list[str]:
+    return [
+        "plan", str(EXAMPLE), "--microbatches", "4", "--p-block", "100", *extra,
+    ]  # fmt: skip
+
+
+def test_plan_output_to_devnull_keeps_the_device(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_plan("--output", os.devnull)) == 0
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    assert f"wrote {os.devnull}" in capsys.readouterr().out
+
+
+def test_plan_output_dash_is_refused_before_planning(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_plan("--output", "-")) == 2
+    err = capsys.readouterr().err
+    assert "--output: '-'" in err and "give a file name" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--clocks", "every:0"], "--clocks: expected a whole number >= 1, got '0'"),
+        (["-o", "/nonexistent-dir/x.csv"], "--output: directory /nonexistent-dir does not exist"),
+    ],
+)
+def test_profile_checks_its_flags_before_opening_the_gpu(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A malformed --clocks is named as the flag (not the variable the rank-side client
+    reads), and neither it nor a missing directory gets as far as the GPU's header."""
+    pytest.importorskip("httpx")
+    assert main(["profile", "--gpu", "fake", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert message in captured.err
