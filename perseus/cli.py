@@ -12,12 +12,13 @@ answers at once and ``perseus plan`` shows its progress before the solver has lo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TextIO
@@ -27,7 +28,13 @@ from perseus.arguments import finite_number, integer_at_least
 from perseus.arguments import policy as policy_argument
 from perseus.baselines import baseline_label, reference_key, saving_text, shown_baselines
 from perseus.defaults import EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
-from perseus.errors import InfeasibleDeadline, PerseusError, PlanError, ProfileError
+from perseus.errors import (
+    InfeasibleDeadline,
+    PerseusError,
+    PlanError,
+    ProfileError,
+    SolverTimeout,
+)
 from perseus.outputs import resolve, write_files
 
 if TYPE_CHECKING:
@@ -343,16 +350,19 @@ def _plan(request: _PlanRequest, outputs: _Outputs, progress: ProgressBar) -> tu
 
     progress.phase("planning")
     started = time.monotonic()
-    frontier = compute_frontier(
-        profile,
-        schedule,
-        p_block_w=p_block_w,
-        resolution_s=request.resolution_s,
-        exact=request.exact,
-        exact_time_limit_s=request.exact_time_limit_s,
-        polish_s=request.polish_s,
-        progress=progress,
-    )
+    try:
+        frontier = compute_frontier(
+            profile,
+            schedule,
+            p_block_w=p_block_w,
+            resolution_s=request.resolution_s,
+            exact=request.exact,
+            exact_time_limit_s=request.exact_time_limit_s,
+            polish_s=request.polish_s,
+            progress=progress,
+        )
+    except SolverTimeout as err:
+        raise SolverTimeout(f"{err} (--exact-time-limit SECONDS)") from err
     solved_s = time.monotonic() - started
     progress.phase("comparing with the baselines")
     policy = request.policy
@@ -692,10 +702,12 @@ def _simulate_command(argv: list[str]) -> int:
 def command_parser(name: str) -> argparse.ArgumentParser:
     """The full argument parser of subcommand ``name``, e.g. to check a command line.
 
-    Imports what that subcommand needs (the solver for ``plan``, the server for ``serve``...).
+    Imports the module that defines the subcommand's arguments, never an optional extra: every
+    ``--help`` works on a bare install, and running a command without its extra says which to
+    install (:func:`_needs`).
 
     Raises:
-        _UsageError: Unknown command, or its extra is not installed (the message says how).
+        _UsageError: Unknown command.
     """
     if name == "plan":
         return _plan_parser()
@@ -704,22 +716,14 @@ def command_parser(name: str) -> argparse.ArgumentParser:
     if name == "demo":
         return _demo_parser()
     if name == "serve":
-        try:
-            from perseus.server.cli import add_serve_arguments
-        except ImportError as err:
-            raise _UsageError(
-                f"serve: the planner server is not installed ({err}); " + install_hint("server")
-            ) from err
+        from perseus.server.cli import add_serve_arguments
+
         parser = _Parser(prog="perseus serve", description="Run the planner server.")
         add_serve_arguments(parser)
         return parser
     if name in ("job", "reset-clocks"):
-        try:
-            from perseus.client.jobcli import add_job_arguments, add_reset_clocks_arguments
-        except ImportError as err:
-            raise _UsageError(
-                f"{name}: the client is not installed ({err}); " + install_hint("client")
-            ) from err
+        from perseus.client.jobcli import add_job_arguments, add_reset_clocks_arguments
+
         if name == "job":
             parser = _Parser(
                 prog="perseus job",
@@ -737,12 +741,8 @@ def command_parser(name: str) -> argparse.ArgumentParser:
         add_reset_clocks_arguments(parser)
         return parser
     if name == "profile":
-        try:
-            from perseus.client.standalone import add_profile_arguments
-        except ImportError as err:
-            raise _UsageError(
-                f"profile: the client is not installed ({err}); " + install_hint("client")
-            ) from err
+        from perseus.client.standalone import add_profile_arguments
+
         parser = _Parser(
             prog="perseus profile",
             description="Profile this machine's GPU: time and energy per instruction and clock.",
@@ -752,11 +752,26 @@ def command_parser(name: str) -> argparse.ArgumentParser:
     raise _UsageError(f"unknown command {name!r}; see perseus --help")
 
 
+@contextlib.contextmanager
+def _needs(command: str, extra: str, what: str) -> Iterator[None]:
+    """Turn a missing optional dependency, met while ``command`` runs, into a one-line error
+    that says which extra to install (its ``--help`` works without it)."""
+    try:
+        yield
+    except ModuleNotFoundError as err:
+        if err.name is None or err.name.split(".")[0] == "perseus":
+            raise
+        raise _UsageError(
+            f"{command}: {what} is not installed ({err}); " + install_hint(extra)
+        ) from err
+
+
 def _serve(argv: list[str]) -> int:
     args = command_parser("serve").parse_args(argv)
-    from perseus.server.cli import run_serve
+    with _needs("serve", "server", "the planner server"):
+        from perseus.server.cli import run_serve
 
-    status: int = run_serve(args)
+        status: int = run_serve(args)
     return status
 
 
@@ -764,17 +779,19 @@ def _job(argv: list[str]) -> int:
     args = command_parser("job").parse_args(argv)
     from perseus.client.jobcli import CommandError, run_job
 
-    try:
-        return run_job(args)
-    except (CommandError, PerseusError) as err:
-        raise _UsageError(f"job {argv[0]}: {err}") from err
+    with _needs(f"job {argv[0]}", "client", "the client"):
+        try:
+            return run_job(args)
+        except (CommandError, PerseusError) as err:
+            raise _UsageError(f"job {argv[0]}: {err}") from err
 
 
 def _profile(argv: list[str]) -> int:
     args = command_parser("profile").parse_args(argv)
-    from perseus.client.standalone import run_profile
+    with _needs("profile", "torch", "the client with torch"):
+        from perseus.client.standalone import run_profile
 
-    status: int = run_profile(args)
+        status: int = run_profile(args)
     return status
 
 
@@ -782,7 +799,8 @@ def _reset_clocks(argv: list[str]) -> int:
     args = command_parser("reset-clocks").parse_args(argv)
     from perseus.client.jobcli import run_reset_clocks
 
-    return run_reset_clocks(args)
+    with _needs("reset-clocks", "client", "the client"):
+        return run_reset_clocks(args)
 
 
 # output files and progress

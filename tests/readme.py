@@ -15,7 +15,8 @@ Blocks are marked with an HTML comment on the line before their opening fence:
   ``../shared/data/profiles``); a block whose commands name one that is absent is skipped.
 - ``<!-- readme: file NAME -->``: the block is file ``NAME`` as the commands above left it.
 - ``<!-- readme: keys NAME -->``: a shortened JSON file: every ``"key":`` it shows is a key of
-  JSON file ``NAME`` (at any depth) and every key of the file is shown.
+  JSON file ``NAME`` (at any depth), every key of the file is shown, and every number shown
+  under a key is one the file holds under that key, to the digits shown.
 - ``<!-- readme: synopsis COMMAND -->``: every ``--option`` in it is an option of
   ``perseus COMMAND``.
 - ``<!-- readme: recorded -->``: output of a run that needs a GPU, torch, a server or minutes
@@ -186,17 +187,21 @@ def _normal(lines: list[str]) -> list[str]:
 def _check_keys(block: Block, path: Path) -> list[str]:
     if not path.is_file():
         return [f"{path.name} was not written by the commands above"]
-    shown = set(re.findall(r'"(\w+)"\s*:', "\n".join(block.lines)))
+    text = "\n".join(block.lines)
+    shown = set(re.findall(r'"(\w+)"\s*:', text))
     real: set[str] = set()
+    numbers: dict[str, list[float]] = {}  # every number the file holds under each key
 
-    def walk(value: object) -> None:
+    def walk(value: object, key: str | None = None) -> None:
         if isinstance(value, dict):
             real.update(value)
-            for item in value.values():
-                walk(item)
+            for name, item in value.items():
+                walk(item, name)
         elif isinstance(value, list):
             for item in value:
-                walk(item)
+                walk(item, key)
+        elif isinstance(value, int | float) and not isinstance(value, bool) and key:
+            numbers.setdefault(key, []).append(float(value))
 
     walk(json.loads(path.read_text()))
     problems = []
@@ -204,6 +209,12 @@ def _check_keys(block: Block, path: Path) -> list[str]:
         problems.append(f"shows keys {path.name} lacks: {', '.join(sorted(shown - real))}")
     if real - shown:
         problems.append(f"leaves out keys of {path.name}: {', '.join(sorted(real - shown))}")
+    # A number shown under a key must be one the file holds there, to the digits shown.
+    for key, shown_number in re.findall(r'"(\w+)"\s*:\s*(-?\d+(?:\.\d+)?)\b(?!\.)', text):
+        digits = len(shown_number.partition(".")[2])
+        half = 0.5 * 10.0**-digits * (1 + 1e-9)
+        if not any(abs(v - float(shown_number)) <= half for v in numbers.get(key, [])):
+            problems.append(f'shows "{key}": {shown_number}, which {path.name} does not hold')
     return problems
 
 

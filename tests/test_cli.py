@@ -409,14 +409,6 @@ def test_serve_delegates_its_arguments(capsys: pytest.CaptureFixture[str]) -> No
     assert err.startswith("perseus: error: serve: argument --port") and err.count("\n") == 1
 
 
-def test_serve_without_the_server_extras(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setitem(sys.modules, "perseus.server.cli", None)  # makes the import fail
-    assert main(["serve", "--port", "1"]) == 2
-    assert "pip install 'perseus-planner[server]'" in capsys.readouterr().err
-
-
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
@@ -589,3 +581,49 @@ def test_older_plan_files_without_a_fingerprint_still_replay(
     old.write_text(json.dumps(plan))
     assert main(["simulate", str(example), str(old)]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_exact_refusal_names_the_flag_that_allows_more_time(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The solver's refusal says how long the sweep would take; the command line adds which
+    flag gives it that time."""
+    argv = ["plan", str(example), "--microbatches", "8", "--p-block", "100", "--exact",
+            "--exact-time-limit", "1", "--output", str(tmp_path / "f.json")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "estimated to need at least" in err and "(--exact-time-limit SECONDS)" in err
+    assert not (tmp_path / "f.json").exists()
+
+
+_BARE = """
+import sys
+for name in ("httpx", "pydantic_settings", "fastapi", "uvicorn", "torch", "sqlalchemy", "pynvml"):
+    sys.modules[name] = None  # as if the extras were not installed
+from perseus.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "extra"),
+    [
+        (["serve"], "server"),
+        (["job", "status"], "client"),
+        (["profile", "--gpu", "fake", "--clocks", "every:50"], "torch"),
+    ],
+)
+def test_every_help_works_without_the_extras_and_running_says_which_to_install(
+    argv: list[str], extra: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "PERSEUS_SERVER": "http://127.0.0.1:9", "PERSEUS_JOB": "j",
+           "PERSEUS_TOKEN": "t"}  # fmt: skip
+    run = [sys.executable, "-c", _BARE]
+    helped = subprocess.run([*run, *argv, "--help"], capture_output=True, text=True, env=env)
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith(f"usage: perseus {argv[0]}")
+    ran = subprocess.run(
+        [*run, *argv], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60
+    )
+    assert ran.returncode == 2
+    assert f"pip install 'perseus-planner[{extra}]'" in ran.stderr, ran.stderr

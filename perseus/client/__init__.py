@@ -18,7 +18,35 @@ Importing this package imports neither torch nor any training framework.
 
 from __future__ import annotations
 
-from perseus.client.rank import Rank, connect
-from perseus.client.settings import ClientSettings, ProfileBudget, SettingsError, load_settings
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perseus.client.rank import Rank, connect
+    from perseus.client.settings import (
+        ClientSettings,
+        ProfileBudget,
+        SettingsError,
+        load_settings,
+    )
 
 __all__ = ["ClientSettings", "ProfileBudget", "Rank", "SettingsError", "connect", "load_settings"]
+
+# Imported on first use (PEP 562), so that the command line can build the parsers of its
+# client commands (``perseus job --help``) where the client's extras (httpx) are missing.
+_WHERE = {
+    "Rank": "perseus.client.rank",
+    "connect": "perseus.client.rank",
+    "ClientSettings": "perseus.client.settings",
+    "ProfileBudget": "perseus.client.settings",
+    "SettingsError": "perseus.client.settings",
+    "load_settings": "perseus.client.settings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value

@@ -107,6 +107,9 @@ _PERMISSION_FIX = (
     "not applied."
 )
 
+# Where NVML cannot be used at all: what to do without a GPU (reset-clocks says otherwise).
+_FAKE_HINT = "; without a GPU, use PERSEUS_GPU=fake"
+
 # One table: NVML return code name -> (exception class, what it means for the user).
 _NVML_ERRORS: dict[str, tuple[type[GpuControlError], str]] = {
     "NVML_ERROR_NO_PERMISSION": (NvmlPermissionError, "the process lacks the permission"),
@@ -137,12 +140,12 @@ _NVML_ERRORS: dict[str, tuple[type[GpuControlError], str]] = {
     "NVML_ERROR_RESET_REQUIRED": (GpuControlError, "the GPU needs a reset or a reboot"),
     "NVML_ERROR_LIBRARY_NOT_FOUND": (
         GpuControlError,
-        "libnvidia-ml.so.1 was not found: is the NVIDIA driver installed and on the loader "
-        "path? Without a GPU, use PERSEUS_GPU=fake",
+        "libnvidia-ml.so.1 was not found (is the NVIDIA driver installed and on the loader "
+        "path?)" + _FAKE_HINT,
     ),
     "NVML_ERROR_DRIVER_NOT_LOADED": (
         GpuControlError,
-        "the NVIDIA driver is not loaded; without a GPU, use PERSEUS_GPU=fake",
+        "the NVIDIA driver is not loaded" + _FAKE_HINT,
     ),
     "NVML_ERROR_LIB_RM_VERSION_MISMATCH": (
         GpuControlError,
@@ -214,7 +217,7 @@ def _load_pynvml() -> ModuleType:
     except ImportError as err:
         raise GpuControlError(
             "cannot import pynvml: install the nvidia-ml-py package (`pip install "
-            "nvidia-ml-py`, not the unofficial `pynvml`), or use PERSEUS_GPU=fake without a GPU"
+            "nvidia-ml-py`, not the unofficial `pynvml`)" + _FAKE_HINT
         ) from err
 
 
@@ -547,8 +550,16 @@ def reset_clocks(indices: Sequence[int] | None, *, nvml: ModuleType | None = Non
         GpuControlError: NVML failed (stops at the first GPU that fails; the message names it).
         NvmlPermissionError: The process may not change clocks; the message says what fixes it.
     """
-    module = nvml if nvml is not None else _load_pynvml()
-    _invoke(module, "nvmlInit")
+    try:
+        module = nvml if nvml is not None else _load_pynvml()
+        _invoke(module, "nvmlInit")
+    except GpuControlError as err:
+        if _FAKE_HINT not in str(err):
+            raise
+        # a fake GPU has no clocks to reset: the hint the other commands give does not apply
+        raise type(err)(
+            str(err).replace(_FAKE_HINT, "; without a GPU there are no clocks to reset")
+        ) from err
     lines = []
     try:
         if indices is None:

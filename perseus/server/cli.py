@@ -10,11 +10,13 @@ import logging
 import os
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from perseus.server.settings import Settings
+if TYPE_CHECKING:
+    from perseus.server.settings import Settings
+
 
 __all__ = [
     "StartupError",
@@ -205,6 +207,8 @@ def serve_settings(args: argparse.Namespace) -> Settings:
     Raises:
         pydantic.ValidationError: a value is invalid.
     """
+    from perseus.server.settings import Settings  # pydantic-settings: the server extra
+
     return Settings(**_overrides(args))
 
 

@@ -125,7 +125,8 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
     file = Path(path)
     name = str(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        # utf-8-sig: spreadsheets save "CSV UTF-8" with a byte-order mark before the header
+        text = file.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as err:
         raise ProfileError(f"{name}: cannot read profile: {err}") from err
     if file.suffix.lower() == ".json" or text.lstrip().startswith("{"):
@@ -210,6 +211,8 @@ def _load_csv(text: str, name: str) -> Profile:
     if header is None or not any(cell.strip() for cell in header):
         raise ProfileError(f"{name}: row 1: the file is empty; expected the header {_header()}")
     columns = [cell.strip().lower() for cell in header]
+    while columns and not columns[-1]:
+        columns.pop()  # a header ending in a comma
     missing = [col for col in _CSV_COLUMNS if col not in columns]
     if missing:
         raise ProfileError(
@@ -221,7 +224,8 @@ def _load_csv(text: str, name: str) -> Profile:
         if not cells or not any(cell.strip() for cell in cells):
             continue
         where = f"{name}: row {number}"
-        if len(cells) < len(columns):
+        # a row may end in empty fields (a trailing comma), not in values no column names
+        if len(cells) < len(columns) or any(c.strip() for c in cells[len(columns) :]):
             raise ProfileError(f"{where}: expected {len(columns)} fields, got {len(cells)}")
 
         def cell(col: str, cells: list[str] = cells) -> str:

@@ -360,10 +360,17 @@ def test_reset_clocks_permission_error() -> None:
     assert nvml.init_count == 0
 
 
-def test_reset_clocks_without_driver() -> None:
-    nvml = FakeNvml(fail={"nvmlInit": pynvml.NVML_ERROR_DRIVER_NOT_LOADED})
-    with pytest.raises(GpuControlError, match="driver is not loaded"):
+@pytest.mark.parametrize("code", ["NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_LIBRARY_NOT_FOUND"])
+def test_reset_clocks_without_driver_does_not_suggest_the_fake_gpu(code: str) -> None:
+    """Other commands suggest PERSEUS_GPU=fake where NVML cannot be used; reset-clocks always
+    uses NVML, and a fake GPU has no clocks to reset."""
+    nvml = FakeNvml(fail={"nvmlInit": getattr(pynvml, code)})
+    with pytest.raises(GpuControlError) as caught:
         reset_clocks(None, nvml=nvml)
+    assert "PERSEUS_GPU" not in str(caught.value)
+    assert "without a GPU there are no clocks to reset" in str(caught.value)
+    with pytest.raises(GpuControlError, match="without a GPU, use PERSEUS_GPU=fake"):
+        NvmlGpu(0, nvml=FakeNvml(fail={"nvmlInit": getattr(pynvml, code)}))
 
 
 # open_gpu -------------------------------------------------------------------------------------

@@ -179,6 +179,27 @@ def test_csv_truncated_row(tmp_path: Path) -> None:
     expect_error(lambda: load_profile(path), "short.csv", 6, None)
 
 
+def test_csv_row_with_a_value_no_column_names(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "long.csv", GOOD)
+    lines = path.read_text().splitlines()
+    lines[5] += ",12.5"
+    path.write_text("\n".join(lines) + "\n")
+    message = expect_error(lambda: load_profile(path), "long.csv", 6, None)
+    assert "expected 5 fields, got 6" in message
+
+
+def test_csv_trailing_commas_and_a_byte_order_mark_are_fine(tmp_path: Path) -> None:
+    """Spreadsheets save "CSV UTF-8" with a byte-order mark, and some writers end rows with a
+    comma: neither is a mistake in the profile."""
+    path = write_csv(tmp_path / "excel.csv", GOOD)
+    lines = [line + "," for line in path.read_text().splitlines()]
+    path.write_bytes(b"\xef\xbb\xbf" + ("\r\n".join(lines) + "\r\n").encode())
+    assert load_profile(path).stages == profile_from_rows([tuple(r) for r in GOOD]).stages
+    lines[1:] = [line[:-1] for line in lines[1:]]  # only the header ends in a comma
+    path.write_text("\n".join(lines) + "\n")
+    assert load_profile(path).stages == profile_from_rows([tuple(r) for r in GOOD]).stages
+
+
 def test_csv_duplicate(tmp_path: Path) -> None:
     rows = [*GOOD, [1, "forward", 1395, 0.07, 30.0]]  # same stage, instruction, clock as row 7
     path = write_csv(tmp_path / "dup.csv", rows)
