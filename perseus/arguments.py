@@ -35,16 +35,26 @@ def integer_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def finite_number(minimum: float, *, inclusive: bool) -> Callable[[str], float]:
-    """A finite number above ``minimum`` (or equal to it when ``inclusive``)."""
+def finite_number(
+    minimum: float, *, inclusive: bool, maximum: float = math.inf
+) -> Callable[[str], float]:
+    """A finite number above ``minimum`` (or equal to it when ``inclusive``), at most
+    ``maximum``."""
     bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+    if maximum < math.inf:
+        bound += f" and <= {maximum:g}"
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number {bound}, got {text!r}") from None
-        if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+        if (
+            not math.isfinite(value)
+            or value < minimum
+            or (value == minimum and not inclusive)
+            or value > maximum
+        ):
             raise argparse.ArgumentTypeError(f"expected a finite number {bound}, got {text!r}")
         return value
 

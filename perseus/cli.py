@@ -167,9 +167,9 @@ def _plan_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--resolution",
         metavar="SECONDS",
-        type=_positive_float,
+        type=finite_number(0, inclusive=False, maximum=RESOLUTION_S),
         default=RESOLUTION_S,
-        help=f"time step between frontier points (default {RESOLUTION_S:g})",
+        help=f"time step between frontier points (default and most {RESOLUTION_S:g})",
     )
     parser.add_argument(
         "--exact", action="store_true", help="solve every deadline exactly (MILP; small cases)"
@@ -238,6 +238,11 @@ def _plan_command(argv: list[str]) -> int:
         args = command_parser("plan").parse_args(argv)
         from perseus.solver import Policy, load_profile
 
+        if args.virtual_stages not in (None, 1) and args.schedule != "interleaved-1f1b":
+            raise _UsageError(
+                f"--virtual-stages: {args.schedule} runs one model chunk per GPU; V > 1 needs "
+                f"--schedule interleaved-1f1b"
+            )
         outputs = _check_outputs(args)
         progress.phase(f"reading {args.profile}")
         request = _PlanRequest(

@@ -204,6 +204,8 @@ def _csv(tmp_path: Path, example: Path, edit: tuple[int, str, str] | None = None
         (None, ["--schedule", "gpipe", "--virtual-stages", "2"], ["virtual"]),
         (None, ["--policy", "deadline:0.001"], ["--policy deadline:0.001", "fastest"]),
         (None, ["--straggler", "0.001"], ["--straggler", "fastest"]),
+        (None, ["--resolution", "0.01"], ["--resolution", "<= 0.001", "'0.01'"]),
+        (None, ["--virtual-stages", "2"], ["--virtual-stages", "interleaved-1f1b"]),
     ],
 )
 def test_bad_input_exits_2_naming_the_place_and_writes_nothing(

@@ -292,7 +292,7 @@ def run_job(
         hint = (
             f"pass --token or set ${TOKEN_ENV}"
             if err.status_code == 401
-            else f"the token is not this job's; check ${TOKEN_ENV} or --token"
+            else f"check ${TOKEN_ENV} or --token"
         )
         raise CommandError(f"{err}: {hint}") from err
     except JobNotFound as err:
