@@ -383,6 +383,14 @@ def _plan(request: _PlanRequest, outputs: _Outputs, progress: ProgressBar) -> tu
             straggler = (request.straggler_s, straggler_point(frontier, request.straggler_s))
         except InfeasibleDeadline as err:
             raise InfeasibleDeadline(f"--straggler: {err}") from err
+        chosen_s = float(frontier.times_s[chosen])
+        if request.straggler_s < chosen_s:
+            print(
+                f"perseus: warning: --straggler {request.straggler_s:g} s is shorter than the "
+                f"chosen plan's {chosen_s:.4f} s: this pipeline, not the other, sets the pace; "
+                "the straggler rows show what fits the shorter time",
+                file=sys.stderr,
+            )
     # The run's one set of baselines, shown alike by the table, frontier.json and the plot: at
     # the policy's own limit where it has one (max-slowdown, deadline), else at the chosen
     # point's time.

@@ -629,3 +629,18 @@ def test_every_help_works_without_the_extras_and_running_says_which_to_install(
     )
     assert ran.returncode == 2
     assert f"pip install 'perseus-planner[{extra}]'" in ran.stderr, ran.stderr
+
+
+def test_a_straggler_faster_than_the_chosen_plan_is_warned_about(
+    example: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A straggler at 1.75 s with a policy that chose a 1.92 s plan: this pipeline is the slow
+    one, which the straggler rows alone do not say."""
+    argv = ["plan", str(example), "--microbatches", "8", "--p-block", "100",
+            "--policy", "max-slowdown:1.1", "--straggler", "1.75"]  # fmt: skip
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "straggler (point" in captured.out
+    assert "warning: --straggler 1.75 s is shorter than the chosen plan's" in captured.err
+    assert main([*argv[:-2], "--straggler", "2.0"]) == 0
+    assert "warning" not in capsys.readouterr().err
