@@ -6,6 +6,7 @@ Every check compares against :mod:`reference` (own schedules, own DAG, own repla
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +14,13 @@ from hypothesis import example, given, note
 from hypothesis import strategies as st
 
 from perseus.errors import PlanError, ProfileError
-from perseus.solver import compute_frontier, make_schedule, profile_from_rows, replay
+from perseus.solver import (
+    compute_frontier,
+    load_profile,
+    make_schedule,
+    profile_from_rows,
+    replay,
+)
 
 from . import reference as ref
 from .cases import NEAR, RTOL, Case, cases, examples, frequencies, grid, query, rel
@@ -312,6 +319,20 @@ def test_progress_is_reported() -> None:
                      progress=lambda done, total: calls.append((done, total)))  # fmt: skip
     assert calls
     assert all(0 <= done <= total for done, total in calls)
+
+
+def test_progress_moves_with_the_work_and_never_back() -> None:
+    """Fast mode reports thousandths weighted by where its time goes: the bar moves through
+    the searches (most of the time), never back, and ends full (it sat near 0 % while the
+    anchors were searched when the grid's deadlines were counted as equal units)."""
+    profile = load_profile(Path(__file__).resolve().parents[2] / "perseus/data/example_profile.csv")
+    calls: list[tuple[int, int]] = []
+    compute_frontier(profile, make_schedule("1f1b", 4, 8), p_block_w=100.0,
+                     progress=lambda done, total: calls.append((done, total)))  # fmt: skip
+    done = [d for d, _ in calls]
+    assert {t for _, t in calls} == {1000}
+    assert done == sorted(done) and done[-1] == 1000
+    assert len({d for d in done if 150 < d < 700}) >= 3  # anchors' searches, one by one
 
 
 # ----------------------------------------------------------------------------- replay
