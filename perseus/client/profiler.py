@@ -119,6 +119,29 @@ class StageProfile:
     measurements: tuple[ClockMeasurement, ...]
     stopped: str
 
+    def inversions(self, tolerance: float = 0.1) -> list[str]:
+        """Where a lower clock ran an instruction faster than a higher one by more than
+        ``tolerance``: a GPU never does that, so the measurement was disturbed (another
+        process on the GPU or, for the fake GPU, on the CPU). One line per instruction kind,
+        naming its worst pair; empty when the times follow the clocks."""
+        found = []
+        for kind in ("forward", "backward"):
+            worst: tuple[float, ClockMeasurement, ClockMeasurement] | None = None
+            ordered = sorted(self.measurements, key=lambda m: -m.frequency_mhz)
+            for i, high in enumerate(ordered):
+                for low in ordered[i + 1 :]:
+                    ratio = getattr(high, f"{kind}_time_s") / getattr(low, f"{kind}_time_s")
+                    if ratio > 1 + tolerance and (worst is None or ratio > worst[0]):
+                        worst = (ratio, high, low)
+            if worst is not None:
+                ratio, high, low = worst
+                found.append(
+                    f"{kind} took {getattr(high, f'{kind}_time_s') * 1e3:.1f} ms at "
+                    f"{high.frequency_mhz} MHz but {getattr(low, f'{kind}_time_s') * 1e3:.1f} ms "
+                    f"at {low.frequency_mhz} MHz"
+                )
+        return found
+
     def rows(self) -> list[ProfileRow]:
         """The measurements as wire rows (forward and backward per clock)."""
         rows: list[ProfileRow] = []

@@ -566,6 +566,14 @@ class Rank:
         if len(profile.measurements) == 0:
             self._give_up("online profiling measured nothing")
             return
+        for inverted in profile.inversions():
+            # reported all the same: the planner has nothing better, and the operator is told
+            _log.warning(
+                "perseus: rank %d: %s; a lower clock never runs faster, so the measurement was "
+                "disturbed (another process on this GPU?)",
+                self.settings.rank,
+                inverted,
+            )
         self._report_profile(profile.rows(), self.p_block_w)
 
     def _calibration_ready(self) -> bool:

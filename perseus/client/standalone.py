@@ -127,6 +127,15 @@ def run_profile(args: argparse.Namespace, out: Any = None) -> int:
         + f"\n{profile.stopped}; wrote {os.path.abspath(args.output)}",
         file=stream,
     )
+    inverted = profile.inversions()
+    if inverted:
+        print(
+            f"perseus: warning: {'; '.join(inverted)}: a lower clock never runs faster, so "
+            "the measurements were disturbed (another process on the GPU"
+            + (", or on the CPU that runs the fake GPU's work" if args.gpu == "fake" else "")
+            + "); profile again on an idle machine",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -391,6 +391,17 @@ def test_stage_profile_rows_and_csv() -> None:
     assert len(lines) == 1 + 2 + 4 and lines[3].startswith("1,forward,1980,")
 
 
+def test_inversions_name_a_lower_clock_that_ran_faster() -> None:
+    """Times that do not follow the clocks (a busy machine) are named, worst pair per kind;
+    noise within the tolerance and times that follow the clocks are not."""
+    follows = StageProfile((_measurement(1980, 1.0), _measurement(1500, 1.05),
+                            _measurement(900, 1.5)), "done")  # fmt: skip
+    assert follows.inversions() == []
+    slow_top = replace(_measurement(1500, 1.0), backward_time_s=0.5658)
+    disturbed = StageProfile((_measurement(1980, 1.0), slow_top, _measurement(900, 1.5)), "done")
+    assert disturbed.inversions() == ["backward took 565.8 ms at 1500 MHz but 60.0 ms at 900 MHz"]
+
+
 # Accuracy against the fake's ground truth ---------------------------------------------------------
 
 
