@@ -521,6 +521,13 @@ def test_local_search_before_the_refill_leaves_no_slack_and_never_ends_worse(
     assert t1 <= deadline * (1 + 1e-12)
     assert e1 <= e0 * (1 + 1e-12), (e0, e1)
     assert np.array_equal(planner.refill(end[:, None], ceiling)[:, 0], end)
+    # the state it stopped in (hull options, to go on from) is what the plan was refilled from
+    state = planner.local_search(start.copy(), deadline, 10**6, raw=True, keep_state=True)
+    assert all(state[j] in planner.hull[planner.cls[j]] for j in range(n))
+    assert np.array_equal(planner.refill(state[:, None], ceiling)[:, 0], end)
+    # going on from it, with the work left over or more, never ends worse
+    more, _ = planner._searched(state, deadline, 10**6)
+    assert float(planner.evaluate(more[:, None])[1][0]) <= e1 * (1 + 1e-12)
 
 
 @examples(20)

@@ -288,8 +288,10 @@ def test_real_frontier_just_below_a_searched_deadline() -> None:
 def test_real_large_frontier_searches_inside_its_widest_stretch() -> None:
     """gpt3-175b on the A40 at 96 microbatches searches at 1, 1.01, 1.02, 1.03 and 1.05 x the
     default time. Without 1.03 x, the points from 1.02 to 1.035 x (refilled, crossed and shrunk
-    from the plans at 1.02 and 1.05 x) reported gaps up to 1.37 %; with it the largest is
-    1.08 %. (Under 1 % is the goal; the plans between the searched deadlines are what is
-    loose there, not the bound.)"""
+    from the plans at 1.02 and 1.05 x) reported gaps up to 1.37 %; with it the largest was
+    1.08 %, the plans between the searched deadlines being what was loose, not the bound.
+    There each search stops for want of work (one round of single moves costs more than its
+    share), so where a gap over 1 % lies among the anchors every search goes on from where it
+    stopped: the largest gap is then 0.98 %."""
     frontier, _ = _shared_frontier("gpt3-175b+a40_bf16.csv", 96)
-    assert float(frontier.gaps.max()) <= 0.011, float(frontier.gaps.max())
+    assert float(frontier.gaps.max()) <= 0.01, float(frontier.gaps.max())
