@@ -104,7 +104,8 @@ _BATCH_CHARGE = 160
 _MAIN_SLOWDOWNS = (1.0, 1.01, 1.02, 1.05)
 # Larger DAGs search at those and at 1.03 x, inside the widest stretch between them (on
 # gpt3-175b+a40 8 x 96 without it the points from 1.02 to 1.035 x reported gaps up to 1.37 %;
-# with it 1.08 %; more anchors there spread the work thinner and did worse).
+# with it 1.08 %, 0.98 % after resumed searches; more anchors there spread the work thinner
+# and did worse).
 _LARGE_SLOWDOWNS = (1.0, 1.01, 1.02, 1.03, 1.05)
 _CROSSOVER_SHARES = 31  # plans between two neighbouring anchors, per node order
 _CROSSOVER_ROUNDS = 2
