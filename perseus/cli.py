@@ -35,7 +35,7 @@ from perseus.errors import (
     ProfileError,
     SolverTimeout,
 )
-from perseus.outputs import resolve, write_files
+from perseus.outputs import check_writable, resolve, write_files
 
 if TYPE_CHECKING:
     from perseus.solver import Baseline, Frontier, Policy, Profile, Schedule
@@ -243,6 +243,11 @@ def _plan_command(argv: list[str]) -> int:
                 f"--virtual-stages: {args.schedule} runs one model chunk per GPU; V > 1 needs "
                 f"--schedule interleaved-1f1b"
             )
+        if args.virtual_stages == 1 and args.schedule == "interleaved-1f1b":
+            raise _UsageError(
+                "--virtual-stages: interleaved-1f1b runs V >= 2 model chunks per GPU; for one, "
+                "use --schedule 1f1b"
+            )
         outputs = _check_outputs(args)
         progress.phase(f"reading {args.profile}")
         request = _PlanRequest(
@@ -262,7 +267,9 @@ def _plan_command(argv: list[str]) -> int:
             plot=args.plot,
             timeline=args.timeline,
         )
-        text, written = _plan(request, outputs, progress)
+        text, written, warnings = _plan(request, outputs, progress)
+    for warning in warnings:
+        print(f"perseus: warning: {warning}", file=sys.stderr)
     sys.stdout.write(text)
     for path in written:
         sys.stdout.write(f"wrote {path}\n")
@@ -320,7 +327,9 @@ def _demo_command(argv: list[str]) -> int:
             [request.output, request.plan_output, request.plot, request.timeline],
             ["--output", "--plan-output", "--plot", "--timeline"],
         )
-        text, written = _plan(request, outputs, progress)
+        text, written, warnings = _plan(request, outputs, progress)
+    for warning in warnings:
+        print(f"perseus: warning: {warning}", file=sys.stderr)
     sys.stdout.write(text)
     for path in written:
         sys.stdout.write(f"wrote {path}\n")
@@ -337,8 +346,11 @@ def _check_outputs(args: argparse.Namespace) -> _Outputs:
     )
 
 
-def _plan(request: _PlanRequest, outputs: _Outputs, progress: ProgressBar) -> tuple[str, list[str]]:
-    """Plan, render every file and write them; returns the report and the paths written."""
+def _plan(
+    request: _PlanRequest, outputs: _Outputs, progress: ProgressBar
+) -> tuple[str, list[str], list[str]]:
+    """Plan, render every file and write them; returns the report, the paths written and the
+    warnings (printed once the progress bar is gone)."""
     from perseus.files import FrontierFile, PlanFile, profile_fingerprint
     from perseus.solver import baselines_at, choose_point, compute_frontier, make_schedule, replay
 
@@ -376,6 +388,7 @@ def _plan(request: _PlanRequest, outputs: _Outputs, progress: ProgressBar) -> tu
     except InfeasibleDeadline as err:
         raise InfeasibleDeadline(f"--policy {policy}: {err}") from err
     straggler = None
+    warnings: list[str] = []
     if request.straggler_s is not None:
         from perseus.solver import straggler_point
 
@@ -385,11 +398,10 @@ def _plan(request: _PlanRequest, outputs: _Outputs, progress: ProgressBar) -> tu
             raise InfeasibleDeadline(f"--straggler: {err}") from err
         chosen_s = float(frontier.times_s[chosen])
         if request.straggler_s < chosen_s:
-            print(
-                f"perseus: warning: --straggler {request.straggler_s:g} s is shorter than the "
-                f"chosen plan's {chosen_s:.4f} s: this pipeline, not the other, sets the pace; "
-                "the straggler rows show what fits the shorter time",
-                file=sys.stderr,
+            warnings.append(
+                f"--straggler {request.straggler_s:g} s is shorter than the chosen plan's "
+                f"{chosen_s:.4f} s: this pipeline, not the other, sets the pace; the straggler "
+                "rows show what fits the shorter time"
             )
     # The run's one set of baselines, shown alike by the table, frontier.json and the plot: at
     # the policy's own limit where it has one (max-slowdown, deadline), else at the chosen
@@ -447,7 +459,7 @@ def _plan(request: _PlanRequest, outputs: _Outputs, progress: ProgressBar) -> tu
     written = outputs.write()
     text = _describe(profile, schedule, frontier, solved_s) + "\n"
     text += _plan_table(frontier, baselines, chosen, str(policy), straggler)
-    return text, written
+    return text, written, warnings
 
 
 def _check_feasible(
@@ -829,6 +841,7 @@ class _Outputs:
 
     def __post_init__(self) -> None:
         # Check destinations before the long computation rather than fail after it.
+        seen: dict[Path, str] = {}
         for path, option in zip(self.paths, self.options, strict=True):
             if path is None:
                 continue
@@ -837,19 +850,14 @@ class _Outputs:
                     f"{option}: '-': this command prints its table on standard output; give a "
                     f"file name"
                 )
+            reason = check_writable(path)
+            if reason is not None:
+                sep = " " if reason.startswith("is ") else ": "
+                raise _UsageError(f"{option}: {path}{sep}{reason}")
             target = resolve(path)
-            if target.is_dir():
-                raise _UsageError(f"{option}: {path} is a directory")
-            if target.exists() and not target.is_file():
-                # a device or a pipe (/dev/null, /dev/stdout): written in place
-                if not os.access(target, os.W_OK):
-                    raise _UsageError(f"{option}: {path} is not writable")
-                continue
-            parent = target.parent
-            if not parent.is_dir():
-                raise _UsageError(f"{option}: {path}: directory {parent} does not exist")
-            if not os.access(parent, os.W_OK):
-                raise _UsageError(f"{option}: {path}: directory {parent} is not writable")
+            if target in seen and not target.is_char_device():
+                raise _UsageError(f"{option}: {path} is also {seen[target]}'s file")
+            seen[target] = option
 
     def put(self, path: str, data: bytes) -> None:
         self._pending[path] = data

@@ -1,21 +1,28 @@
 """Writing output files: whole or not at all, and never in place of what a path names.
 
 A regular file is written through a temporary file beside it, renamed into place, so a
-failure (a full disk, an interrupt) leaves the old file or none, never half of one. A path
-that is a symbolic link is followed: the link stays and the file it points to is replaced. A
-path that names a device or a pipe (``/dev/null``, ``/dev/stdout``, a FIFO) is written
-directly: renaming a file over it would replace the device node itself.
+failure (a full disk, an interrupt) leaves the old file or none, never half of one; the
+replaced file keeps its permission bits (and, when root writes it, its owner). A path that is
+a symbolic link is followed: the link stays and the file it points to is replaced. A path
+that names a character device or a pipe (``/dev/null``, a FIFO), or that goes through
+``/dev`` or ``/proc`` (``/dev/stdout``, ``/dev/fd/3``, a shell's ``>(...)``), is written
+directly: renaming a file over it would replace the device node itself, or a file that a
+shell redirection still writes to.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import secrets
 import stat
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["resolve", "write_files"]
+__all__ = ["check_writable", "resolve", "write_files"]
+
+_MAX_LINKS = 40  # as the kernel's symlink limit
 
 
 def resolve(path: str | os.PathLike[str]) -> Path:
@@ -23,44 +30,122 @@ def resolve(path: str | os.PathLike[str]) -> Path:
     return Path(os.path.realpath(path))
 
 
-def write_files(files: Mapping[str, bytes]) -> None:
-    """Write every ``path -> data`` of ``files``: all temporary files first, then the renames
-    (and the direct writes to devices and pipes), so one that cannot be written stops the
-    others before any is replaced.
+def _in_place(path: str | os.PathLike[str]) -> bool:
+    """Is ``path`` written directly: a character device or a pipe, or reached through
+    ``/dev`` or ``/proc`` (whose links name open files, not places to rename into)?"""
+    hop = os.path.abspath(path)
+    for _ in range(_MAX_LINKS):
+        if hop.startswith(("/dev/", "/proc/")):
+            return True
+        if not os.path.islink(hop):
+            break
+        hop = os.path.normpath(os.path.join(os.path.dirname(hop), os.readlink(hop)))
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
-    A replaced regular file keeps its permission bits; a new one gets ``0o666`` less the umask
-    (``mkstemp`` alone would make it ``0o600``).
+
+def check_writable(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot be written (checked before long work), or None if it can.
+
+    The answer is what :func:`write_files` will do: write a device or pipe in place (it must
+    be writable), or rename a new file into its directory (which must exist and be writable;
+    an existing file there must be a regular file the caller may write, as a shell's ``>``
+    would require).
+    """
+    if _in_place(path):
+        return None if os.access(path, os.W_OK) else "is not writable"
+    target = resolve(path)
+    if target.is_dir():
+        return "is a directory"
+    if target.exists() and not target.is_file():
+        return "is neither a regular file, a character device nor a pipe"
+    if target.exists() and not os.access(target, os.W_OK):
+        return "is not writable (permission denied)"
+    parent = target.parent
+    if not parent.is_dir():
+        return f"directory {parent} does not exist"
+    if not os.access(parent, os.W_OK):
+        return f"directory {parent} is not writable"
+    return None
+
+
+def write_files(files: Mapping[str, bytes]) -> None:
+    """Write every ``path -> data`` of ``files``: first every temporary file, then the
+    direct writes (devices, pipes), then the renames, so a file that cannot be written stops
+    the others before any is replaced.
 
     Raises:
-        OSError: a file could not be written (its ``filename`` says which); no temporary
-            file is left behind.
+        OSError: a file could not be written; its ``filename`` is the path given (not a
+            temporary file), and no temporary file is left behind.
     """
-    umask = os.umask(0)
-    os.umask(umask)
-    staged: list[tuple[str | None, Path, bytes]] = []
+    staged: list[tuple[str, Path, str | None]] = []  # (path given, target, temporary file)
     try:
         for path, data in files.items():
-            target = resolve(path)
-            try:
-                mode = os.stat(target).st_mode
-            except FileNotFoundError:
-                mode = None
-            if mode is not None and not stat.S_ISREG(mode):
-                staged.append((None, target, data))  # a device or a pipe: written in place
+            if _in_place(path):
+                staged.append((path, Path(path), None))
                 continue
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-            staged.append((tmp, target, data))
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            os.chmod(tmp, stat.S_IMODE(mode) if mode is not None else 0o666 & ~umask)
-        for staged_tmp, target, data in staged:
+            target = resolve(path)
+            reason = check_writable(path)
+            if reason is not None:  # refused before anything is written
+                raise OSError(_errno_of(reason), reason, path)
+            tmp = str(target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp")
+            staged.append((path, target, tmp))
+            _stage(tmp, target, data, path)
+        for given, place, staged_tmp in staged:
             if staged_tmp is None:
-                with open(target, "wb") as handle:
-                    handle.write(data)
-            else:
-                os.replace(staged_tmp, target)
+                _write_in_place(place, files[given], given)
+        for given, place, staged_tmp in staged:
+            if staged_tmp is not None:
+                try:
+                    os.replace(staged_tmp, place)
+                except OSError as err:
+                    raise OSError(err.errno, err.strerror, given) from err
     except BaseException:
-        for leftover, _, _ in staged:
+        for _, _, leftover in staged:
             if leftover is not None:
-                Path(leftover).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover)
         raise
+
+
+def _errno_of(reason: str) -> int:
+    """The errno that :func:`check_writable`'s ``reason`` stands for."""
+    if reason == "is a directory":
+        return errno.EISDIR
+    if reason.startswith("directory") and reason.endswith("does not exist"):
+        return errno.ENOENT
+    return errno.EACCES
+
+
+def _stage(tmp: str, target: Path, data: bytes, path: str) -> None:
+    """Write ``data`` to the new file ``tmp``, with the mode (and, as root, the owner) that
+    ``target`` has, or the umask's for a new file."""
+    try:
+        old = os.stat(target)
+    except FileNotFoundError:
+        old = None
+    try:
+        # 0o666 less the umask for a new file, as any program's output (mkstemp makes 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if old is not None:
+            os.chmod(tmp, stat.S_IMODE(old.st_mode) & 0o777)
+            if os.geteuid() == 0:
+                with contextlib.suppress(OSError):
+                    os.chown(tmp, old.st_uid, old.st_gid)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, path) from err
+
+
+def _write_in_place(target: Path, data: bytes, path: str) -> None:
+    try:
+        with open(target, "wb") as handle:
+            handle.write(data)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, path) from err

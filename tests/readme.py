@@ -16,7 +16,8 @@ Blocks are marked with an HTML comment on the line before their opening fence:
 - ``<!-- readme: file NAME -->``: the block is file ``NAME`` as the commands above left it.
 - ``<!-- readme: keys NAME -->``: a shortened JSON file: every ``"key":`` it shows is a key of
   JSON file ``NAME`` (at any depth), every key of the file is shown, and every number shown
-  under a key is one the file holds under that key, to the digits shown.
+  right after a key (``"key": 1.25``; not inside a list) is one the file holds under that key,
+  to the digits shown.
 - ``<!-- readme: synopsis COMMAND -->``: every ``--option`` in it is an option of
   ``perseus COMMAND``.
 - ``<!-- readme: recorded -->``: output of a run that needs a GPU, torch, a server or minutes

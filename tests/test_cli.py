@@ -206,6 +206,11 @@ def _csv(tmp_path: Path, example: Path, edit: tuple[int, str, str] | None = None
         (None, ["--straggler", "0.001"], ["--straggler", "fastest"]),
         (None, ["--resolution", "0.01"], ["--resolution", "<= 0.001", "'0.01'"]),
         (None, ["--virtual-stages", "2"], ["--virtual-stages", "interleaved-1f1b"]),
+        (
+            None,
+            ["--schedule", "interleaved-1f1b", "--virtual-stages", "1"],
+            ["--virtual-stages", "V >= 2"],
+        ),
     ],
 )
 def test_bad_input_exits_2_naming_the_place_and_writes_nothing(

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from perseus import outputs
 from perseus.cli import main
-from perseus.outputs import write_files
+from perseus.outputs import check_writable, write_files
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "perseus" / "data" / "example_profile.csv"
 
@@ -57,6 +58,50 @@ def test_a_fifo_is_written_in_place(tmp_path: Path) -> None:
     assert stat.S_ISFIFO(fifo.stat().st_mode)
 
 
+def test_a_descriptor_path_is_written_in_place(tmp_path: Path) -> None:
+    """/dev/stdout, /dev/fd/N, /proc/self/fd/N and a shell's >(...) name open files: when
+    one is a pipe, its target does not exist as a path; when one is a regular file (stdout
+    redirected), renaming over it would leave the shell writing to the old, unlinked file."""
+    read_end, write_end = os.pipe()
+    try:
+        write_files({f"/dev/fd/{write_end}": b"piped"})
+        assert os.read(read_end, 100) == b"piped"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    redirected = tmp_path / "out.txt"
+    with redirected.open("wb") as handle:
+        inode = redirected.stat().st_ino
+        write_files({f"/proc/self/fd/{handle.fileno()}": b"json"})
+    assert redirected.stat().st_ino == inode and redirected.read_bytes() == b"json"
+
+
+def test_a_replaced_file_loses_setuid_bits_and_an_unwritable_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "x.json"
+    target.write_text("old")
+    target.chmod(0o4755)
+    write_files({str(target): b"new"})
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+    monkeypatch.setattr(outputs.os, "access", lambda path, mode: Path(path) != target)
+    assert check_writable(str(target)) == "is not writable (permission denied)"
+    with pytest.raises(PermissionError) as caught:
+        write_files({str(target): b"newer"})
+    assert caught.value.filename == str(target) and target.read_text() == "new"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_a_device_that_fails_is_written_before_any_file_is_replaced(tmp_path: Path) -> None:
+    kept = tmp_path / "kept.json"
+    kept.write_text("old")
+    with pytest.raises(OSError) as caught:
+        write_files({str(kept): b"new", "/dev/full": b"x" * 100_000})
+    assert caught.value.filename == "/dev/full"
+    assert kept.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["kept.json"]
+
+
 def test_one_file_that_cannot_be_written_leaves_every_other_untouched(tmp_path: Path) -> None:
     kept = tmp_path / "kept.json"
     kept.write_text("old")
@@ -78,6 +123,15 @@ def test_plan_output_to_devnull_keeps_the_device(capsys: pytest.CaptureFixture[s
     assert f"wrote {os.devnull}" in capsys.readouterr().out
 
 
+def test_plan_refuses_one_file_for_two_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    same = tmp_path / "a.json"
+    argv = _plan("--output", str(same), "--plan-output", f"{tmp_path}/./a.json")
+    assert main(argv) == 2
+    assert "--plan-output" in capsys.readouterr().err and not same.exists()
+
+
 def test_plan_output_dash_is_refused_before_planning(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(_plan("--output", "-")) == 2
     err = capsys.readouterr().err
@@ -88,7 +142,7 @@ def test_plan_output_dash_is_refused_before_planning(capsys: pytest.CaptureFixtu
     ("args", "message"),
     [
         (["--clocks", "every:0"], "--clocks: expected a whole number >= 1, got '0'"),
-        (["-o", "/nonexistent-dir/x.csv"], "--output: directory /nonexistent-dir does not exist"),
+        (["-o", "/nonexistent-dir/x.csv"], "x.csv: directory /nonexistent-dir does not exist"),
     ],
 )
 def test_profile_checks_its_flags_before_opening_the_gpu(

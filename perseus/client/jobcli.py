@@ -30,7 +30,7 @@ from perseus.errors import (
     PlanNotReady,
     PolicyError,
 )
-from perseus.outputs import resolve, write_files
+from perseus.outputs import check_writable, write_files
 from perseus.solver.policies import Policy
 from perseus.solver.schedules import SCHEDULE_NAMES
 
@@ -449,8 +449,9 @@ def _delete(args: argparse.Namespace, ctx: _Context) -> None:
 
 def _profile(args: argparse.Namespace, ctx: _Context) -> None:
     target = None if args.output == "-" else Path(args.output)
-    if target is not None and not resolve(target).parent.is_dir():
-        raise CommandError(f"--output: directory {resolve(target).parent} does not exist")
+    reason = None if target is None else check_writable(target)
+    if reason is not None:
+        raise CommandError(f"--output: {target}{' ' if reason.startswith('is ') else ': '}{reason}")
     with _open(args, ctx) as client:
         text = client.profile_csv()
     if target is None:

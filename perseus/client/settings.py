@@ -232,7 +232,7 @@ def load_settings(environ: Mapping[str, str] | None = None, **arguments: object)
         max_s=number("PERSEUS_PROFILE_MAX_S", 600.0, minimum=1.0),
         blocking_s=number("PERSEUS_PROFILE_BLOCKING_S", 1.2, minimum=0.1),
     )
-    _check_clocks_syntax(budget.clocks)
+    budget.check()
     rank = integer("rank", "PERSEUS_RANK", "RANK") or 0
     return ClientSettings(
         server=server.rstrip("/") if server else None,

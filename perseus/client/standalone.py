@@ -28,7 +28,7 @@ from perseus.client.meter import EnergyMeter
 from perseus.client.profiler import ClockSweep, StageProfile, device_work, measure_idle_power
 from perseus.client.settings import GPU_MODES, ProfileBudget, SettingsError
 from perseus.errors import NvmlPermissionError, PerseusError
-from perseus.outputs import resolve, write_files
+from perseus.outputs import check_writable, write_files
 
 __all__ = ["add_profile_arguments", "run_profile"]
 
@@ -75,11 +75,10 @@ def run_profile(args: argparse.Namespace, out: Any = None) -> int:
     stream = out if out is not None else sys.stdout
     if not args.output.endswith((".csv", ".json")):
         raise SettingsError(f"--output: expected a .csv or .json file name, got {args.output!r}")
-    target = resolve(args.output)
-    if not target.parent.is_dir():
-        raise SettingsError(f"--output: directory {target.parent} does not exist")
-    if target.is_dir():
-        raise SettingsError(f"--output: {args.output} is a directory")
+    reason = check_writable(args.output)
+    if reason is not None:
+        sep = " " if reason.startswith("is ") else ": "
+        raise SettingsError(f"--output: {args.output}{sep}{reason}")
     for name in ("window", "settle", "max_seconds"):
         value = getattr(args, name)
         if not (math.isfinite(value) and value >= (0 if name == "settle" else 0.05)):

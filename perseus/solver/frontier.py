@@ -78,6 +78,9 @@ Evaluated = tuple[IntArray, FloatArray, FloatArray]
 _KNOT_TOLERANCE = 2e-4
 _MAX_KNOTS = 64
 _CHUNK = 1024
+# The most grid deadlines x instructions a frontier may take (its arrays: about 4.7 GiB), as
+# the server's default limit on a job's planning work.
+_MAX_CELLS = 400_000_000
 # Problems with at most this many (instruction, option) pairs are solved exactly even in fast
 # mode: their MILPs take milliseconds, and rounding is weakest on them (few options, no averaging).
 _EXACT_UP_TO = 128
@@ -364,7 +367,10 @@ class _Planner:
         needed = []  # bins for a class: twice its span over its closest two times
         for times, span in zip(self.class_times, spans, strict=True):
             closest = float(np.diff(times).min(initial=math.inf))
-            needed.append(2 * span / closest if closest > 0 else math.inf)
+            # times within rounding of each other (relative 1e-9) count as duplicates: the
+            # margin below a bin's edge must stay far above rounding
+            apart = closest > 1e-9 * float(times[-1])
+            needed.append(2 * span / closest if apart else math.inf)
         self._one_step = max(needed, default=0.0) <= _FIT_BINS_MAX
         rows = []
         scale = np.empty(classes)
@@ -552,6 +558,13 @@ class _Planner:
         anchors = sorted(
             {t_fast} | {d for d in (f * t_default for f in slowdowns) if t_fast <= d <= t_end}
         )
+        steps = math.ceil((t_end - t_fast) / resolution_s)
+        if (steps + 514) * n > _MAX_CELLS:
+            raise PlanError(
+                f"resolution: {resolution_s:g} s gives {steps:,} deadlines from {t_fast:.4f} to "
+                f"{t_end:.4f} s, for {n} instructions each, over the {_MAX_CELLS:,} cells a "
+                f"frontier may take (about 4.7 GiB); use a coarser resolution"
+            )
         grid = _deadline_grid(t_fast, t_end, slowest_time, resolution_s)
         grid = np.unique(np.concatenate([grid, anchors]))
 
@@ -718,6 +731,7 @@ class _Planner:
                 share = int(_RESUME_WORK * search_work * weights[a] // sum(weights))
                 plan, states[a] = self._searched(states[a], deadline, share)
                 resumed.append(plan)
+                report(900, 950, a + 1, len(anchors))
             plans = np.stack(resumed, axis=1)
             plan_time, plan_energy = self.evaluate(plans)
             by_time = np.lexsort((plan_energy, plan_time))

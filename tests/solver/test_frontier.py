@@ -310,6 +310,12 @@ def test_profile_and_schedule_sizes_must_agree() -> None:
         compute_frontier(profile_from_rows(rows), make_schedule("1f1b", 2, 2), p_block_w=10.0)
 
 
+def test_a_resolution_too_fine_to_hold_is_refused_before_any_allocation() -> None:
+    profile = load_profile(Path(__file__).resolve().parents[2] / "perseus/data/example_profile.csv")
+    with pytest.raises(PlanError, match=r"resolution: 1e-09 s gives .* deadlines .* coarser"):
+        compute_frontier(profile, make_schedule("1f1b", 4, 8), p_block_w=100.0, resolution_s=1e-9)
+
+
 def test_progress_is_reported() -> None:
     rows = [(s, k, f, t * (1 + s / 10), t * f / 10)
             for s in range(2) for k, t0 in (("forward", 0.05), ("backward", 0.1))
