@@ -25,8 +25,8 @@ How the fast mode works, for a DAG of ``n`` instructions and ``G`` grid deadline
    keep the Pareto-optimal ones, and report each plan's gap to the lower bound at the largest
    deadline it serves; then cross the plans around large gaps, and search once more where
    gaps are still large (on large DAGs, where a gap over 1 % lies among the anchors, every
-   anchor's search goes on from where it stopped instead: there searches stop for want of
-   work).
+   anchor searches again from the plan its search stopped at instead: there searches stop
+   for want of work).
 
 The exact mode starts from the fast frontier and replaces it with one MILP per frontier point,
 sweeping deadlines downwards, within a time limit it checks (and refuses) up front.
@@ -723,7 +723,9 @@ class _Planner:
         ):
             # Large DAGs' searches stop for want of work, not at a local optimum (one round of
             # single moves costs more than an anchor's share): where a gap over 1 % lies among
-            # the anchors, every anchor's search goes on from where it stopped, and the new
+            # the anchors, every anchor searches again from the hull plan its search stopped at
+            # (its moves start over from the first instruction; an order spread over every GPU
+            # did no better), and the new
             # plans and their crossings are offered to the deadlines whose gaps are large (all
             # of them would cost 0.3 s a merge on 8 x 96).
             resumed = []

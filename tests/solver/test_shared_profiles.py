@@ -291,7 +291,7 @@ def test_real_large_frontier_searches_inside_its_widest_stretch() -> None:
     from the plans at 1.02 and 1.05 x) reported gaps up to 1.37 %; with it the largest was
     1.08 %, the plans between the searched deadlines being what was loose, not the bound.
     There each search stops for want of work (one round of single moves costs more than its
-    share), so where a gap over 1 % lies among the anchors every search goes on from where it
-    stopped: the largest gap is then 0.98 %."""
+    share), so where a gap over 1 % lies among the anchors every anchor searches again from the
+    plan its search stopped at: the largest gap is then 0.98 %."""
     frontier, _ = _shared_frontier("gpt3-175b+a40_bf16.csv", 96)
     assert float(frontier.gaps.max()) <= 0.01, float(frontier.gaps.max())
