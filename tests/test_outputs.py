@@ -41,9 +41,22 @@ def test_a_symlink_stays_and_its_target_is_replaced(tmp_path: Path) -> None:
     assert real.read_bytes() == b"new"
 
 
-def test_a_device_is_written_in_place_not_replaced() -> None:
-    write_files({os.devnull: b"nothing"})
-    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+@pytest.fixture
+def null_device(tmp_path: Path) -> str:
+    """A null device to write to: as root (who could replace /dev/null itself, should a
+    regression rename over it) a private node in tmp_path, else /dev/null (which a user
+    cannot replace)."""
+    if os.geteuid() != 0:
+        return os.devnull
+    node = tmp_path / "null"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return str(node)
+
+
+def test_a_device_is_written_in_place_not_replaced(null_device: str) -> None:
+    write_files({null_device: b"nothing"})
+    assert stat.S_ISCHR(os.stat(null_device).st_mode)
+    assert os.path.getsize(null_device) == 0
 
 
 def test_a_fifo_is_written_in_place(tmp_path: Path) -> None:
@@ -117,10 +130,12 @@ def _plan(*extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def test_plan_output_to_devnull_keeps_the_device(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(_plan("--output", os.devnull)) == 0
-    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
-    assert f"wrote {os.devnull}" in capsys.readouterr().out
+def test_plan_output_to_devnull_keeps_the_device(
+    null_device: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_plan("--output", null_device)) == 0
+    assert stat.S_ISCHR(os.stat(null_device).st_mode)
+    assert f"wrote {null_device}" in capsys.readouterr().out
 
 
 def test_plan_refuses_one_file_for_two_outputs(
