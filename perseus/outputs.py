@@ -4,8 +4,8 @@ A regular file is written through a temporary file beside it, renamed into place
 failure (a full disk, an interrupt) leaves the old file or none, never half of one; the
 replaced file keeps its permission bits (and, when root writes it, its owner). A path that is
 a symbolic link is followed: the link stays and the file it points to is replaced. A path
-that names a character device or a pipe (``/dev/null``, a FIFO), or that goes through
-``/dev`` or ``/proc`` (``/dev/stdout``, ``/dev/fd/3``, a shell's ``>(...)``), is written
+that names a character device or a pipe (``/dev/null``, a FIFO), or an open file through
+``/dev/stdout``, ``/dev/fd/N`` or ``/proc/PID/fd/N`` (a shell's ``>(...)``), is written
 directly: renaming a file over it would replace the device node itself, or a file that a
 shell redirection still writes to.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import stat
 from collections.abc import Mapping
@@ -30,12 +31,16 @@ def resolve(path: str | os.PathLike[str]) -> Path:
     return Path(os.path.realpath(path))
 
 
+# Links that name a process's open file, not a place to rename into.
+_DESCRIPTOR = re.compile(r"^/(dev/(fd/|std(in|out|err)$)|proc/[^/]+/fd/)")
+
+
 def _in_place(path: str | os.PathLike[str]) -> bool:
-    """Is ``path`` written directly: a character device or a pipe, or reached through
-    ``/dev`` or ``/proc`` (whose links name open files, not places to rename into)?"""
+    """Is ``path`` written directly: a character device or a pipe, or an open file named
+    through ``/dev/stdout``, ``/dev/fd/N`` or ``/proc/PID/fd/N``?"""
     hop = os.path.abspath(path)
     for _ in range(_MAX_LINKS):
-        if hop.startswith(("/dev/", "/proc/")):
+        if _DESCRIPTOR.match(hop):
             return True
         if not os.path.islink(hop):
             break

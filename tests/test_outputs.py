@@ -89,6 +89,15 @@ def test_a_descriptor_path_is_written_in_place(tmp_path: Path) -> None:
     assert redirected.stat().st_ino == inode and redirected.read_bytes() == b"json"
 
 
+def test_only_descriptors_devices_and_pipes_are_written_in_place(tmp_path: Path) -> None:
+    """/dev/shm (tmpfs) holds ordinary files: only descriptor links, devices and pipes are
+    written in place."""
+    for path in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1", os.devnull):
+        assert outputs._in_place(path), path
+    for path in ("/dev/shm/perseus-not-there.json", str(tmp_path / "x.json")):
+        assert not outputs._in_place(path), path
+
+
 def test_a_replaced_file_loses_setuid_bits_and_an_unwritable_one_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
