@@ -113,6 +113,23 @@ def test_a_replaced_file_loses_setuid_bits_and_an_unwritable_one_is_refused(
     assert caught.value.filename == str(target) and target.read_text() == "new"
 
 
+def test_a_failed_rename_names_the_path_given_and_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rename that fails (another user's file in a sticky /tmp) is reported for the path
+    the user gave, not for the temporary file."""
+
+    def refuse(src: str, dst: object) -> None:
+        raise PermissionError(1, "Operation not permitted", src)
+
+    monkeypatch.setattr(outputs.os, "replace", refuse)
+    target = tmp_path / "r.json"
+    with pytest.raises(PermissionError) as caught:
+        write_files({str(target): b"x"})
+    assert caught.value.filename == str(target)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
 def test_a_device_that_fails_is_written_before_any_file_is_replaced(tmp_path: Path) -> None:
     kept = tmp_path / "kept.json"
