@@ -509,6 +509,7 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
         p_block_w=p_block_w,
         resolution_s=RESOLUTION_S if inp.resolution_s is None else inp.resolution_s,
         polish_s=inp.polish_s,
+        max_cells=inp.max_cells,  # the server's own limit (checked above), or none
     )
     from perseus.files import frontier_to_json
 

@@ -59,6 +59,7 @@ from perseus.solver.schedules import BACKWARD, FORWARD, Schedule
 
 __all__ = [
     "FRONTIER_FORMAT",
+    "MAX_CELLS",
     "Baseline",
     "Frontier",
     "Point",
@@ -78,9 +79,9 @@ Evaluated = tuple[IntArray, FloatArray, FloatArray]
 _KNOT_TOLERANCE = 2e-4
 _MAX_KNOTS = 64
 _CHUNK = 1024
-# The most grid deadlines x instructions a frontier may take (its arrays: about 4.7 GiB), as
-# the server's default limit on a job's planning work.
-_MAX_CELLS = 400_000_000
+# compute_frontier's default limit on grid deadlines x instructions (its arrays: about
+# 4.7 GiB), as the server's default limit on a job's planning work.
+MAX_CELLS = 400_000_000
 # Problems with at most this many (instruction, option) pairs are solved exactly even in fast
 # mode: their MILPs take milliseconds, and rounding is weakest on them (few options, no averaging).
 _EXACT_UP_TO = 128
@@ -239,6 +240,7 @@ def compute_frontier(
     search_work: int = DEFAULT_SEARCH_WORK,
     polish_s: float = POLISH_S,
     progress: Progress | None = None,
+    max_cells: int | None = MAX_CELLS,
 ) -> Frontier:
     """Compute the time-energy frontier of ``schedule`` on ``profile``.
 
@@ -263,6 +265,9 @@ def compute_frontier(
             convex hull, started from the searched plan, so it never gets worse. Off by
             default: the result then depends on the machine's speed.
         progress: Called as ``progress(done, total)`` while working.
+        max_cells: Refuse (:class:`PlanError`) a problem whose deadline grid, from the
+            fastest to the slowest plan's time, times its instructions exceeds this (the
+            frontier's arrays take about 12 bytes a cell); None: no limit.
 
     Returns:
         The frontier. Fast mode: a few LP solves plus O(n * G) vectorised work for ``n``
@@ -288,9 +293,22 @@ def compute_frontier(
                         f"{exact_time_limit_s}")  # fmt: skip
     if isinstance(search_work, bool) or not isinstance(search_work, int) or search_work < 0:
         raise PlanError(f"search work: must be an integer >= 0, got {search_work!r}")
+    if max_cells is not None and (
+        isinstance(max_cells, bool) or not isinstance(max_cells, int) or max_cells < 1
+    ):
+        raise PlanError(f"max cells: must be an integer >= 1 or None, got {max_cells!r}")
     dag = build_dag(schedule)
     costs = build_costs(profile, schedule, power)
     planner = _Planner(dag, costs)
+    if max_cells is not None:
+        slowest = float(dag.iteration_time(planner.durations(planner.last[:, None]))[0])
+        deadlines = math.ceil((slowest - planner.fastest_time_s) / resolution_s) + 514
+        if deadlines * dag.size > max_cells:
+            raise PlanError(
+                f"resolution: {resolution_s:g} s gives up to {deadlines:,} deadlines from "
+                f"{planner.fastest_time_s:.4f} to {slowest:.4f} s, for {dag.size} instructions "
+                f"each: over the {max_cells:,} cells allowed; use a coarser resolution"
+            )
     t_default = default_time(profile, schedule, dag=dag)
     report = progress or (lambda done, total: None)
     if exact:
@@ -559,13 +577,6 @@ class _Planner:
         anchors = sorted(
             {t_fast} | {d for d in (f * t_default for f in slowdowns) if t_fast <= d <= t_end}
         )
-        steps = math.ceil((t_end - t_fast) / resolution_s)
-        if (steps + 514) * n > _MAX_CELLS:
-            raise PlanError(
-                f"resolution: {resolution_s:g} s gives {steps:,} deadlines from {t_fast:.4f} to "
-                f"{t_end:.4f} s, for {n} instructions each, over the {_MAX_CELLS:,} cells a "
-                f"frontier may take (about 4.7 GiB); use a coarser resolution"
-            )
         grid = _deadline_grid(t_fast, t_end, slowest_time, resolution_s)
         grid = np.unique(np.concatenate([grid, anchors]))
 

@@ -312,8 +312,14 @@ def test_profile_and_schedule_sizes_must_agree() -> None:
 
 def test_a_resolution_too_fine_to_hold_is_refused_before_any_allocation() -> None:
     profile = load_profile(Path(__file__).resolve().parents[2] / "perseus/data/example_profile.csv")
-    with pytest.raises(PlanError, match=r"resolution: 1e-09 s gives .* deadlines .* coarser"):
+    with pytest.raises(PlanError, match=r"resolution: 1e-09 s gives up to .* deadlines .* coarser"):
         compute_frontier(profile, make_schedule("1f1b", 4, 8), p_block_w=100.0, resolution_s=1e-9)
+    schedule = make_schedule("1f1b", 4, 4)
+    with pytest.raises(PlanError, match=r"for 32 instructions each: over the 1,000 cells"):
+        compute_frontier(profile, schedule, p_block_w=100.0, max_cells=1000)
+    with pytest.raises(PlanError, match="max cells: must be an integer >= 1 or None"):
+        compute_frontier(profile, schedule, p_block_w=100.0, max_cells=0)
+    assert len(compute_frontier(profile, schedule, p_block_w=100.0, max_cells=None)) > 1
 
 
 def test_progress_is_reported() -> None:
