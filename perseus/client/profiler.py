@@ -125,14 +125,20 @@ class StageProfile:
         process on the GPU or, for the fake GPU, on the CPU). One line per instruction kind,
         naming its worst pair; empty when the times follow the clocks."""
         found = []
+        ascending = sorted(self.measurements, key=lambda m: m.frequency_mhz)
         for kind in ("forward", "backward"):
             worst: tuple[float, ClockMeasurement, ClockMeasurement] | None = None
-            ordered = sorted(self.measurements, key=lambda m: -m.frequency_mhz)
-            for i, high in enumerate(ordered):
-                for low in ordered[i + 1 :]:
+            fastest_below: ClockMeasurement | None = None  # quickest at a lower clock so far
+            for high in ascending:
+                if fastest_below is not None:
+                    low = fastest_below
                     ratio = getattr(high, f"{kind}_time_s") / getattr(low, f"{kind}_time_s")
                     if ratio > 1 + tolerance and (worst is None or ratio > worst[0]):
                         worst = (ratio, high, low)
+                if fastest_below is None or getattr(high, f"{kind}_time_s") < getattr(
+                    fastest_below, f"{kind}_time_s"
+                ):
+                    fastest_below = high
             if worst is not None:
                 ratio, high, low = worst
                 found.append(

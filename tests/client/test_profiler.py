@@ -402,6 +402,25 @@ def test_inversions_name_a_lower_clock_that_ran_faster() -> None:
     assert disturbed.inversions() == ["backward took 565.8 ms at 1500 MHz but 60.0 ms at 900 MHz"]
 
 
+def test_inversions_find_the_worst_pair_as_every_pair_would() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        clocks = rng.choice(np.arange(300, 2000, 15), size=int(rng.integers(1, 12)), replace=False)
+        times = rng.uniform(0.5, 1.5, size=len(clocks))
+        profile = StageProfile(
+            tuple(replace(_measurement(int(c), 1.0), forward_time_s=float(t))
+                  for c, t in zip(clocks, times, strict=True)), "done")  # fmt: skip
+        pairs = [(th / tl, ch, cl) for ch, th in zip(clocks, times, strict=True)
+                 for cl, tl in zip(clocks, times, strict=True) if ch > cl]  # fmt: skip
+        worst = max(pairs, default=(0.0, 0, 0))
+        forward = [line for line in profile.inversions() if line.startswith("forward")]
+        if worst[0] > 1.1:
+            assert forward and f"at {worst[1]} MHz but" in forward[0]
+            assert forward[0].endswith(f"at {worst[2]} MHz")
+        else:
+            assert not forward
+
+
 # Accuracy against the fake's ground truth ---------------------------------------------------------
 
 
