@@ -267,13 +267,8 @@ def _plan_command(argv: list[str]) -> int:
             plot=args.plot,
             timeline=args.timeline,
         )
-        text, written, warnings = _plan(request, outputs, progress)
-    for warning in warnings:
-        print(f"perseus: warning: {warning}", file=sys.stderr)
-    sys.stdout.write(text)
-    for path in written:
-        sys.stdout.write(f"wrote {path}\n")
-    return 0
+        result = _plan(request, outputs, progress)
+    return _print_plan(*result)
 
 
 def _demo_parser() -> argparse.ArgumentParser:
@@ -327,13 +322,8 @@ def _demo_command(argv: list[str]) -> int:
             [request.output, request.plan_output, request.plot, request.timeline],
             ["--output", "--plan-output", "--plot", "--timeline"],
         )
-        text, written, warnings = _plan(request, outputs, progress)
-    for warning in warnings:
-        print(f"perseus: warning: {warning}", file=sys.stderr)
-    sys.stdout.write(text)
-    for path in written:
-        sys.stdout.write(f"wrote {path}\n")
-    return 0
+        result = _plan(request, outputs, progress)
+    return _print_plan(*result)
 
 
 def _check_outputs(args: argparse.Namespace) -> _Outputs:
@@ -344,6 +334,16 @@ def _check_outputs(args: argparse.Namespace) -> _Outputs:
         [args.output, args.plan_output, args.plot, args.timeline],
         ["--output", "--plan-output", "--plot", "--timeline"],
     )
+
+
+def _print_plan(text: str, written: list[str], warnings: list[str]) -> int:
+    """Print what :func:`_plan` returns, once the progress bar is gone; exit status 0."""
+    for warning in warnings:
+        print(f"perseus: warning: {warning}", file=sys.stderr)
+    sys.stdout.write(text)
+    for path in written:
+        sys.stdout.write(f"wrote {path}\n")
+    return 0
 
 
 def _plan(
@@ -850,10 +850,9 @@ class _Outputs:
                     f"{option}: '-': this command prints its table on standard output; give a "
                     f"file name"
                 )
-            reason = check_writable(path)
-            if reason is not None:
-                sep = " " if reason.startswith("is ") else ": "
-                raise _UsageError(f"{option}: {path}{sep}{reason}")
+            refused = check_writable(path)
+            if refused is not None:
+                raise _UsageError(f"{option}: {refused}")
             target = resolve(path)
             if target in seen and not target.is_char_device():
                 raise _UsageError(f"{option}: {path} is also {seen[target]}'s file")

@@ -53,7 +53,17 @@ def _in_place(path: str | os.PathLike[str]) -> bool:
 
 
 def check_writable(path: str | os.PathLike[str]) -> str | None:
-    """Why ``path`` cannot be written (checked before long work), or None if it can.
+    """Why ``path`` cannot be written, as a message naming it (``out.json is a directory``,
+    ``x/out.json: directory x does not exist``), or None if it can; for checking before long
+    work."""
+    reason = _why_not(path)
+    if reason is None:
+        return None
+    return f"{path}{' ' if reason.startswith('is ') else ': '}{reason}"
+
+
+def _why_not(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot be written, or None.
 
     The answer is what :func:`write_files` will do: write a device or pipe in place (it must
     be writable), or rename a new file into its directory (which must exist and be writable;
@@ -93,7 +103,7 @@ def write_files(files: Mapping[str, bytes]) -> None:
                 staged.append((path, Path(path), None))
                 continue
             target = resolve(path)
-            reason = check_writable(path)
+            reason = _why_not(path)
             if reason is not None:  # refused before anything is written
                 raise OSError(_errno_of(reason), reason, path)
             tmp = str(target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp")
@@ -117,7 +127,7 @@ def write_files(files: Mapping[str, bytes]) -> None:
 
 
 def _errno_of(reason: str) -> int:
-    """The errno that :func:`check_writable`'s ``reason`` stands for."""
+    """The errno that :func:`_why_not`'s ``reason`` stands for."""
     if reason == "is a directory":
         return errno.EISDIR
     if reason.startswith("directory") and reason.endswith("does not exist"):

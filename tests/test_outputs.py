@@ -107,7 +107,7 @@ def test_a_replaced_file_loses_setuid_bits_and_an_unwritable_one_is_refused(
     write_files({str(target): b"new"})
     assert stat.S_IMODE(target.stat().st_mode) == 0o755
     monkeypatch.setattr(outputs.os, "access", lambda path, mode: Path(path) != target)
-    assert check_writable(str(target)) == "is not writable (permission denied)"
+    assert check_writable(str(target)) == f"{target} is not writable (permission denied)"
     with pytest.raises(PermissionError) as caught:
         write_files({str(target): b"newer"})
     assert caught.value.filename == str(target) and target.read_text() == "new"

@@ -449,9 +449,9 @@ def _delete(args: argparse.Namespace, ctx: _Context) -> None:
 
 def _profile(args: argparse.Namespace, ctx: _Context) -> None:
     target = None if args.output == "-" else Path(args.output)
-    reason = None if target is None else check_writable(target)
-    if reason is not None:
-        raise CommandError(f"--output: {target}{' ' if reason.startswith('is ') else ': '}{reason}")
+    refused = None if target is None else check_writable(target)
+    if refused is not None:
+        raise CommandError(f"--output: {refused}")
     with _open(args, ctx) as client:
         text = client.profile_csv()
     if target is None:

@@ -75,10 +75,9 @@ def run_profile(args: argparse.Namespace, out: Any = None) -> int:
     stream = out if out is not None else sys.stdout
     if not args.output.endswith((".csv", ".json")):
         raise SettingsError(f"--output: expected a .csv or .json file name, got {args.output!r}")
-    reason = check_writable(args.output)
-    if reason is not None:
-        sep = " " if reason.startswith("is ") else ": "
-        raise SettingsError(f"--output: {args.output}{sep}{reason}")
+    refused = check_writable(args.output)
+    if refused is not None:
+        raise SettingsError(f"--output: {refused}")
     for name in ("window", "settle", "max_seconds"):
         value = getattr(args, name)
         if not (math.isfinite(value) and value >= (0 if name == "settle" else 0.05)):

@@ -118,9 +118,9 @@ _ALL_ANCHORS_UP_TO = 1024  # instructions
 # Repair rounds: search again where a point's reported gap exceeds this.
 _REPAIR_GAP = 0.009
 # DAGs over _ALL_ANCHORS_UP_TO instructions whose largest gap is over _RESUME_ABOVE among the
-# anchors search every anchor again, from where its search stopped, with _RESUME_WORK of its
-# share (instead of the one repair search); smaller DAGs with a gap still over it after the
-# repair round get one more.
+# anchors search every anchor again, from the plan its search stopped at, with _RESUME_WORK of
+# its share (instead of the one repair search); smaller DAGs with a gap still over it after
+# the repair round get one more.
 _RESUME_ABOVE = 0.01
 _RESUME_WORK = 0.5
 _REPAIR_ROUNDS = 1
@@ -301,7 +301,7 @@ def compute_frontier(
     costs = build_costs(profile, schedule, power)
     planner = _Planner(dag, costs)
     if max_cells is not None:
-        slowest = float(dag.iteration_time(planner.durations(planner.last[:, None]))[0])
+        slowest = planner.slowest_time_s
         deadlines = math.ceil((slowest - planner.fastest_time_s) / resolution_s) + 514
         if deadlines * dag.size > max_cells:
             raise PlanError(
@@ -430,6 +430,8 @@ class _Planner:
         # The all-fastest plan's time and energy (every instruction at its fastest option).
         (fastest_time,), (fastest_energy,) = self.evaluate(np.zeros((dag.size, 1), np.int64))
         self.fastest_time_s, self.fastest_energy_j = float(fastest_time), float(fastest_energy)
+        # The slowest plan's time (every instruction at its slowest option): the grid's end.
+        self.slowest_time_s = float(dag.iteration_time(self.durations(self.last[:, None]))[0])
         # Per level of the refill's passes: its nodes, their predecessors and successors (the
         # DAG's two link columns; the index n is "none"), and the fit's columns.
         pred, succ = dag.pred, dag.succ
@@ -569,7 +571,7 @@ class _Planner:
         t_fast = self.fastest_time_s
         relaxation = Relaxation(self.dag, self.costs)
         free = relaxation.solve(None)
-        slowest_time = float(self.dag.iteration_time(self.durations(self.last[:, None]))[0])
+        slowest_time = self.slowest_time_s
         t_end = max(t_fast, min(free.iteration_time_s, slowest_time))
         # Large DAGs search only at the deadlines the policies name (each dive and search
         # round costs O(n) passes there).
@@ -616,13 +618,7 @@ class _Planner:
                 )[0][:, 0]
             anchor_plans[:, a] = plan
             report(150, 700, a + 1, len(anchors))
-        anchor_time, anchor_energy = self.evaluate(anchor_plans)
-        by_time = np.lexsort((anchor_energy, anchor_time))
-        crossed = self._crossovers(anchor_plans[:, by_time[:-1]], anchor_plans[:, by_time[1:]])
-        crossed_time, crossed_energy = self.evaluate(crossed)
-        anchor_plans = np.concatenate([anchor_plans, crossed], axis=1)
-        anchor_time = np.concatenate([anchor_time, crossed_time])
-        anchor_energy = np.concatenate([anchor_energy, crossed_energy])
+        anchor_plans, anchor_time, anchor_energy = self._with_crossings(anchor_plans)
 
         best_choice = np.empty((n, len(grid)), dtype=np.int64)
         best_time = np.empty(len(grid))
@@ -737,20 +733,15 @@ class _Planner:
             # single moves costs more than an anchor's share): where a gap over 1 % lies among
             # the anchors, every anchor searches again from the hull plan its search stopped at
             # (its moves start over from the first instruction; an order spread over every GPU
-            # did no better), and the new
-            # plans and their crossings are offered to the deadlines whose gaps are large (all
-            # of them would cost 0.3 s a merge on 8 x 96).
+            # did no better), and the new plans and their crossings are offered to the
+            # deadlines whose gaps are large (all of them would cost 0.3 s a merge on 8 x 96).
             resumed = []
             for a, deadline in enumerate(anchors):
                 share = int(_RESUME_WORK * search_work * weights[a] // sum(weights))
                 plan, states[a] = self._searched(states[a], deadline, share)
                 resumed.append(plan)
                 report(900, 950, a + 1, len(anchors))
-            plans = np.stack(resumed, axis=1)
-            plan_time, plan_energy = self.evaluate(plans)
-            by_time = np.lexsort((plan_energy, plan_time))
-            crossed = self._crossovers(plans[:, by_time[:-1]], plans[:, by_time[1:]])
-            merge(np.concatenate([plans, crossed], axis=1), needy=True)
+            merge(self._with_crossings(np.stack(resumed, axis=1))[0], needy=True)
             keep, served, gaps = finish()
             cross_repair(needy=True)
             worst = []
@@ -783,6 +774,18 @@ class _Planner:
             worst = large_gaps()
         progress(1000, 1000)
         return best_time[keep], best_energy[keep], gaps, best_choice[:, keep].T.copy()
+
+    def _with_crossings(self, plans: IntArray) -> Evaluated:
+        """``plans`` and the crossovers of each with the next by time, evaluated."""
+        plan_time, plan_energy = self.evaluate(plans)
+        by_time = np.lexsort((plan_energy, plan_time))
+        crossed = self._crossovers(plans[:, by_time[:-1]], plans[:, by_time[1:]])
+        crossed_time, crossed_energy = self.evaluate(crossed)
+        return (
+            np.concatenate([plans, crossed], axis=1),
+            np.concatenate([plan_time, crossed_time]),
+            np.concatenate([plan_energy, crossed_energy]),
+        )
 
     def _crossovers(self, fast_plans: IntArray, slow_plans: IntArray) -> IntArray:
         """Plans between pairs of plans (column ``k`` of ``fast_plans`` and of ``slow_plans``):
@@ -1122,7 +1125,7 @@ class _Planner:
         """
         program = ExactProgram(self.dag, self.costs)
         t_fast = self.fastest_time_s
-        slowest_time = float(self.dag.iteration_time(self.durations(self.last[:, None]))[0])
+        slowest_time = self.slowest_time_s
         steps = math.ceil((slowest_time - t_fast) / resolution_s - 1e-9)
         grid = t_fast + resolution_s * np.arange(steps + 1)
         if t_fast <= t_default <= slowest_time:
