@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import highspy
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -56,33 +55,10 @@ def solve(job: tuple[str, str, int, float, float]) -> dict[str, Any]:
     costs = build_costs(profile, schedule, power)
     t_default, e_default = default_plan_time(Path(profile_dir), name, microbatches)
     deadline = factor * t_default
-    args = ExactProgram(dag, costs).milp_arguments(deadline)
-    c = np.asarray(args["c"], dtype=float)
-    lower = np.asarray(args["bounds"].lb, dtype=float)
-    upper = np.asarray(args["bounds"].ub, dtype=float)
-    from scipy.sparse import vstack
-
-    constraints = args["constraints"]
-    matrix = vstack([con.A for con in constraints]).tocsr()
-    row_lo = np.concatenate([np.broadcast_to(con.lb, con.A.shape[0]) for con in constraints])
-    row_hi = np.concatenate([np.broadcast_to(con.ub, con.A.shape[0]) for con in constraints])
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = matrix.shape[1], matrix.shape[0]
-    lp.col_cost_, lp.col_lower_, lp.col_upper_ = c, lower, upper
-    lp.row_lower_, lp.row_upper_ = row_lo.astype(float), row_hi.astype(float)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.start_, lp.a_matrix_.index_ = matrix.indptr, matrix.indices
-    lp.a_matrix_.value_ = matrix.data
-    lp.integrality_ = [
-        highspy.HighsVarType.kInteger if v else highspy.HighsVarType.kContinuous
-        for v in np.asarray(args["integrality"]) > 0
-    ]
-    highs = highspy.Highs()
-    highs.setOptionValue("output_flag", False)
-    highs.setOptionValue("threads", 1)
+    program = ExactProgram(dag, costs)
+    highs = program.reference_model(deadline)
     highs.setOptionValue("time_limit", float(limit_s))
     highs.setOptionValue("mip_rel_gap", 1e-6)
-    highs.passModel(lp)
     started = time.perf_counter()
     highs.run()
     seconds = time.perf_counter() - started
@@ -95,11 +71,10 @@ def solve(job: tuple[str, str, int, float, float]) -> dict[str, Any]:
         "best_j": None, "best_time_s": None,
     }  # fmt: skip
     x = np.asarray(highs.getSolution().col_value)
-    if x.shape == (len(c),) and np.isfinite(x).all():
+    if x.shape == (highs.getNumCol(),) and np.isfinite(x).all():
         n = dag.size
         chosen = x[n + 1 :] > 0.5
-        program = ExactProgram(dag, costs)
-        choice = program._choice(x)
+        choice = program.plan_of(x)
         if chosen.sum() == n:
             flat = costs.start[dag.cost_class] + choice
             freqs = costs.frequency_mhz[flat]

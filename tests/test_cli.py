@@ -636,6 +636,33 @@ def test_every_help_works_without_the_extras_and_running_says_which_to_install(
     assert f"pip install 'perseus-planner[{extra}]'" in ran.stderr, ran.stderr
 
 
+def test_the_core_install_plans_without_scipy_or_networkx(tmp_path: Path) -> None:
+    """scipy and networkx are test extras only: the demo, an exact plan and a simulation run
+    with them (and every extra) absent."""
+    bare = _BARE.replace('"pynvml")', '"pynvml", "scipy", "networkx")')
+    run = [sys.executable, "-c", bare]
+    demo = subprocess.run([*run, "demo"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert demo.returncode == 0, demo.stderr
+    rows = ["stage,instruction,frequency,time,energy"] + [
+        f"{g},{kind},{f},{t * (1 + g / 10):.4f},{t * f / 10:.4f}"
+        for g in range(2)
+        for kind, base in (("forward", 1.0), ("backward", 2.0))
+        for f, t in ((1400, base), (1200, base * 1.1), (1000, base * 1.3))
+    ]
+    (tmp_path / "tiny.csv").write_text("\n".join(rows) + "\n")
+    exact = subprocess.run(
+        [*run, "plan", "tiny.csv", "--microbatches", "2", "--p-block", "50", "--exact",
+         "--output", "exact.json"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert exact.returncode == 0, exact.stderr
+    assert "gap" in exact.stdout
+    simulate = subprocess.run(
+        [*run, "simulate", "example_profile.csv", "frontier.json"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert simulate.returncode == 0, simulate.stderr
+
+
 def test_a_straggler_faster_than_the_chosen_plan_is_warned_about(
     example: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,6 +1,6 @@
 """The pure planning core: profiles -> schedule DAG -> time-energy frontier -> plans.
 
-Imports only the standard library, numpy, scipy and networkx. See ``docs/solver-api.md``.
+Imports only the standard library, numpy and highspy (HiGHS). See ``docs/solver-api.md``.
 """
 
 from __future__ import annotations

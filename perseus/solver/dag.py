@@ -9,10 +9,10 @@ over many plans at once.
 
 from __future__ import annotations
 
+import graphlib
 import itertools
 from dataclasses import dataclass
 
-import networkx as nx
 import numpy as np
 import numpy.typing as npt
 
@@ -112,7 +112,7 @@ def build_dag(schedule: Schedule) -> PipelineDag:
         schedule: Per-GPU instruction order.
 
     Returns:
-        The DAG. O(n) plus networkx's acyclicity check.
+        The DAG, in O(n) (the acyclicity check is the standard library's topological sort).
 
     Raises:
         ScheduleError: An instruction is missing or repeated, or the order deadlocks (cycle).
@@ -153,12 +153,20 @@ def build_dag(schedule: Schedule) -> PipelineDag:
         if source is not None:
             edges.append((source, node))
 
-    graph = nx.DiGraph()
-    graph.add_nodes_from(range(n))
-    graph.add_edges_from(edges)
-    if not nx.is_directed_acyclic_graph(graph):
-        cycle = nx.find_cycle(graph)
-        raise ScheduleError(f"the schedule deadlocks: dependency cycle through {cycle[:4]}")
+    graph: graphlib.TopologicalSorter[int] = graphlib.TopologicalSorter()
+    for j in range(n):
+        graph.add(j)
+    for a, b in edges:
+        graph.add(b, a)
+    try:
+        topo = np.fromiter(graph.static_order(), dtype=np.int64, count=n)
+    except graphlib.CycleError as err:
+        # err.args[1] lists the cycle's nodes, each a predecessor of the next, the first again
+        # at the end
+        cycle = list(itertools.pairwise(err.args[1]))
+        raise ScheduleError(
+            f"the schedule deadlocks: dependency cycle through {cycle[:4]}"
+        ) from None
     succ = np.full((n, 2), n, dtype=np.int64)
     pred_count = np.zeros(n, dtype=np.int64)
     succ_count = np.zeros(n, dtype=np.int64)
@@ -169,7 +177,6 @@ def build_dag(schedule: Schedule) -> PipelineDag:
         succ[a, succ_count[a]] = b
         pred_count[b] += 1
         succ_count[a] += 1
-    topo = np.fromiter(nx.topological_sort(graph), dtype=np.int64, count=n)
     depth = np.zeros(n + 1, dtype=np.int64)  # the sentinel n stays at 0
     for j in topo:
         depth[j] = max(depth[pred[j, 0]], depth[pred[j, 1]]) + 1

@@ -28,7 +28,6 @@ from typing import Any
 import highspy
 import numpy as np
 import numpy.typing as npt
-from scipy.sparse import coo_matrix, csr_matrix, vstack
 
 from perseus.errors import InfeasibleDeadline, PerseusError, SolverTimeout
 from perseus.solver.costs import CostTable
@@ -38,6 +37,45 @@ __all__ = ["ExactProgram", "ExactSolution", "Relaxation", "RelaxedSolution", "hu
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """A sparse matrix in compressed rows (what HiGHS takes), column indices sorted per row.
+
+    Built here rather than with scipy.sparse, whose import takes a tenth of a second of every
+    ``perseus plan`` process.
+    """
+
+    indptr: npt.NDArray[np.int32]
+    indices: npt.NDArray[np.int32]
+    data: FloatArray
+    shape: tuple[int, int]
+
+    @classmethod
+    def from_entries(
+        cls, rows: npt.ArrayLike, cols: npt.ArrayLike, vals: npt.ArrayLike, shape: tuple[int, int]
+    ) -> _Rows:
+        """From ``(row, column, value)`` entries, each position at most once."""
+        row = np.asarray(rows, dtype=np.int64)
+        col = np.asarray(cols, dtype=np.int64)
+        order = np.lexsort((col, row))
+        row, col = row[order], col[order]
+        if len(row) > 1 and bool(((row[1:] == row[:-1]) & (col[1:] == col[:-1])).any()):
+            raise ValueError("a matrix position is given twice")
+        indptr = np.zeros(shape[0] + 1, dtype=np.int32)
+        np.cumsum(np.bincount(row, minlength=shape[0]), out=indptr[1:])
+        data = np.asarray(vals, dtype=np.float64)[order]
+        return cls(indptr, col.astype(np.int32), data, shape)
+
+    def stacked(self, below: _Rows) -> _Rows:
+        """This matrix with ``below``'s rows appended (same column count)."""
+        return _Rows(
+            np.concatenate([self.indptr, below.indptr[1:] + self.indptr[-1]]),
+            np.concatenate([self.indices, below.indices]),
+            np.concatenate([self.data, below.data]),
+            (self.shape[0] + below.shape[0], self.shape[1]),
+        )
 
 
 _STATUS = highspy.HighsModelStatus
@@ -111,7 +149,7 @@ def _hull(times: FloatArray, effective: FloatArray) -> list[int]:
 
 def _precedence_rows(
     dag: PipelineDag, duration_cols: list[list[tuple[int, float]]], width: int
-) -> tuple[csr_matrix, IntArray]:
+) -> tuple[_Rows, IntArray]:
     """Rows ``C_p - C_j + duration_j <= -const_j`` per edge and source; ``C_j <= T`` per sink.
 
     Finish times are columns ``0..n-1`` and ``T`` is column ``n``. ``duration_cols[j]`` lists
@@ -148,7 +186,7 @@ def _precedence_rows(
         cols.extend((int(j), n))
         vals.extend((1.0, -1.0))
         row_node.append(-1)
-    matrix = coo_matrix((vals, (rows, cols)), shape=(len(row_node), width)).tocsr()
+    matrix = _Rows.from_entries(rows, cols, vals, (len(row_node), width))
     return matrix, np.asarray(row_node, dtype=np.int64)
 
 
@@ -323,7 +361,7 @@ class Relaxation:
 
 
 def _highs_model(
-    matrix: csr_matrix,
+    matrix: _Rows,
     row_lower: FloatArray,
     row_upper: FloatArray,
     cost: FloatArray,
@@ -390,10 +428,9 @@ class ExactProgram:
             columns[j].append((first + col, t))
         width = first + len(option_node)
         precedence, _ = _precedence_rows(dag, columns, width)
-        pick = coo_matrix(
-            (np.ones(len(option_node)), (option_node, first + np.arange(len(option_node)))),
-            shape=(n, width),
-        ).tocsr()
+        pick = _Rows.from_entries(
+            option_node, first + np.arange(len(option_node)), np.ones(len(option_node)), (n, width)
+        )
         self._precedence = precedence
         self._pick = pick
         self._cost = np.concatenate(
@@ -420,26 +457,24 @@ class ExactProgram:
         room = deadline_s - self._elsewhere
         return np.asarray(self._option_time <= room + 1e-9 * max(deadline_s, 1.0))
 
-    def milp_arguments(self, deadline_s: float) -> dict[str, Any]:
-        """``scipy.optimize.milp`` arguments of the problem at ``deadline_s`` (for benchmarks).
+    def reference_model(self, deadline_s: float) -> Any:
+        """A fresh, quiet, single-threaded HiGHS model of the MILP at ``deadline_s`` (for the
+        benchmarks' references: the caller sets its limits and runs it).
 
         Columns: finish times of the ``n`` nodes, the iteration time, then one binary per
-        (node, option); the objective is the plan's energy (each option's energy less the
-        blocking power over its time, plus the blocking power of every GPU over ``T``).
+        (node, option), options that cannot fit removed; the objective is the plan's energy
+        (each option's energy less the blocking power over its time, plus the blocking power
+        of every GPU over ``T``). :meth:`plan_of` reads a plan from its solution.
         """
-        # imported here: scipy.optimize takes a third of a second to import, and only the
-        # benchmarks' references need its types
-        from scipy.optimize import Bounds, LinearConstraint
-
-        return {
-            "c": self._cost,
-            "integrality": self._integrality,
-            "bounds": Bounds(np.zeros(self._width), self._upper(deadline_s)),
-            "constraints": [
-                LinearConstraint(self._precedence, -np.inf, np.zeros(self._precedence.shape[0])),
-                LinearConstraint(self._pick, 1.0, 1.0),
-            ],
-        }
+        edges = self._precedence.shape[0]
+        return _highs_model(
+            self._precedence.stacked(self._pick),
+            np.concatenate([np.full(edges, -np.inf), np.ones(self._n)]),
+            np.concatenate([np.zeros(edges), np.ones(self._n)]),
+            self._cost,
+            self._upper(deadline_s),
+            self._integrality > 0,
+        )
 
     def _upper(self, deadline_s: float) -> FloatArray:
         n = self._n
@@ -530,24 +565,15 @@ class ExactProgram:
         elif status != _STATUS.kOptimal or not found:
             raise PerseusError(f"the MILP failed: {highs.modelStatusToString(status)}")
         bound = float(info.mip_dual_bound)
-        return ExactSolution(self._choice(x), bound, nodes, status == _STATUS.kOptimal)
+        return ExactSolution(self.plan_of(x), bound, nodes, status == _STATUS.kOptimal)
 
     def _model(self) -> Any:
         """The persistent HiGHS model (built on first use; solves change column bounds)."""
         if self._highs is None:
-            n = self._n
-            edges = self._precedence.shape[0]
-            self._highs = _highs_model(
-                vstack([self._precedence, self._pick]).tocsr(),
-                np.concatenate([np.full(edges, -np.inf), np.ones(n)]),
-                np.concatenate([np.zeros(edges), np.ones(n)]),
-                self._cost,
-                self._upper(math.inf),
-                self._integrality > 0,
-            )
+            self._highs = self.reference_model(math.inf)
         return self._highs
 
-    def _choice(self, x: FloatArray) -> IntArray:
+    def plan_of(self, x: FloatArray) -> IntArray:
         """Option index of every node in a solution ``x`` of the MILP."""
         chosen = x[self._n + 1 :] > 0.5
         choice = np.zeros(self._n, dtype=np.int64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import Counter
 
 import networkx as nx
@@ -173,3 +174,28 @@ def test_bad_sizes_raise_schedule_error(
 ) -> None:
     with pytest.raises(ScheduleError):
         make_schedule(name, stages, microbatches, chunks)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("stages, microbatches", [(2, 2), (4, 8)])
+def test_a_deadlocking_order_is_refused_naming_a_real_cycle(stages: int, microbatches: int) -> None:
+    """build_dag refuses an order that deadlocks, and the edges it names are dependencies of
+    the independent reference graph, each following on from the one before."""
+    from perseus.solver.dag import build_dag
+
+    schedule = make_schedule("1f1b", stages, microbatches)
+    order = [list(seq) for seq in schedule.order]
+    first_backward = next(k for k, inst in enumerate(order[0]) if inst.kind == "backward")
+    order[0].insert(0, order[0].pop(first_backward))  # GPU 0 runs B0 first: a cycle through all
+    broken = dataclasses.replace(schedule, order=tuple(tuple(seq) for seq in order))
+    with pytest.raises(ScheduleError, match="deadlocks: dependency cycle through") as err:
+        build_dag(broken)
+    text = str(err.value).split("through [(")[1].removesuffix(")]")
+    named = [tuple(int(v) for v in pair.split(", ")) for pair in text.split("), (")]
+    # perseus numbers nodes GPU by GPU in execution order; the reference names them (GPU, slot)
+    where = [(g, k) for g, seq in enumerate(broken.order) for k in range(len(seq))]
+    graph = ref.nx_graph(tuples(broken), 1)
+    assert len(named) == min(2 * stages, 4)
+    for a, b in named:
+        assert graph.has_edge(where[a], where[b]), (a, b)
+    for (_, b), (a, _) in itertools.pairwise(named):
+        assert a == b
