@@ -6,6 +6,7 @@ processes, and plan fetches are answered from memory whenever the plan is cached
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from dataclasses import dataclass, field
@@ -293,11 +294,13 @@ async def report_profile(
 ) -> ProfileAccepted:
     """A rank's measured profile; the last one missing starts planning."""
     reply, row, claimed = await run_in_threadpool(state.service.lease.add_profile, job.id, body)
-    place = await state.heads.rank_position(job.id, body.rank)
-    state.check_host(job.id, body.rank, place, _host(request.scope))
+    # Stored: from here on nothing may fail the request, and a claimed job must be planned.
     state.heads.put(row)
     if claimed:
         state.runner.start(job.id)
+    with contextlib.suppress(PerseusError):
+        place = await state.heads.rank_position(job.id, body.rank)
+        state.check_host(job.id, body.rank, place, _host(request.scope))
     return reply
 
 
@@ -406,7 +409,8 @@ def _etag_versions(if_none_match: str | None) -> tuple[bool, set[int]]:
         tag = tag.strip().removeprefix("W/").strip('"')
         if tag == "*":
             return True, set()
-        if tag.isdigit() and len(tag) < 19:
+        # isascii: headers arrive as latin-1, whose superscript digits pass isdigit().
+        if tag.isascii() and tag.isdigit() and len(tag) < 19:
             versions.add(int(tag))
     return False, versions
 

@@ -173,16 +173,17 @@ class JobHeads:
         entry = self._layouts.get(job_id)
         if entry is not None and rank in entry[1]:
             return entry[1][rank]
-        if entry is None or time.monotonic() - entry[0] > self._ttl_s:
 
-            async def load() -> dict[int, RankPlace]:
-                layout = await run_in_threadpool(self._jobs.rank_layout, job_id)
-                self._layouts[job_id] = (time.monotonic(), layout)
-                return layout
+        # Ranks are never unregistered, so only a miss needs the database: the rank may
+        # have registered through another server process, or while this one read the layout.
+        async def load() -> dict[int, RankPlace]:
+            layout = await run_in_threadpool(self._jobs.rank_layout, job_id)
+            self._layouts[job_id] = (time.monotonic(), layout)
+            return layout
 
-            layout = await self._loads.run(("layout", job_id), load)
-            if rank in layout:
-                return layout[rank]
+        layout = await self._loads.run(("layout", job_id), load)
+        if rank in layout:
+            return layout[rank]
         raise JobStateError(f"rank {rank} has not registered")
 
     async def wait_until(

@@ -346,6 +346,7 @@ class Transaction:
         self._read[row.id] = row
 
     def delete_job(self, job_id: str) -> bool:
+        self.job_version(job_id)  # the job row first, as every write (see job_version)
         for table in (_profiles, _ranks, _frontiers):
             self._conn.execute(delete(table).where(table.c.job_id == job_id))
         result = self._conn.execute(delete(_jobs).where(_jobs.c.id == job_id))
@@ -424,7 +425,15 @@ class Transaction:
     # iteration, so a batch of them reads and writes no more than it needs.
 
     def job_version(self, job_id: str) -> int | None:
-        found = self._conn.execute(select(_jobs.c.version).where(_jobs.c.id == job_id)).first()
+        """The job's plan version, its row locked for the rest of a write transaction.
+
+        Every write locks the job row before any row under it (ranks, profiles): two
+        writers taking them in opposite orders deadlock on PostgreSQL.
+        """
+        query = select(_jobs.c.version).where(_jobs.c.id == job_id)
+        if self._locking:
+            query = query.with_for_update()
+        found = self._conn.execute(query).first()
         return None if found is None else int(found[0])
 
     def iteration_windows(self, job_id: str, ranks: Sequence[int]) -> dict[int, IterationWindow]:

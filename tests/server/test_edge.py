@@ -113,6 +113,26 @@ def test_a_body_is_not_read_before_the_token_is_checked(edge: dict[str, Any]) ->
     assert b"connection: close" in reply.lower()
 
 
+def test_an_etag_of_non_ascii_digits_is_no_version_not_a_500(edge: dict[str, Any]) -> None:
+    # Header bytes are latin-1: b"\xb2" is "²", which str.isdigit() accepts and int() refuses.
+    job_id, token = edge["job_id"], edge["token"]
+    body = {"rank": 1, "stage": 1, "data_parallel_rank": 0, "tensor_parallel_rank": 0,
+            "gpu_name": "NVIDIA H200", "supported_clocks_mhz": [1000]}  # fmt: skip
+    auth = {"Authorization": f"Bearer {token}"}
+    r = httpx.post(f"{edge['url']}/v1/jobs/{job_id}/ranks", json=body, headers=auth)
+    assert r.status_code == 200, r.text
+    head = (
+        f"GET /v1/jobs/{job_id}/plan?rank=1 HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {token}\r\n"
+    ).encode() + b'If-None-Match: "\xb2", W/"\xb9"\r\n\r\n'
+    with socket.create_connection(("127.0.0.1", edge["port"])) as sock:
+        sock.sendall(head)
+        sock.settimeout(5.0)
+        reply = sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 409"), reply[:200]  # no plan yet, as without the header
+    assert b'"error":"PlanNotReady"' in reply
+
+
 def test_server_keep_alive_outlasts_the_client_pool() -> None:
     assert Settings().keep_alive_s > KEEPALIVE_EXPIRY_S + 5
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import IntegrityError
 
-from perseus.errors import JobStateError
+from perseus.errors import JobNotFound, JobStateError
 from perseus.schemas import (
     IterationReport,
     JobCreate,
@@ -174,6 +174,49 @@ def test_concurrent_registrations_count_exactly(store: Store) -> None:
     row = service.jobs.get(job.id)
     assert row.ranks_registered == 32
     assert row.state == "profiling"
+
+
+@pytest.mark.parametrize("writer", ["iterations", "delete"])
+def test_writes_lock_the_job_before_its_ranks(store: Store, writer: str) -> None:
+    """A batch of iteration reports, or a deletion, waits for a transaction holding the job
+    (a re-registration) instead of locking the rank rows first: on PostgreSQL the opposite
+    order was a deadlock, and one of the two failed."""
+    service = JobService(store)
+    spec = _spec(stages=2, data_parallel=1)
+    _, job = service.jobs.create(spec)
+    _register(service, job.id, spec, [1000])
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            if writer == "iterations":
+                reports = [
+                    IterationReport(rank=r, iteration=1, time_s=1.0, energy_j=1.0) for r in (0, 1)
+                ]
+                service.iterations.record(job.id, reports, window=5)
+            else:
+                service.jobs.delete(job.id)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=write)
+    with store.write() as tx:  # what register_rank does for a rank registering again
+        locked = tx.job(job.id)
+        assert locked is not None
+        thread.start()
+        thread.join(0.5)  # the other write is under way (and waits for the job row)
+        rank = tx.rank(job.id, 1)
+        assert rank is not None
+        tx.put_rank(dataclasses.replace(rank, host="10.0.0.2"), new=False)
+        tx.save_job(dataclasses.replace(locked, updated_at_s=locked.updated_at_s + 1))
+    thread.join(30)
+    assert not thread.is_alive()
+    assert errors == []
+    if writer == "iterations":
+        assert service.jobs.get(job.id).iterations_reported == 2
+    else:
+        with pytest.raises(JobNotFound):
+            service.jobs.get(job.id)
 
 
 def test_exactly_one_server_claims_planning(store: Store, example_rows: ProfileRows) -> None:

@@ -82,3 +82,38 @@ def test_a_change_on_one_process_wakes_ranks_waiting_on_another(
     thread.join(120)
     assert not thread.is_alive()
     assert result == {"status": 200, "etag": '"2"'}
+
+
+def test_a_rank_registered_through_one_process_reports_through_another(
+    database_url: str, make_client: Callable[[Settings], TestClient], example_rows: ProfileRows
+) -> None:
+    """b read the job's ranks before the others registered (through a): it reads them
+    again rather than answer 409 "not registered", and never after storing the profile
+    (which once also left the job claimed for planning that b never started)."""
+    settings = Settings(
+        database=database_url, warm_planner=False, planning_lease_s=600.0, cache_ttl_s=600.0
+    )
+    a, b = make_client(settings), make_client(settings)
+    job = create_job(a, data_parallel=1)
+    on_b = Job(b, job.job_id, job.token, job.stages, 1, 1)
+    clocks = clocks_of(example_rows)
+
+    def register(stage: int) -> None:
+        body = {
+            "rank": stage,
+            "stage": stage,
+            "data_parallel_rank": 0,
+            "tensor_parallel_rank": 0,
+            "gpu_name": "NVIDIA H200",
+            "supported_clocks_mhz": clocks,
+        }
+        assert a.post(job.url("/ranks"), json=body, headers=job.auth).status_code == 200
+
+    register(0)
+    assert on_b.wait_plan(0, wait_s=0).json()["error"] == "PlanNotReady"  # b knows rank 0
+    for stage in range(1, job.stages):
+        register(stage)
+    assert on_b.wait_plan(1, wait_s=0).json()["error"] == "PlanNotReady"
+    assert on_b.report_all(example_rows)["planning"] is True
+    r = on_b.wait_plan(3)
+    assert r.status_code == 200, r.text
