@@ -90,7 +90,9 @@ class ClockController:
         # boundary that completes after the reset cannot lock the GPU low again.
         self._generation = 0
         self._enabled = True
-        self._lock = threading.Lock()
+        # Re-entrant: a signal handler that closes the rank runs on the main thread, which
+        # may hold this lock at that moment (an inline clock change, a reset after an error).
+        self._lock = threading.RLock()
         # Boundaries in stream order; None stops the thread.
         self._queue: queue.SimpleQueue[_Change | _Mark | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -131,7 +133,7 @@ class ClockController:
             with self._lock:
                 self._generation += 1
                 self._gpu.reset_clock()
-        except GpuControlError as err:
+        except Exception as err:
             _log.error("perseus: could not reset GPU %d clocks: %s", self._gpu.index, err)
             return
         if reason:
@@ -178,6 +180,11 @@ class ClockController:
             self._disable(f"{err}; training goes on at default clocks")
         except GpuControlError as err:
             self._disable(f"setting GPU {self._gpu.index} to {frequency_mhz} MHz failed: {err}")
+        except Exception as err:  # a bug or a foreign error: neither training nor the thread dies
+            self._disable(
+                f"setting GPU {self._gpu.index} to {frequency_mhz} MHz failed: "
+                f"{type(err).__name__}: {err}"
+            )
 
     def _disable(self, message: str) -> None:
         self._enabled = False
@@ -186,5 +193,5 @@ class ClockController:
         try:
             with self._lock:
                 self._gpu.reset_clock()
-        except GpuControlError:
-            pass
+        except Exception as err:
+            _log.error("perseus: could not reset GPU %d clocks: %s", self._gpu.index, err)

@@ -8,7 +8,8 @@ models of :mod:`perseus.schemas`, parsed with the same models the server renders
 Every call raises only errors of :mod:`perseus.errors`, mapped in one place
 (:func:`_call`, with :func:`_transport_errors` and :func:`_error_from_response`):
 
-- connecting, reading, writing or a timeout (``httpx.TransportError``), and any 5xx, become
+- connecting, reading, writing or a timeout (``httpx.TransportError``), an answer httpx
+  cannot decode (``httpx.DecodingError``), and any 5xx, become
   :class:`~perseus.errors.PlannerUnavailable`, raised from the original;
 - a planner error body (``{"detail", "error"}``) becomes the class its ``error`` names, the
   server's status table read backwards: ``JobNotFound``, ``AuthError`` (with its 401 or 403),
@@ -147,12 +148,17 @@ def _located(loc: Sequence[str | int], msg: str) -> str:
 
 @contextmanager
 def _transport_errors(http: httpx.Client, where: str) -> Iterator[None]:
-    """Turn httpx's transport errors (connect, read, write, timeouts) into PlannerUnavailable."""
+    """Turn httpx's request errors (connect, read, write, timeouts, undecodable answers) into
+    PlannerUnavailable."""
     try:
         yield
     except httpx.TransportError as err:
         raise PlannerUnavailable(
             f"planner {http.base_url} unreachable ({where}): {type(err).__name__}: {err}"
+        ) from err
+    except httpx.RequestError as err:  # an answer httpx cannot read (a bad Content-Encoding)
+        raise PlannerUnavailable(
+            f"{where}: the server answered garbage: {type(err).__name__}: {err}"
         ) from err
 
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perseus.client.controller import BoundaryEvent, ClockController, Stamp
 from perseus.client.fake import FakeGpu, default_work
@@ -52,7 +52,7 @@ from perseus.client.profiler import (
     device_work,
     measure_idle_power,
 )
-from perseus.client.settings import ClientSettings, load_settings
+from perseus.client.settings import ClientSettings, SettingsError, load_settings
 from perseus.errors import (
     AuthError,
     GpuControlError,
@@ -71,6 +71,9 @@ from perseus.schemas import (
     ProfileRow,
     RankRegistration,
 )
+
+if TYPE_CHECKING:
+    from perseus.solver.profiles import Profile
 
 __all__ = ["Rank", "connect"]
 
@@ -248,6 +251,7 @@ class Rank:
         self._wake_reporter = threading.Event()
         if not self.active:
             return
+        self._saved = _read_saved_profile(settings)
         self._gpu = gpu if gpu is not None else open_gpu(settings.gpu, settings.gpu_index)
         self._fake = self._gpu if isinstance(self._gpu, FakeGpu) else None
         if self._fake is not None:
@@ -366,9 +370,10 @@ class Rank:
             thread.join(timeout=2.0)
         self._meter.stop()
         self._drain_logs()
-        if self._log_file is not None:
-            with self._log_lock:
-                self._log_file.close()
+        with self._log_lock:
+            if self._log_file is not None:
+                with contextlib.suppress(OSError):  # reported by _write_logs already
+                    self._log_file.close()
         with contextlib.suppress(Exception):  # closing a pool must not fail a shutdown
             self._planner.close()
 
@@ -658,6 +663,9 @@ class Rank:
 
     def _give_up(self, message: str) -> None:
         self.failure = message
+        # As the message says: a plan adopted before must not go on lowering clocks (the
+        # training thread puts the default back at its next instruction).
+        self._plan_off = True
         _log.error("perseus: %s; training goes on at default clocks", message)
 
     # ------------------------------------------------------------------ session thread
@@ -808,10 +816,10 @@ class Rank:
             self._give_up(f"job {job.job_id} does not match this training: {'; '.join(problems)}")
 
     def _saved_profile(self) -> tuple[list[ProfileRow], float | None]:
-        from perseus.solver.profiles import load_profile
-
+        profile = self._saved
         path = self.settings.profile_path or ""
-        profile = load_profile(path)
+        if profile is None:
+            raise ProfileError(f"{path}: no saved profile was read")
         stage = self.settings.stage or 0
         if stage >= profile.num_stages:
             raise ProfileError(
@@ -900,10 +908,54 @@ class Rank:
                 )
                 for kind, microbatch, chunk, frequency in entries
             ]
-            self._log_file.write("\n".join(lines) + "\n")
+            try:
+                self._log_file.write("\n".join(lines) + "\n")
+            except OSError as err:
+                self._stop_logging(err)
+                return
             wrote = True
         if wrote:
-            self._log_file.flush()
+            try:
+                self._log_file.flush()
+            except OSError as err:
+                self._stop_logging(err)
+
+    def _stop_logging(self, err: OSError) -> None:
+        # A full disk must not kill the reporter thread (and its telemetry) nor fail close().
+        file = self._log_file
+        _log.error(
+            "perseus: cannot write the clock log %s (%s); clock logging stops",
+            getattr(file, "name", "?"),
+            err,
+        )
+        self._log_file = None
+        self._logs.clear()
+        if file is not None:
+            with contextlib.suppress(OSError):
+                file.close()
+
+
+def _read_saved_profile(settings: ClientSettings) -> Profile | None:
+    """The profile ``PERSEUS_PROFILE`` names, read now so that a bad one fails at start-up.
+
+    Raises:
+        SettingsError: The file is unreadable or malformed, or has no row for the stage.
+    """
+    if settings.profile_path is None:
+        return None
+    from perseus.solver.profiles import load_profile
+
+    try:
+        profile = load_profile(settings.profile_path)
+    except ProfileError as err:
+        raise SettingsError(f"PERSEUS_PROFILE: {err}") from err
+    stage = settings.stage
+    if stage is not None and stage >= profile.num_stages:
+        raise SettingsError(
+            f"PERSEUS_PROFILE: {settings.profile_path} has {profile.num_stages} stages, "
+            f"this rank is stage {stage}"
+        )
+    return profile
 
 
 # ---------------------------------------------------------------------- connect and exit

@@ -32,6 +32,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import get_args
+from urllib.parse import urlsplit
 
 from perseus.client.gpu import GpuMode
 from perseus.errors import PerseusError
@@ -209,7 +210,7 @@ def load_settings(environ: Mapping[str, str] | None = None, **arguments: object)
     job = pick("job", "PERSEUS_JOB")
     token = pick("token", "PERSEUS_TOKEN")
     if server is not None:
-        if not server.startswith(("http://", "https://")):
+        if not server.startswith(("http://", "https://")) or not _has_host_and_port(server):
             raise SettingsError(f"PERSEUS_SERVER: expected http://host:port, got {server!r}")
         missing = [
             var for var, value in (("PERSEUS_JOB", job), ("PERSEUS_TOKEN", token)) if not value
@@ -251,9 +252,21 @@ def load_settings(environ: Mapping[str, str] | None = None, **arguments: object)
     )
 
 
+def _has_host_and_port(url: str) -> bool:
+    # Checked here, not at the first request: a URL httpx cannot use would otherwise fail at
+    # connect() with httpx's words, or pass as an endless outage of a host named "".
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a malformed or out-of-range port
+    except ValueError:
+        return False
+    return bool(parts.hostname) and not any(c.isspace() for c in url)
+
+
 def _int(text: str, variable: str, *, minimum: int) -> int:
     text = text.strip()
-    if not text.isdigit() or int(text) < minimum:
+    # isdigit() alone admits digits int() refuses ("²")
+    if not (text.isascii() and text.isdigit()) or int(text) < minimum:
         raise SettingsError(f"{variable}: expected a whole number >= {minimum}, got {text!r}")
     return int(text)
 

@@ -306,6 +306,23 @@ def test_garbage_is_unavailable(status: int, body: Any, what: str) -> None:
     assert what in str(raised.value)
 
 
+def test_an_answer_that_cannot_be_decoded_is_unavailable_not_a_foreign_error() -> None:
+    # A proxy that says gzip and sends HTML: httpx raises DecodingError, which is no
+    # TransportError; it must still reach the rank's threads as a retryable PlannerUnavailable.
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200, headers={"Content-Encoding": "gzip"}, stream=httpx.ByteStream(b"<html>")
+        )
+
+    client = _scripted(handler)
+    report = IterationReport(rank=0, iteration=0, time_s=1.0, energy_j=1.0)
+    for call in (client.job, lambda: client.report_iteration(report)):
+        with pytest.raises(PlannerUnavailable, match="garbage") as raised:
+            call()
+        assert isinstance(raised.value.__cause__, httpx.DecodingError)
+        assert retryable(raised.value)
+
+
 def test_auth_and_unknown_job() -> None:
     for status in (401, 403):
         with pytest.raises(AuthError) as raised:

@@ -770,6 +770,44 @@ def test_failing_lock_disables_the_controller_once(
     controller.close()
 
 
+class BrokenSetterGpu(SetterGpu):
+    """Locks 900 MHz, then fails with an error that is no GpuControlError (a bug, ctypes)."""
+
+    def lock_clock(self, frequency_mhz: int) -> None:
+        if frequency_mhz != 900:
+            self.calls.append(("lock", frequency_mhz))
+            raise OSError("driver call failed")
+        super().lock_clock(frequency_mhz)
+
+
+class DoneEvent:
+    def synchronize(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("event_mode", [False, True], ids=["inline", "event"])
+def test_an_unexpected_setter_error_resets_the_gpu_and_spares_training_and_thread(
+    event_mode: bool,
+) -> None:
+    gpu = BrokenSetterGpu()
+    controller = ClockController(gpu, DoneEvent if event_mode else None)
+    try:
+        controller.apply(900)
+        controller.apply(1200)  # inline: must not raise into the training thread
+        deadline = time.monotonic() + 5.0
+        while controller.enabled and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert not controller.enabled
+        assert controller.failure is not None and "OSError: driver call failed" in (
+            controller.failure
+        )
+        assert gpu.locked is None  # not left at 900 MHz
+        if event_mode:
+            assert controller._thread is not None and controller._thread.is_alive()
+    finally:
+        controller.close()
+
+
 class GateEvent:
     """A boundary event whose ``synchronize`` blocks until the test releases it."""
 

@@ -10,6 +10,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +34,7 @@ from perseus.server.settings import Settings
 
 ORDER_1F1B = [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1)]
 ORDER_GPIPE = [("forward", 0), ("forward", 1), ("backward", 0), ("backward", 1)]
+EXAMPLE_PROFILE = Path(__file__).parents[2] / "perseus" / "data" / "example_profile.csv"
 BUDGET = ProfileBudget(window_s=0.3, settle_s=0.05, clocks="1980,1500,1200,900", blocking_s=0.4)
 
 
@@ -128,6 +134,11 @@ def test_settings_are_validated() -> None:
         load_settings({"PERSEUS_PROFILE_WINDOW_S": "nan"})
     with pytest.raises(SettingsError, match="PERSEUS_RANK"):
         load_settings({"PERSEUS_RANK": "-1"})
+    for server in ("http://", "http://planner:abc", "http://planner:99999", "http://[::1"):
+        with pytest.raises(SettingsError, match="PERSEUS_SERVER"):
+            load_settings({"PERSEUS_SERVER": server, "PERSEUS_JOB": "j", "PERSEUS_TOKEN": "t"})
+    with pytest.raises(SettingsError, match="PERSEUS_STAGE"):
+        load_settings({"PERSEUS_STAGE": "\u00b2"})  # a digit to str.isdigit, not to int()
     s = load_settings({"RANK": "3", "LOCAL_RANK": "1", "PERSEUS_GPU": "dry-run"})
     assert (s.server, s.rank, s.gpu_index, s.gpu) == (None, 3, 1, "dry-run")
     assert load_settings({}, rank=5, stage=2).stage == 2
@@ -195,6 +206,128 @@ def test_the_job_must_match_what_the_framework_runs(app: TestClient, tmp_path: P
         rank.close()
     assert "schedule '1f1b' runs, the job has 'gpipe'" in (rank.failure or "")
     assert "4 microbatches run, the job has 2" in (rank.failure or "")
+
+
+def test_giving_up_after_a_plan_puts_the_default_clock_back(
+    app: TestClient, tmp_path: Path
+) -> None:
+    # "training goes on at default clocks" must hold after a plan was followed, too: here the
+    # job is deleted on the server, and the plan's lowered clocks must not stay.
+    job, token = create(app, schedule="1f1b", policy={"kind": "min-energy"})
+    rank, gpu = make_rank(app, job, token, tmp_path)
+    try:
+        train_until(rank, ORDER_1F1B, lambda: rank.plan_version == 1, 90)
+        train(rank, 1, ORDER_1F1B)
+        assert any(e["frequency_mhz"] not in (None, 1980) for e in log_lines(tmp_path))
+        reply = app.delete(f"/v1/jobs/{job}", headers={"Authorization": f"Bearer {token}"})
+        assert reply.status_code == 204
+        train_until(rank, ORDER_1F1B, lambda: rank.failure is not None, 30)
+        gave_up_at = rank.iteration_index
+        train(rank, 2, ORDER_1F1B)
+        time.sleep(2 * gpu.model.clock_change_delay_s)
+        assert gpu.locked_clock_mhz is None
+    finally:
+        rank.close()
+    assert "no job" in (rank.failure or "")
+    after = [e for e in log_lines(tmp_path) if e["iteration"] >= gave_up_at]
+    assert after and all(e["frequency_mhz"] is None for e in after)
+
+
+def test_a_bad_saved_profile_is_refused_at_start_up(tmp_path: Path) -> None:
+    http = httpx.Client(
+        base_url="http://planner", transport=httpx.MockTransport(lambda r: httpx.Response(503))
+    )
+    bad = tmp_path / "bad.csv"
+    bad.write_text("stage,instruction,frequency,time,energy\n0,forward,1980,x,1\n")
+    for path, stage, message in (
+        (tmp_path / "missing.csv", 0, "cannot read"),
+        (bad, 0, "bad.csv"),
+        (EXAMPLE_PROFILE, 99, "this rank is stage 99"),
+    ):
+        settings = ClientSettings(
+            server="http://planner", job="j", token="t", stage=stage, gpu="fake",
+            profile_path=str(path),
+        )  # fmt: skip
+        with pytest.raises(SettingsError, match="PERSEUS_PROFILE") as raised:
+            Rank(settings, gpu=FakeGpu(), planner=PlannerClient(http, "j", "t"))
+        assert message in str(raised.value)
+
+
+def test_an_unwritable_clock_log_stops_logging_not_telemetry_or_close(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full (a disk that is always full)")
+    (tmp_path / "clocks").mkdir()
+    (tmp_path / "clocks" / "rank0.jsonl").symlink_to("/dev/full")
+    http = httpx.Client(
+        base_url="http://planner", transport=httpx.MockTransport(lambda r: httpx.Response(503))
+    )
+    settings = ClientSettings(
+        server="http://planner", job="j", token="t", stage=0, gpu="fake",
+        profile_path=str(EXAMPLE_PROFILE), clock_log_dir=str(tmp_path / "clocks"),
+    )  # fmt: skip
+    rank = Rank(
+        settings, gpu=FakeGpu(work=default_work(0, 1)), planner=PlannerClient(http, "j", "t")
+    )
+    with caplog.at_level(logging.ERROR, logger="perseus.client"):
+        try:
+            train(rank, 3, ORDER_1F1B)
+            deadline = time.monotonic() + 5.0
+            while "clock log" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+            train(rank, 2, ORDER_1F1B)
+            assert all(t.is_alive() for t in rank._threads)  # telemetry goes on
+        finally:
+            rank.close()  # never raises
+    assert "cannot write the clock log" in caplog.text and "rank0.jsonl" in caplog.text
+
+
+SIGTERM_SCRIPT = """
+import os, signal, sys, threading, time
+import httpx
+import perseus.client
+from perseus.client.planner import PlannerClient
+
+class SlowGpu:
+    # Sets clocks inline (no CUDA events); a lock is an NVML call that takes a while.
+    index, name, can_set_clocks = 0, "slow", True
+    def supported_clocks_mhz(self): return (1980, 1200)
+    def default_clock_mhz(self): return 1980
+    def current_clock_mhz(self): return 1980
+    def lock_clock(self, frequency_mhz): time.sleep(1.0)
+    def reset_clock(self): print("reset", flush=True)
+    def energy_j(self): return 0.0
+    def power_w(self): return 0.0
+
+http = httpx.Client(base_url="http://planner",
+                    transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+rank = perseus.client.connect(server="http://planner", job="j", token="t", stage=0,
+                              gpu=SlowGpu(), planner=PlannerClient(http, "j", "t"),
+                              profile_path=sys.argv[1])
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+rank._controller.apply(1200)  # the training thread inside a clock change when SIGTERM comes
+print("SIGTERM did not end the process", flush=True)
+"""
+
+
+def test_sigterm_during_an_inline_clock_change_resets_and_terminates(tmp_path: Path) -> None:
+    # The handler closes the rank on the thread that holds the controller's lock: it must not
+    # wait for that lock forever (the process would hang, deaf to SIGTERM).
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SIGTERM_SCRIPT))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERSEUS_")}
+    root = str(Path(__file__).parents[2])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script), str(EXAMPLE_PROFILE)],
+            env=env, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process hung after SIGTERM")
+    assert done.returncode == -signal.SIGTERM, done.stdout + done.stderr
+    assert "reset" in done.stdout
 
 
 def test_wrong_token_and_unknown_job_stop_perseus_not_training(
