@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import json
 import logging
+import multiprocessing.util
 import os
 import random
 import signal
@@ -961,7 +962,8 @@ def _read_saved_profile(settings: ClientSettings) -> Profile | None:
 # ---------------------------------------------------------------------- connect and exit
 
 _ranks: list[Rank] = []
-_handlers_installed = False
+_hooks_pid: int | None = None  # the process whose exit hooks are in place
+_signals_installed = False  # signal handlers survive a fork, exit hooks need a new process
 _said_off = False
 
 
@@ -1053,16 +1055,30 @@ def _close_all(reason: str) -> None:
 
 
 def _install_exit_hooks(signals: bool) -> None:
-    global _handlers_installed
-    if _handlers_installed:
+    global _hooks_pid, _signals_installed
+    if _hooks_pid != os.getpid():
+        _hooks_pid = os.getpid()
+        atexit.register(_close_all, "exit")
+        # A process that multiprocessing forked leaves through os._exit, past atexit, but
+        # runs multiprocessing's finalizers first (so does every other process, at exit).
+        multiprocessing.util.Finalize(None, _close_all, args=("exit",), exitpriority=100)
+    if _signals_installed or not signals:
         return
-    _handlers_installed = True
-    atexit.register(_close_all, "exit")
-    if not signals or threading.current_thread() is not threading.main_thread():
-        return
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may; a later connect() from it installs them
+    _signals_installed = True
     for signum in (signal.SIGTERM, signal.SIGINT):
         previous = signal.getsignal(signum)
         signal.signal(signum, _make_handler(signum, previous))
+
+
+def _forget_the_parents_ranks() -> None:
+    # A forked child has copies of its parent's ranks, whose threads did not come along: they
+    # are the parent's to close (closing them here would reset the parent's GPU under it).
+    _ranks.clear()
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_ranks)
 
 
 def _make_handler(

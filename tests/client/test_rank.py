@@ -330,6 +330,101 @@ def test_sigterm_during_an_inline_clock_change_resets_and_terminates(tmp_path: P
     assert "reset" in done.stdout
 
 
+FORK_SCRIPT = """
+import multiprocessing, sys
+import httpx
+import perseus.client
+from perseus.client.planner import PlannerClient
+
+class Gpu:
+    index, can_set_clocks = 0, True
+    def __init__(self, name): self.name = name
+    def supported_clocks_mhz(self): return (1980, 1200)
+    def default_clock_mhz(self): return 1980
+    def current_clock_mhz(self): return 1980
+    def lock_clock(self, frequency_mhz): pass
+    def reset_clock(self): print("reset", self.name, flush=True)
+    def energy_j(self): return 0.0
+    def power_w(self): return 0.0
+
+def connect(name):
+    http = httpx.Client(base_url="http://planner",
+                        transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+    rank = perseus.client.connect(server="http://planner", job="j", token="t", stage=0,
+                                  gpu=Gpu(name), planner=PlannerClient(http, "j", "t"),
+                                  profile_path=sys.argv[1])
+    rank._controller.apply(1200)  # a plan's clock, inline
+    return rank
+
+def child():
+    connect("child")  # and the training function returns without closing the rank
+
+if __name__ == "__main__":
+    if sys.argv[2] == "parent-first":
+        parent = connect("parent")
+    worker = multiprocessing.get_context("fork").Process(target=child)
+    worker.start()
+    worker.join()
+    print("child exited", worker.exitcode, flush=True)
+"""
+
+
+@pytest.mark.parametrize("order", ["child-only", "parent-first"])
+def test_a_forked_worker_that_never_closes_its_rank_resets_its_gpu(
+    tmp_path: Path, order: str
+) -> None:
+    # multiprocessing's forked children leave through os._exit, past atexit: the clock a plan
+    # set must still be reset, by the child for its own rank only (the parent's rank is the
+    # parent's to close, at its own exit).
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(FORK_SCRIPT))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERSEUS_")}
+    root = str(Path(__file__).parents[2])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run(
+        [sys.executable, str(script), str(EXAMPLE_PROFILE), order],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "child exited 0" in lines
+    before_exit = lines[: lines.index("child exited 0")]
+    assert before_exit.count("reset child") >= 1, done.stdout
+    assert "reset parent" not in before_exit, done.stdout
+    if order == "parent-first":
+        assert "reset parent" in lines[lines.index("child exited 0") :], done.stdout
+
+
+THREAD_FIRST_SCRIPT = (
+    FORK_SCRIPT.split("if __name__")[0]
+    + """
+import signal, threading
+if __name__ == "__main__":
+    worker = threading.Thread(target=lambda: connect("thread").close())
+    worker.start()
+    worker.join()
+    print("after thread:", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+    connect("main")
+    print("after main:", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+"""
+)
+
+
+def test_signal_handlers_come_with_the_first_connect_on_the_main_thread(tmp_path: Path) -> None:
+    # Only the main thread may install them: a first connect() from another thread must not
+    # stop a later one on the main thread from doing it.
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(THREAD_FIRST_SCRIPT))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERSEUS_")}
+    env["PYTHONPATH"] = str(Path(__file__).parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run(
+        [sys.executable, str(script), str(EXAMPLE_PROFILE)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "after thread: True" in done.stdout and "after main: False" in done.stdout
+
+
 def test_wrong_token_and_unknown_job_stop_perseus_not_training(
     app: TestClient, tmp_path: Path
 ) -> None:
