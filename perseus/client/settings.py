@@ -194,7 +194,14 @@ def load_settings(environ: Mapping[str, str] | None = None, **arguments: object)
                 return _int(text, var, minimum=0)
         return None
 
-    def number(variable: str, default: float, *, minimum: float) -> float:
+    def number(variable: str, default: float, *, minimum: float, name: str = "") -> float:
+        given = arguments.get(name) if name else None
+        if given is not None:
+            if isinstance(given, bool) or not isinstance(given, int | float):
+                raise SettingsError(f"{name}: must be a number, got {given!r}")
+            if not (given >= minimum and given < float("inf")):
+                raise SettingsError(f"{name}: must be a finite number >= {minimum}, got {given}")
+            return float(given)
         text = env.get(variable, "").strip()
         if not text:
             return default
@@ -248,8 +255,17 @@ def load_settings(environ: Mapping[str, str] | None = None, **arguments: object)
         profile_path=pick("profile_path", "PERSEUS_PROFILE"),
         budget=budget,
         clock_log_dir=pick("clock_log_dir", "PERSEUS_CLOCK_LOG"),
-        poll_wait_s=number("PERSEUS_POLL_WAIT_S", 30.0, minimum=0.1),
+        poll_wait_s=number("PERSEUS_POLL_WAIT_S", 30.0, minimum=0.1, name="poll_wait_s"),
+        telemetry_queue=_whole(arguments.get("telemetry_queue"), "telemetry_queue", 1024),
     )
+
+
+def _whole(given: object, name: str, default: int) -> int:
+    if given is None:
+        return default
+    if not isinstance(given, int) or isinstance(given, bool) or given < 1:
+        raise SettingsError(f"{name}: must be a whole number >= 1, got {given!r}")
+    return given
 
 
 def _has_host_and_port(url: str) -> bool:

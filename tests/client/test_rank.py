@@ -142,6 +142,14 @@ def test_settings_are_validated() -> None:
     s = load_settings({"RANK": "3", "LOCAL_RANK": "1", "PERSEUS_GPU": "dry-run"})
     assert (s.server, s.rank, s.gpu_index, s.gpu) == (None, 3, 1, "dry-run")
     assert load_settings({}, rank=5, stage=2).stage == 2
+    # every field can be given as an argument, and is then validated like its variable
+    given = load_settings({"PERSEUS_POLL_WAIT_S": "9"}, poll_wait_s=2.5, telemetry_queue=16)
+    assert (given.poll_wait_s, given.telemetry_queue) == (2.5, 16)
+    assert load_settings({"PERSEUS_POLL_WAIT_S": "9"}).poll_wait_s == 9.0
+    for name, bad in (("poll_wait_s", 0.0), ("poll_wait_s", "5"), ("telemetry_queue", 0),
+                      ("telemetry_queue", True)):  # fmt: skip
+        with pytest.raises(SettingsError, match=name):
+            load_settings({}, **{name: bad})
 
 
 def test_profile_plan_and_clock_log(app: TestClient, tmp_path: Path) -> None:
