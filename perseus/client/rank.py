@@ -482,6 +482,14 @@ class Rank:
     def _profile_step(self) -> None:
         """One step of online profiling between iterations; never raises."""
         try:
+            if self._sweep is not None and self.failure is not None:
+                # perseus gave up meanwhile (the planner refused this rank, say): training goes
+                # on at default clocks, so the sweep stops lowering them
+                self._sweep = None
+                self._calibrating = False
+                self._profile_state = "failed"
+                self._controller.reset()
+                return
             if self._profile_state == "pending":
                 self._start_profiling()
             if self._sweep is not None:

@@ -433,6 +433,32 @@ def test_signal_handlers_come_with_the_first_connect_on_the_main_thread(tmp_path
     assert "after thread: True" in done.stdout and "after main: False" in done.stdout
 
 
+def test_giving_up_during_the_sweep_stops_it_at_the_default_clock(
+    app: TestClient, tmp_path: Path
+) -> None:
+    # The sweep measures on the training thread, between iterations, at lowered clocks: once
+    # perseus has given up ("training goes on at default clocks") it must not go on.
+    job, token = create(app, schedule="1f1b")
+    rank, gpu = make_rank(app, job, token, tmp_path)
+    locks: list[int] = []
+    lock_clock = gpu.lock_clock
+
+    def counted(frequency_mhz: int) -> None:
+        locks.append(frequency_mhz)
+        lock_clock(frequency_mhz)
+
+    gpu.lock_clock = counted  # type: ignore[method-assign]
+    try:
+        train_until(rank, ORDER_1F1B, lambda: len(locks) >= 2, 30)
+        assert rank._sweep is not None
+        rank._give_up("the planner refused this rank")
+        locks.clear()
+        train(rank, 3, ORDER_1F1B)
+        assert locks == [] and rank._sweep is None and gpu.locked_clock_mhz is None
+    finally:
+        rank.close()
+
+
 def test_wrong_token_and_unknown_job_stop_perseus_not_training(
     app: TestClient, tmp_path: Path
 ) -> None:
