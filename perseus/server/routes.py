@@ -453,6 +453,24 @@ async def plan_reply(
             ),
             wait_s,
         )
+    try:
+        return await _plan_response(state, row, place, anything, newest_known)
+    except PlanError:
+        # The frontier this row names was replaced meanwhile (by another process) and has
+        # left this process's cache: the job's current row names the one that replaced it.
+        row = await state.heads.refresh(job_id)
+        return await _plan_response(state, row, place, anything, newest_known)
+
+
+async def _plan_response(
+    state: ServerState, row: JobRow, place: RankPlace, anything: bool, newest_known: int
+) -> Response:
+    """:func:`plan_reply` once the row is settled: 304, or the plan's bytes.
+
+    Raises:
+        PlanNotReady: the row has no plan.
+        PlanError: the frontier the row names is no longer stored.
+    """
     headers = {"Cache-Control": "no-cache"}
     if has_plan(row):
         headers["ETag"] = f'"{row.version}"'
@@ -463,7 +481,7 @@ async def plan_reply(
     body = state.service.plans.cached(row, stage, straggler)
     if body is None:
         body = await state.renders.run(
-            (job_id, row.version, stage, straggler),
+            (row.id, row.version, stage, straggler),
             lambda: run_in_threadpool(state.service.plans.render, row, stage, straggler),
         )
     return Response(body, media_type="application/json", headers=headers)

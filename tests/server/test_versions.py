@@ -117,3 +117,19 @@ def test_a_rank_registered_through_one_process_reports_through_another(
     assert on_b.report_all(example_rows)["planning"] is True
     r = on_b.wait_plan(3)
     assert r.status_code == 200, r.text
+
+
+def test_a_plan_whose_frontier_was_replaced_meanwhile_comes_from_the_new_one(
+    two_processes: tuple[TestClient, Job, Job],
+) -> None:
+    """b's cached row still names the frontier a replaced, and b's frontier cache has let the
+    old one go (it keeps 16): a plan b has not rendered yet comes from the new frontier at the
+    new version, not a 409 (which would make the rank give up for good)."""
+    a, job, on_b = two_processes
+    assert a.post(job.url("/plan:compute"), headers=job.auth).status_code == 202
+    assert job.wait_plan(etag='"1"').headers["etag"] == '"2"'
+    b_state = on_b.client.app.state.perseus  # type: ignore[attr-defined]
+    b_state.service.plans._frontiers.forget(job.job_id)  # as if evicted by 16 other jobs
+    r = on_b.wait_plan(rank=1, wait_s=0)
+    assert r.status_code == 200, r.text
+    assert r.headers["etag"] == '"2"' and r.json()["version"] == 2
