@@ -56,7 +56,6 @@ from perseus.client.profiler import (
 from perseus.client.settings import ClientSettings, SettingsError, load_settings
 from perseus.errors import (
     AuthError,
-    GpuControlError,
     JobNotFound,
     PerseusError,
     PlanError,
@@ -209,7 +208,9 @@ class Rank:
         self.active = settings.server is not None
         self._clock = clock
         self._closed = False
-        self._close_lock = threading.Lock()
+        # Re-entrant: a signal handler closes the rank on the main thread, which may be
+        # inside close() already.
+        self._close_lock = threading.RLock()
         self._iteration_cm = _Iteration(self)
         self._instruction_cm = _Instruction(self)
         self.iteration_index = 0
@@ -386,7 +387,7 @@ class Rank:
             try:
                 self._gpu.reset_clock()
                 _log.warning("perseus: GPU %d clocks reset (%s)", self._gpu.index, reason)
-            except GpuControlError as err:
+            except Exception as err:  # from a signal handler: nothing may reach the training code
                 _log.error("perseus: could not reset GPU %d clocks: %s", self._gpu.index, err)
 
     # ------------------------------------------------------------------ training thread

@@ -459,6 +459,27 @@ def test_giving_up_during_the_sweep_stops_it_at_the_default_clock(
         rank.close()
 
 
+def test_the_signal_handlers_reset_lets_no_error_reach_training(
+    app: TestClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The reset runs inside a signal handler, on top of whatever training code was running:
+    # an error from the GPU there (not only GpuControlError) would surface in that code.
+    job, token = create(app, schedule="1f1b")
+    rank, gpu = make_rank(app, job, token, tmp_path)
+    reset_clock = gpu.reset_clock
+
+    def broken() -> None:
+        raise OSError("NVML went away")
+
+    try:
+        gpu.reset_clock = broken  # type: ignore[method-assign]
+        rank._emergency_reset("SIGTERM")  # never raises
+        assert "could not reset GPU 0 clocks: NVML went away" in caplog.text
+    finally:
+        gpu.reset_clock = reset_clock  # type: ignore[method-assign]
+        rank.close()
+
+
 def test_wrong_token_and_unknown_job_stop_perseus_not_training(
     app: TestClient, tmp_path: Path
 ) -> None:
