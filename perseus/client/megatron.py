@@ -435,7 +435,9 @@ class Instrumentation:
 
         @functools.wraps(original)
         def forward_backward(*args: Any, **kwargs: Any) -> Any:
-            if self._state != "idle":  # nested: the outer call is the iteration
+            # Nested: the outer call is the iteration. Removed: a function fetched before
+            # remove() runs as Megatron's own.
+            if self._state != "idle" or not self._originals:
                 return original(*args, **kwargs)
             if kwargs.get("forward_only", False):
                 self._state = "passthrough"

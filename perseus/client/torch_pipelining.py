@@ -14,7 +14,10 @@ wrapping them on the instance sees every instruction with its microbatch id (``S
 ``ScheduleGPipe``, ``ScheduleInterleaved1F1B``). The model chunk of an interleaved stage is
 ``stage_index // pipeline size`` (the stage-to-rank assignment these schedules use, "loop"
 style); for single-stage schedules it is None. Schedules that split the backward
-(``backward_weight_one_chunk``, zero-bubble) are refused: perseus does not plan them.
+(``backward_weight_one_chunk``, zero-bubble) are refused at :func:`instrument` when the schedule
+is given; without it, a split backward is logged as an error and runs unbracketed (never an
+exception into training). ``schedule.eval()`` (the stages' ``has_backward`` off) runs no
+instruction. Instrumenting a stage again (a rebuilt schedule) replaces the earlier wrappers.
 
 For online profiling the first iteration captures one real microbatch of every local stage
 (its inputs, detached); the profiling loops rerun the stage's module on it, forward and
@@ -25,6 +28,7 @@ profiling computes exactly what it would have without it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,6 +47,8 @@ from perseus.client.tensors import detached, flatten_tensors, preserved, with_gr
 from perseus.errors import ScheduleError
 
 __all__ = ["StageWorkload", "instrument", "schedule_name"]
+
+_log = logging.getLogger("perseus.client")
 
 
 def schedule_name(schedule: object) -> str:
@@ -98,8 +104,14 @@ def instrument(
     workload = StageWorkload(local)
     for stage in local:
         chunk = stage.stage_index // size if interleaved else None
+        previous = getattr(stage.forward_one_chunk, "__perseus_hook__", None)
+        if previous is not None:  # instrumented before: the old workload stops capturing
+            previous.remove()
         _wrap(rank, stage, chunk)
-        stage.submod.register_forward_pre_hook(workload.capture_hook(stage), with_kwargs=True)
+        hook = stage.submod.register_forward_pre_hook(
+            workload.capture_hook(stage), with_kwargs=True
+        )
+        stage.forward_one_chunk.__perseus_hook__ = hook  # type: ignore[attr-defined]
     rank.bind(
         stage=group_rank,
         stages=size,
@@ -111,22 +123,39 @@ def instrument(
 
 
 def _wrap(rank: Rank, stage: PipelineStage, chunk: int | None) -> None:
-    forward = stage.forward_one_chunk
-    backward = stage.backward_one_chunk
+    # Instrumenting a stage again (a rebuilt schedule) wraps the framework's methods, not the
+    # previous wrappers: each instruction is reported once.
+    forward = getattr(stage.forward_one_chunk, "__perseus_original__", stage.forward_one_chunk)
+    backward = getattr(stage.backward_one_chunk, "__perseus_original__", stage.backward_one_chunk)
+    split_logged = False
 
     def forward_one_chunk(fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        # schedule.eval() runs the training schedule with has_backward off: no instruction.
+        if not stage.has_backward:
+            return forward(fwd_chunk_id, *args, **kwargs)
         with rank.instruction("forward", fwd_chunk_id, chunk):
             return forward(fwd_chunk_id, *args, **kwargs)
 
     def backward_one_chunk(bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        if not stage.has_backward:  # eval(): the stage returns at once
+            return backward(bwd_chunk_id, *args, **kwargs)
         full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
         if not full:
-            raise ScheduleError(
-                "perseus does not plan split backward passes (zero-bubble schedules)"
-            )
+            # Refused at instrument() when the schedule is given; here only an error in the
+            # log: training goes on, and the rank's plan check sees the missing instructions.
+            nonlocal split_logged
+            if not split_logged:
+                split_logged = True
+                _log.error(
+                    "perseus: the schedule splits backward passes (zero-bubble), which perseus "
+                    "does not plan; pass the schedule to instrument() to have it refused"
+                )
+            return backward(bwd_chunk_id, *args, **kwargs)
         with rank.instruction("backward", bwd_chunk_id, chunk):
             return backward(bwd_chunk_id, *args, **kwargs)
 
+    forward_one_chunk.__perseus_original__ = forward  # type: ignore[attr-defined]
+    backward_one_chunk.__perseus_original__ = backward  # type: ignore[attr-defined]
     stage.forward_one_chunk = forward_one_chunk  # type: ignore[method-assign]
     stage.backward_one_chunk = backward_one_chunk  # type: ignore[method-assign]
 

@@ -242,6 +242,29 @@ def test_an_inactive_rank_changes_nothing(one_stage: Chunk) -> None:
     assert schedules.forward_step is before
 
 
+def test_a_function_fetched_before_remove_runs_as_megatrons_afterwards(one_stage: Chunk) -> None:
+    rank = FakeRank()
+    handle = pm.instrument(rank, microbatches=2)  # type: ignore[arg-type]
+    assert handle is not None
+    forward_backward = get_forward_backward_func()  # held by the training loop
+    handle.remove()
+    data = iter([torch.randn(2, 4) for _ in range(2)])
+    forward_backward(
+        forward_step_func=lambda iterator, chunk: (chunk(next(iterator)), _mean_loss),
+        data_iterator=data,
+        model=one_stage,
+        num_microbatches=2,
+        seq_length=1,
+        micro_batch_size=2,
+    )
+    assert rank.events == []  # no iteration: perseus is gone
+
+
+def _mean_loss(output: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    value = output.square().mean()
+    return value, {"loss": value.detach().clone()}
+
+
 # ---------------------------------------------------------------------- multi-process
 
 
