@@ -11,7 +11,8 @@ proved optimality within ``--time-limit``, and the fast mode's energy at that de
 the MILP's best ("fast excess": how much the default mode loses there). Then the whole exact
 sweep of the smallest size without a time limit (up to ``--sweep-limit``), which is what
 ``--exact`` runs: one MILP per exact frontier point, and the number of MILPs each size's sweep
-would need (its fast frontier's points). Wall times vary with the machine; nodes do not.
+would need (its fast frontier's points). Wall times vary with the machine, and so do the nodes
+of a solve the time limit stops; a finished solve's nodes do not.
 """
 
 from __future__ import annotations

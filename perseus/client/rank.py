@@ -380,8 +380,10 @@ class Rank:
             self._planner.close()
 
     def _emergency_reset(self, reason: str) -> None:
-        # From a signal handler: no joins, no locks that the interrupted code may hold.
-        if self.active and not self._closed:
+        # From a signal handler: no joins, no locks that the interrupted code may hold. Also
+        # when close() has begun: it resets only after joining the clock thread (seconds),
+        # and the default handler ends the process before that.
+        if self.active:
             self._plan_off = True
             self._controller.discard_pending()
             try:

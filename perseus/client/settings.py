@@ -217,7 +217,7 @@ def load_settings(environ: Mapping[str, str] | None = None, **arguments: object)
     job = pick("job", "PERSEUS_JOB")
     token = pick("token", "PERSEUS_TOKEN")
     if server is not None:
-        if not server.startswith(("http://", "https://")) or not _has_host_and_port(server):
+        if not server.startswith(("http://", "https://")) or not _has_host(server):
             raise SettingsError(f"PERSEUS_SERVER: expected http://host:port, got {server!r}")
         missing = [
             var for var, value in (("PERSEUS_JOB", job), ("PERSEUS_TOKEN", token)) if not value
@@ -268,15 +268,16 @@ def _whole(given: object, name: str, default: int) -> int:
     return given
 
 
-def _has_host_and_port(url: str) -> bool:
+def _has_host(url: str) -> bool:
     # Checked here, not at the first request: a URL httpx cannot use would otherwise fail at
-    # connect() with httpx's words, or pass as an endless outage of a host named "".
+    # connect() with httpx's words, or pass as an endless outage of a host named "". The port
+    # may be left out (80 or 443).
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a malformed or out-of-range port
+        port = parts.port  # raises ValueError for a malformed or out-of-range port
     except ValueError:
         return False
-    return bool(parts.hostname) and not any(c.isspace() for c in url)
+    return bool(parts.hostname) and port != 0 and not any(c.isspace() for c in url)
 
 
 def _int(text: str, variable: str, *, minimum: int) -> int:

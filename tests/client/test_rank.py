@@ -134,7 +134,8 @@ def test_settings_are_validated() -> None:
         load_settings({"PERSEUS_PROFILE_WINDOW_S": "nan"})
     with pytest.raises(SettingsError, match="PERSEUS_RANK"):
         load_settings({"PERSEUS_RANK": "-1"})
-    for server in ("http://", "http://planner:abc", "http://planner:99999", "http://[::1"):
+    for server in ("http://", "http://planner:abc", "http://planner:99999", "http://[::1",
+                   "http://planner:0"):  # fmt: skip
         with pytest.raises(SettingsError, match="PERSEUS_SERVER"):
             load_settings({"PERSEUS_SERVER": server, "PERSEUS_JOB": "j", "PERSEUS_TOKEN": "t"})
     with pytest.raises(SettingsError, match="PERSEUS_STAGE"):
@@ -477,6 +478,30 @@ def test_the_signal_handlers_reset_lets_no_error_reach_training(
         assert "could not reset GPU 0 clocks: NVML went away" in caplog.text
     finally:
         gpu.reset_clock = reset_clock  # type: ignore[method-assign]
+        rank.close()
+
+
+def test_a_signal_while_close_waits_for_the_clock_thread_still_resets(
+    app: TestClient, tmp_path: Path
+) -> None:
+    # close() marks the rank closed first and resets only after joining the clock thread; a
+    # SIGTERM in between ends the process (default handler) before that reset.
+    job, token = create(app, schedule="1f1b")
+    rank, gpu = make_rank(app, job, token, tmp_path)
+    resets: list[str] = []
+    reset_clock = gpu.reset_clock
+
+    def counted() -> None:
+        resets.append("reset")
+        reset_clock()
+
+    gpu.reset_clock = counted  # type: ignore[method-assign]
+    try:
+        rank._closed = True  # as close() has just done
+        rank._emergency_reset("SIGTERM")
+        assert resets == ["reset"]
+    finally:
+        rank._closed = False
         rank.close()
 
 
