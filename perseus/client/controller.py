@@ -178,20 +178,13 @@ class ClockController:
                 self.applied += 1
         except NvmlPermissionError as err:
             self._disable(f"{err}; training goes on at default clocks")
-        except GpuControlError as err:
-            self._disable(f"setting GPU {self._gpu.index} to {frequency_mhz} MHz failed: {err}")
-        except Exception as err:  # a bug or a foreign error: neither training nor the thread dies
-            self._disable(
-                f"setting GPU {self._gpu.index} to {frequency_mhz} MHz failed: "
-                f"{type(err).__name__}: {err}"
-            )
+        except Exception as err:  # a bug or a foreign error too: training and thread go on
+            known = isinstance(err, GpuControlError)
+            detail = str(err) if known else f"{type(err).__name__}: {err}"
+            self._disable(f"setting GPU {self._gpu.index} to {frequency_mhz} MHz failed: {detail}")
 
     def _disable(self, message: str) -> None:
         self._enabled = False
         self.failure = message
         _log.warning("perseus: %s", message)
-        try:
-            with self._lock:
-                self._gpu.reset_clock()
-        except Exception as err:
-            _log.error("perseus: could not reset GPU %d clocks: %s", self._gpu.index, err)
+        self.reset()

@@ -21,7 +21,6 @@ the plan arrives, and whenever anything fails, the GPU runs at its default clock
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
@@ -1069,9 +1068,8 @@ def _install_exit_hooks(signals: bool) -> None:
     global _hooks_pid, _signals_installed
     if _hooks_pid != os.getpid():
         _hooks_pid = os.getpid()
-        atexit.register(_close_all, "exit")
-        # A process that multiprocessing forked leaves through os._exit, past atexit, but
-        # runs multiprocessing's finalizers first (so does every other process, at exit).
+        # multiprocessing runs its finalizers at every process's exit (through atexit), and
+        # also in the children it forks, which leave through os._exit, past atexit.
         multiprocessing.util.Finalize(None, _close_all, args=("exit",), exitpriority=100)
     if _signals_installed or not signals:
         return

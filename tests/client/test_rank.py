@@ -292,6 +292,32 @@ def test_an_unwritable_clock_log_stops_logging_not_telemetry_or_close(
     assert "cannot write the clock log" in caplog.text and "rank0.jsonl" in caplog.text
 
 
+def run_script(tmp_path: Path, text: str, *args: str, timeout: float) -> Any:
+    """Run ``text`` as a training script (no PERSEUS_* variables; this checkout importable)
+    with the example profile and ``args`` as its arguments."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(text))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERSEUS_")}
+    env["PYTHONPATH"] = str(Path(__file__).parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run(
+        [sys.executable, str(script), str(EXAMPLE_PROFILE), *args],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def record_calls(monkeypatch: pytest.MonkeyPatch, gpu: Any, name: str) -> list[tuple[Any, ...]]:
+    """Arguments of every later call of ``gpu.name`` (which still runs)."""
+    calls: list[tuple[Any, ...]] = []
+    original = getattr(gpu, name)
+
+    def recorded(*args: Any) -> Any:
+        calls.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(gpu, name, recorded)
+    return calls
+
+
 SIGTERM_SCRIPT = """
 import os, signal, sys, threading, time
 import httpx
@@ -323,16 +349,8 @@ print("SIGTERM did not end the process", flush=True)
 def test_sigterm_during_an_inline_clock_change_resets_and_terminates(tmp_path: Path) -> None:
     # The handler closes the rank on the thread that holds the controller's lock: it must not
     # wait for that lock forever (the process would hang, deaf to SIGTERM).
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(SIGTERM_SCRIPT))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PERSEUS_")}
-    root = str(Path(__file__).parents[2])
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     try:
-        done = subprocess.run(
-            [sys.executable, str(script), str(EXAMPLE_PROFILE)],
-            env=env, capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+        done = run_script(tmp_path, SIGTERM_SCRIPT, timeout=30)
     except subprocess.TimeoutExpired:
         pytest.fail("the process hung after SIGTERM")
     assert done.returncode == -signal.SIGTERM, done.stdout + done.stderr
@@ -385,15 +403,7 @@ def test_a_forked_worker_that_never_closes_its_rank_resets_its_gpu(
     # multiprocessing's forked children leave through os._exit, past atexit: the clock a plan
     # set must still be reset, by the child for its own rank only (the parent's rank is the
     # parent's to close, at its own exit).
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(FORK_SCRIPT))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PERSEUS_")}
-    root = str(Path(__file__).parents[2])
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run(
-        [sys.executable, str(script), str(EXAMPLE_PROFILE), order],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    done = run_script(tmp_path, FORK_SCRIPT, order, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert "child exited 0" in lines
@@ -422,33 +432,21 @@ if __name__ == "__main__":
 def test_signal_handlers_come_with_the_first_connect_on_the_main_thread(tmp_path: Path) -> None:
     # Only the main thread may install them: a first connect() from another thread must not
     # stop a later one on the main thread from doing it.
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(THREAD_FIRST_SCRIPT))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PERSEUS_")}
-    env["PYTHONPATH"] = str(Path(__file__).parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run(
-        [sys.executable, str(script), str(EXAMPLE_PROFILE)],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    done = run_script(tmp_path, THREAD_FIRST_SCRIPT, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "after thread: True" in done.stdout and "after main: False" in done.stdout
+    # the script ends without closing its rank: the exit resets the clock its plan set
+    assert done.stdout.splitlines()[-1] == "reset main", done.stdout
 
 
 def test_giving_up_during_the_sweep_stops_it_at_the_default_clock(
-    app: TestClient, tmp_path: Path
+    app: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The sweep measures on the training thread, between iterations, at lowered clocks: once
     # perseus has given up ("training goes on at default clocks") it must not go on.
     job, token = create(app, schedule="1f1b")
     rank, gpu = make_rank(app, job, token, tmp_path)
-    locks: list[int] = []
-    lock_clock = gpu.lock_clock
-
-    def counted(frequency_mhz: int) -> None:
-        locks.append(frequency_mhz)
-        lock_clock(frequency_mhz)
-
-    gpu.lock_clock = counted  # type: ignore[method-assign]
+    locks = record_calls(monkeypatch, gpu, "lock_clock")
     try:
         train_until(rank, ORDER_1F1B, lambda: len(locks) >= 2, 30)
         assert rank._sweep is not None
@@ -482,24 +480,17 @@ def test_the_signal_handlers_reset_lets_no_error_reach_training(
 
 
 def test_a_signal_while_close_waits_for_the_clock_thread_still_resets(
-    app: TestClient, tmp_path: Path
+    app: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # close() marks the rank closed first and resets only after joining the clock thread; a
     # SIGTERM in between ends the process (default handler) before that reset.
     job, token = create(app, schedule="1f1b")
     rank, gpu = make_rank(app, job, token, tmp_path)
-    resets: list[str] = []
-    reset_clock = gpu.reset_clock
-
-    def counted() -> None:
-        resets.append("reset")
-        reset_clock()
-
-    gpu.reset_clock = counted  # type: ignore[method-assign]
+    resets = record_calls(monkeypatch, gpu, "reset_clock")
     try:
         rank._closed = True  # as close() has just done
         rank._emergency_reset("SIGTERM")
-        assert resets == ["reset"]
+        assert resets == [()]
     finally:
         rank._closed = False
         rank.close()
