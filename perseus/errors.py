@@ -18,7 +18,8 @@
     ├── JobNotFound             no job with that id
     ├── JobStateError           the job is not in a state that allows the request
     │   └── PlanNotReady            no plan or frontier yet; ``state`` says where the job stands
-    └── AuthError               a token is missing (401) or wrong (403)
+    ├── AuthError               a token is missing (401) or wrong (403)
+    └── StoreError              the job database cannot be reached, read or migrated
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "RequestRejected",
     "ScheduleError",
     "SolverTimeout",
+    "StoreError",
 ]
 
 
@@ -158,3 +160,10 @@ class AuthError(PerseusError):
     def __init__(self, message: str, status_code: int = 401) -> None:
         super().__init__(message)
         self.status_code = status_code
+
+
+class StoreError(PerseusError):
+    """The job database cannot be reached, read or brought to this version's schema.
+
+    The message names the database (its password hidden) and what to do.
+    """

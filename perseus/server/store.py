@@ -10,6 +10,9 @@ Write transactions serialize per job: on PostgreSQL by ``SELECT ... FOR UPDATE``
 job row, on SQLite by ``BEGIN IMMEDIATE`` (SQLite has one writer at a time anyway). So a
 read-check-write inside :meth:`Store.write` is atomic, which is what lets exactly one
 process claim a job's planning.
+
+The schema evolves by Alembic revisions (:mod:`perseus.server.alembic`):
+:meth:`Store.create_schema` brings any older database to this version's tables.
 """
 
 from __future__ import annotations
@@ -44,7 +47,6 @@ from sqlalchemy import (
     event,
     func,
     insert,
-    inspect,
     or_,
     select,
     text,
@@ -54,6 +56,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
 from perseus.schemas import JobCreate, JobState, PolicyModel, PolicySpec, StragglerView
+from perseus.server.alembic import VERSION_TABLE
+from perseus.server.alembic import revision as schema_revision
+from perseus.server.alembic import upgrade as upgrade_schema
 
 __all__ = [
     "CHANGES_CHANNEL",
@@ -66,10 +71,11 @@ __all__ = [
     "RankWindow",
     "Store",
     "Transaction",
+    "metadata",
     "normalize_database_url",
 ]
 
-# An arbitrary constant: the advisory lock that serializes schema creation on PostgreSQL.
+# An arbitrary constant: the advisory lock that serializes schema upgrades on PostgreSQL.
 _SCHEMA_LOCK_KEY = 7787_0001
 
 CHANGES_CHANNEL = "perseus_job_changes"
@@ -77,11 +83,13 @@ CHANGES_CHANNEL = "perseus_job_changes"
 
 _log = logging.getLogger("perseus.server")
 
-_metadata = MetaData()
+metadata = MetaData()
+"""The store's tables as this version uses them; ``perseus/server/alembic/versions`` holds
+how a database gets there, and a test checks that the two agree."""
 
 _jobs = Table(
     "perseus_jobs",
-    _metadata,
+    metadata,
     Column("id", String(64), primary_key=True),
     Column("name", String(200)),
     Column("token_hash", String(64), nullable=False),
@@ -106,7 +114,7 @@ _jobs = Table(
 
 _frontiers = Table(
     "perseus_frontiers",
-    _metadata,
+    metadata,
     Column("job_id", String(64), ForeignKey("perseus_jobs.id"), primary_key=True),
     Column("rev", Integer, nullable=False),
     Column("data", Text, nullable=False),
@@ -114,7 +122,7 @@ _frontiers = Table(
 
 _ranks = Table(
     "perseus_ranks",
-    _metadata,
+    metadata,
     Column("job_id", String(64), ForeignKey("perseus_jobs.id"), primary_key=True),
     Column("rank", Integer, primary_key=True),
     Column("stage", Integer, nullable=False),
@@ -134,7 +142,7 @@ _ranks = Table(
 
 _profiles = Table(
     "perseus_profiles",
-    _metadata,
+    metadata,
     Column("job_id", String(64), ForeignKey("perseus_jobs.id"), primary_key=True),
     Column("rank", Integer, primary_key=True),
     Column("stage", Integer, nullable=False),
@@ -676,19 +684,6 @@ class ChangeListener:
         self._thread.join(timeout=2.0)
 
 
-def _add_missing_columns(connection: Connection) -> None:
-    """Add nullable columns that newer versions introduced to tables made by older ones."""
-    inspector = inspect(connection)
-    for table in _metadata.sorted_tables:
-        present = {column["name"] for column in inspector.get_columns(table.name)}
-        for column in table.columns:
-            if column.name not in present and column.nullable:
-                kind = column.type.compile(dialect=connection.dialect)
-                connection.execute(
-                    text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}')
-                )
-
-
 class Store:
     """The job store.
 
@@ -719,20 +714,37 @@ class Store:
             self._write_engine = self._read_engine = engine
             self._write_lock = nullcontext()
 
-    def create_schema(self) -> None:
-        """Create missing tables; safe when several processes start at once."""
-        with self._write_engine.begin() as connection:
+    def create_schema(self) -> str:
+        """Create the tables, or upgrade them to this version's schema (Alembic revisions,
+        see :mod:`perseus.server.alembic`), in one transaction; safe when several processes
+        start at once.
+
+        Returns:
+            The schema revision reached (the newest this version knows).
+
+        Raises:
+            StoreError: the database was upgraded by a newer perseus, or is not perseus's.
+            sqlalchemy.exc.SQLAlchemyError: the database cannot be reached or written.
+        """
+        with self._write_lock, self._write_engine.begin() as connection:
             if self.backend == "postgresql":
+                # SQLite's BEGIN IMMEDIATE already admits one writer at a time.
                 connection.execute(
                     text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK_KEY}
                 )
-            _metadata.create_all(connection)
-            _add_missing_columns(connection)
+            return upgrade_schema(connection)
+
+    def schema_revision(self) -> str | None:
+        """The database's schema revision; None when it has none (empty, or made before
+        migrations)."""
+        with self._read_engine.begin() as connection:
+            return schema_revision(connection)
 
     def drop_schema(self) -> None:
-        """Drop every table (tests only)."""
+        """Drop every table and the schema revision (tests only)."""
         with self._write_engine.begin() as connection:
-            _metadata.drop_all(connection)
+            metadata.drop_all(connection)
+            connection.execute(text(f"DROP TABLE IF EXISTS {VERSION_TABLE}"))
 
     @contextmanager
     def read(self) -> Iterator[Transaction]:
