@@ -22,7 +22,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from perseus.client.rank import Rank, connect
+    from perseus.client.lifecycle import connect
+    from perseus.client.rank import Rank
     from perseus.client.settings import (
         ClientSettings,
         ProfileBudget,
@@ -36,7 +37,7 @@ __all__ = ["ClientSettings", "ProfileBudget", "Rank", "SettingsError", "connect"
 # client commands (``perseus job --help``) where the client's extras (httpx) are missing.
 _WHERE = {
     "Rank": "perseus.client.rank",
-    "connect": "perseus.client.rank",
+    "connect": "perseus.client.lifecycle",
     "ClientSettings": "perseus.client.settings",
     "ProfileBudget": "perseus.client.settings",
     "SettingsError": "perseus.client.settings",

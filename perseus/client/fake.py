@@ -44,8 +44,10 @@ field                      default                          why
 ``clock_change_delay_s``   0.02                             a lock takes effect this much later
 =========================  ===============================  =====================================
 
-:class:`FakeGpu` implements :class:`~perseus.client.gpu.GpuControl` over that model. The rank
-brackets each instruction with :meth:`FakeGpu.begin` and :meth:`FakeGpu.end`; ``end`` sleeps
+:class:`FakeGpu` implements :class:`~perseus.client.gpu.GpuControl` over that model, and is its
+own :class:`~perseus.client.gpu.WorkObserver` (``work_observer``): the rank brackets each
+instruction with :meth:`FakeGpu.begin` and :meth:`FakeGpu.end`, never knowing it drives a
+fake; ``end`` sleeps
 until the instruction's modelled time has passed. Energy is integrated lazily and exactly
 (power is piecewise constant: busy power inside a bracket, idle power outside), at every state
 change and read, with no timer thread. The energy counter and the power reading move only at
@@ -304,6 +306,15 @@ class FakeGpu:
     def can_set_clocks(self) -> bool:
         """Always True: the fake applies locks."""
         return True
+
+    @property
+    def work_observer(self) -> FakeGpu:
+        """This fake: it models the work the rank brackets (see ``WorkObserver``)."""
+        return self
+
+    def place(self, stage: int, stages: int) -> None:
+        """Model stage ``stage`` of ``stages``: :attr:`work` becomes :func:`default_work` of it."""
+        self.work = default_work(stage, stages)
 
     @property
     def model(self) -> FakeGpuModel:

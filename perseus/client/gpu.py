@@ -9,6 +9,8 @@ the implementation from ``PERSEUS_GPU``:
 - ``dry-run``: :class:`DryRunGpu` reads the real GPU but only logs the clocks it would set; for
   machines where clocks may not or must not change (shared machines, no root).
 - ``fake``: :class:`~perseus.client.fake.FakeGpu`, a modelled H200 for tests and CPU runs.
+  :func:`open_gpu` is the one place that imports it (lazily): the rest of the client knows a
+  simulated GPU only through the optional :class:`WorkObserver` it offers.
 
 Every NVML error is translated where it enters, through one table (``_NVML_ERRORS``) from NVML
 return codes to :class:`~perseus.errors.GpuControlError` and its subclasses, raised ``from``
@@ -25,6 +27,7 @@ import contextlib
 import importlib
 import logging
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -38,9 +41,11 @@ __all__ = [
     "GpuControl",
     "GpuMode",
     "NvmlGpu",
+    "WorkObserver",
     "open_gpu",
     "reset_clocks",
     "validate_clock_mhz",
+    "work_observer",
 ]
 
 log = logging.getLogger("perseus.client")
@@ -94,6 +99,39 @@ class GpuControl(Protocol):
     def power_w(self) -> float:
         """The GPU's power reading, in watts."""
         ...
+
+
+@runtime_checkable
+class WorkObserver(Protocol):
+    """Sees each unit of work the rank runs: how a GPU simulated on the host models it.
+
+    A GPU object may offer one as an optional ``work_observer`` attribute (the fake GPU does,
+    NVML does not); the client looks it up with :func:`work_observer`, never by the GPU's
+    type. The simulated work runs on the thread that calls :meth:`end`, so the rank sets
+    such a GPU's clocks inline, at the host boundary (there is no device stream to mark).
+    """
+
+    def begin(self, kind: str, scale: float = 1.0) -> None:
+        """One unit of ``kind`` (``"forward"``, ``"backward"``) starts, ``scale`` times its size."""
+        ...
+
+    def end(self) -> None:
+        """The unit begun last ends (the simulation may wait for its modelled time)."""
+        ...
+
+    def working(self, kind: str, scale: float = 1.0) -> AbstractContextManager[object]:
+        """:meth:`begin` and :meth:`end` around a ``with`` block (the profiling loops)."""
+        ...
+
+    def place(self, stage: int, stages: int) -> None:
+        """The rank's pipeline position became known: model stage ``stage`` of ``stages``."""
+        ...
+
+
+def work_observer(gpu: GpuControl) -> WorkObserver | None:
+    """The GPU's optional :class:`WorkObserver`, or None (a real GPU needs none)."""
+    observer: WorkObserver | None = getattr(gpu, "work_observer", None)
+    return observer
 
 
 # NVML errors ----------------------------------------------------------------------------------

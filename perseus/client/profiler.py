@@ -35,8 +35,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
-from perseus.client.fake import FakeGpu
-from perseus.client.gpu import GpuControl
+from perseus.client.gpu import GpuControl, work_observer
 from perseus.client.meter import EnergyMeter
 from perseus.client.settings import ProfileBudget
 from perseus.errors import ProfileError
@@ -59,15 +58,16 @@ _log = logging.getLogger("perseus.client")
 _MIN_RUNS = 10
 
 DeviceWork = Callable[[str], AbstractContextManager[object]]
-"""Brackets one unit of device work of a kind (``"forward"``, ``"backward"``); the fake GPU
+"""Brackets one unit of device work of a kind (``"forward"``, ``"backward"``); a simulated GPU
 uses it to model the work, a real GPU needs nothing."""
 
 
 def device_work(gpu: GpuControl) -> DeviceWork:
-    """The bracket for units of work on ``gpu``: the fake GPU models them, a real one
-    needs nothing."""
-    if isinstance(gpu, FakeGpu):
-        return gpu.working
+    """The bracket for units of work on ``gpu``: its work observer's (a simulated GPU models
+    them), else a no-op."""
+    observer = work_observer(gpu)
+    if observer is not None:
+        return observer.working
     return lambda kind: nullcontext()
 
 

@@ -26,6 +26,7 @@ from fastapi.testclient import TestClient
 
 import perseus.client
 from perseus.client.fake import FakeGpu, default_work
+from perseus.client.online import ProfilingState
 from perseus.client.planner import PlannerClient
 from perseus.client.rank import Rank
 from perseus.client.settings import ClientSettings, ProfileBudget, SettingsError, load_settings
@@ -286,7 +287,7 @@ def test_an_unwritable_clock_log_stops_logging_not_telemetry_or_close(
             while "clock log" not in caplog.text and time.monotonic() < deadline:
                 time.sleep(0.05)
             train(rank, 2, ORDER_1F1B)
-            assert all(t.is_alive() for t in rank._threads)  # telemetry goes on
+            assert rank.threads and all(t.is_alive() for t in rank.threads)  # telemetry goes on
         finally:
             rank.close()  # never raises
     assert "cannot write the clock log" in caplog.text and "rank0.jsonl" in caplog.text
@@ -341,7 +342,7 @@ rank = perseus.client.connect(server="http://planner", job="j", token="t", stage
                               gpu=SlowGpu(), planner=PlannerClient(http, "j", "t"),
                               profile_path=sys.argv[1])
 threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
-rank._controller.apply(1200)  # the training thread inside a clock change when SIGTERM comes
+rank.controller.apply(1200)  # the training thread inside a clock change when SIGTERM comes
 print("SIGTERM did not end the process", flush=True)
 """
 
@@ -380,7 +381,7 @@ def connect(name):
     rank = perseus.client.connect(server="http://planner", job="j", token="t", stage=0,
                                   gpu=Gpu(name), planner=PlannerClient(http, "j", "t"),
                                   profile_path=sys.argv[1])
-    rank._controller.apply(1200)  # a plan's clock, inline
+    rank.controller.apply(1200)  # a plan's clock, inline
     return rank
 
 def child():
@@ -449,11 +450,12 @@ def test_giving_up_during_the_sweep_stops_it_at_the_default_clock(
     locks = record_calls(monkeypatch, gpu, "lock_clock")
     try:
         train_until(rank, ORDER_1F1B, lambda: len(locks) >= 2, 30)
-        assert rank._sweep is not None
-        rank._give_up("the planner refused this rank")
+        assert rank.profiling_state is ProfilingState.SWEEPING
+        rank.give_up("the planner refused this rank")
         locks.clear()
         train(rank, 3, ORDER_1F1B)
-        assert locks == [] and rank._sweep is None and gpu.locked_clock_mhz is None
+        assert locks == [] and rank.profiling_state is ProfilingState.FAILED
+        assert gpu.locked_clock_mhz is None
     finally:
         rank.close()
 
@@ -472,7 +474,7 @@ def test_the_signal_handlers_reset_lets_no_error_reach_training(
 
     try:
         gpu.reset_clock = broken  # type: ignore[method-assign]
-        rank._emergency_reset("SIGTERM")  # never raises
+        rank.emergency_reset("SIGTERM")  # never raises
         assert "could not reset GPU 0 clocks: NVML went away" in caplog.text
     finally:
         gpu.reset_clock = reset_clock  # type: ignore[method-assign]
@@ -487,13 +489,10 @@ def test_a_signal_while_close_waits_for_the_clock_thread_still_resets(
     job, token = create(app, schedule="1f1b")
     rank, gpu = make_rank(app, job, token, tmp_path)
     resets = record_calls(monkeypatch, gpu, "reset_clock")
-    try:
-        rank._closed = True  # as close() has just done
-        rank._emergency_reset("SIGTERM")
-        assert resets == [()]
-    finally:
-        rank._closed = False
-        rank.close()
+    rank.close()  # marks the rank closed (and resets, as the signal may come before it does)
+    resets.clear()
+    rank.emergency_reset("SIGTERM")
+    assert resets == [()]
 
 
 def test_wrong_token_and_unknown_job_stop_perseus_not_training(
@@ -562,11 +561,18 @@ def test_an_exception_in_training_resets_the_clocks(app: TestClient, tmp_path: P
         rank.close()
 
 
-def test_perseus_logs_once_that_it_is_off(caplog: pytest.LogCaptureFixture) -> None:
-    import perseus.client.rank as rank_module
+OFF_SCRIPT = """
+import logging
+import perseus.client
 
-    rank_module._said_off = False
-    with caplog.at_level(logging.WARNING, logger="perseus.client"):
-        perseus.client.connect(server=None, install_signal_handlers=False)
-        perseus.client.connect(server=None, install_signal_handlers=False)
-    assert sum("PERSEUS_SERVER is not set" in r.message for r in caplog.records) == 1
+logging.basicConfig(level=logging.WARNING)
+perseus.client.connect(server=None, install_signal_handlers=False)
+perseus.client.connect(server=None, install_signal_handlers=False)
+"""
+
+
+def test_perseus_logs_once_that_it_is_off(tmp_path: Path) -> None:
+    # A fresh process: whether an earlier test's connect() already said so does not matter.
+    done = run_script(tmp_path, OFF_SCRIPT, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr.count("PERSEUS_SERVER is not set") == 1, done.stderr

@@ -1,0 +1,215 @@
+"""The reporter thread: iteration telemetry to the planner, and the clock log.
+
+The training thread only appends to two queues and wakes the thread; everything slow is
+here. Telemetry waits until the planner knows the rank, the device has passed the
+iteration's end and the meter has read past it; the queue is bounded, so while the planner
+is down old reports are dropped, never the training thread blocked. The clock log (one JSON
+line per instruction: the clock the plan asked for) goes to ``rank<N>.jsonl`` under
+``PERSEUS_CLOCK_LOG``; a write error stops the log, not the thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import IO
+
+from perseus.client.controller import Stamp
+from perseus.client.meter import EnergyMeter
+from perseus.client.planner import Backoff, PlannerClient
+from perseus.client.session import Outage
+from perseus.client.settings import ClientSettings
+from perseus.errors import PerseusError, PlannerUnavailable
+from perseus.schemas import IterationReport
+
+__all__ = ["LogEntry", "Reporter"]
+
+_log = logging.getLogger("perseus.client")
+
+LogEntry = tuple[str, int, int | None, int | None]
+"""One instruction in the clock log: kind, microbatch, chunk, the clock asked for (None:
+default)."""
+
+
+class Reporter:
+    """Runs the reporter thread of one rank.
+
+    Args:
+        settings: The rank's settings (its rank number and clock log folder).
+        planner: Where the reports go.
+        meter: The energy meter the reports read.
+        registered: Set once the planner knows the rank; reports wait for it.
+        stop: Set when the rank closes.
+        clock: The clock of the meter and the boundary stamps.
+    """
+
+    def __init__(
+        self,
+        settings: ClientSettings,
+        planner: PlannerClient,
+        meter: EnergyMeter,
+        registered: threading.Event,
+        stop: threading.Event,
+        *,
+        clock: Callable[[], float],
+    ) -> None:
+        self._rank = settings.rank
+        self._planner = planner
+        self._meter = meter
+        self._registered = registered
+        self._stop = stop
+        self._clock = clock
+        self._reports: deque[tuple[int, Stamp, Stamp, int | None]] = deque(
+            maxlen=settings.telemetry_queue
+        )
+        self._logs: deque[tuple[int, int | None, list[LogEntry]]] = deque()
+        self._log_lock = threading.Lock()
+        self._log_file: IO[str] | None = None
+        if settings.clock_log_dir:
+            os.makedirs(settings.clock_log_dir, exist_ok=True)
+            path = os.path.join(settings.clock_log_dir, f"rank{settings.rank}.jsonl")
+            self._log_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="perseus-report", daemon=True)
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The reporter thread."""
+        return self._thread
+
+    @property
+    def logs_clocks(self) -> bool:
+        """Whether the clock log is being written (False once a write failed)."""
+        return self._log_file is not None
+
+    def start(self) -> None:
+        """Start the reporter thread."""
+        self._thread.start()
+
+    # ------------------------------------------------------------------ training thread
+
+    def queue_iteration(
+        self, iteration: int, start: Stamp, end: Stamp, plan_version: int | None
+    ) -> None:
+        """Queue one iteration's telemetry (the oldest is dropped when the queue is full)."""
+        self._reports.append((iteration, start, end, plan_version))
+
+    def queue_log(self, iteration: int, plan_version: int | None, entries: list[LogEntry]) -> None:
+        """Queue one iteration's clock log entries."""
+        self._logs.append((iteration, plan_version, entries))
+
+    def wake(self) -> None:
+        """Let the thread look at its queues now."""
+        self._wake.set()
+
+    def close(self) -> None:
+        """Write what is queued and close the clock log (after the thread was joined)."""
+        self._drain_logs()
+        with self._log_lock:
+            if self._log_file is not None:
+                with contextlib.suppress(OSError):  # reported by _write_logs already
+                    self._log_file.close()
+
+    # ------------------------------------------------------------------ reporter thread
+
+    def _run(self) -> None:
+        rng = random.Random()
+        backoff = Backoff()
+        outage = Outage()
+        attempt = 0
+        retry_at = 0.0
+        while True:
+            self._wake.wait(0.5)
+            self._wake.clear()
+            self._drain_logs()
+            if self._stop.is_set():
+                return
+            if not self._registered.is_set() or time.monotonic() < retry_at:
+                continue
+            while self._reports and not self._stop.is_set():
+                iteration, start_stamp, end_stamp, version = self._reports[0]
+                start, end = start_stamp.at_s, end_stamp.at_s
+                if start is None or end is None:
+                    break  # the device has not reached the iteration's end yet
+                energy = self._meter.energy_between(start, end)
+                if energy is None:
+                    if self._clock() - end < 1.0 and self._meter.failed is None:
+                        break  # the meter has not read past the end yet
+                    self._reports.popleft()
+                    continue
+                report = IterationReport(
+                    rank=self._rank,
+                    iteration=iteration,
+                    time_s=max(end - start, 1e-6),
+                    energy_j=max(energy, 0.0),
+                    plan_version=version,
+                )
+                try:
+                    self._planner.report_iteration(report)
+                except PlannerUnavailable as err:
+                    outage.failed(err)
+                    retry_at = time.monotonic() + backoff.delay_s(attempt, rng)
+                    attempt += 1
+                    break
+                except PerseusError as err:
+                    _log.debug("perseus: iteration report refused: %s", err)
+                self._reports.popleft()
+                outage.ok()
+                attempt = 0
+
+    def _drain_logs(self) -> None:
+        with self._log_lock:
+            self._write_logs()
+
+    def _write_logs(self) -> None:
+        if self._log_file is None or self._log_file.closed:
+            self._logs.clear()
+            return
+        wrote = False
+        while self._logs:
+            iteration, version, entries = self._logs.popleft()
+            lines = [
+                json.dumps(
+                    {
+                        "iteration": iteration,
+                        "instruction": kind,
+                        "microbatch": microbatch,
+                        "chunk": chunk,
+                        "frequency_mhz": frequency,
+                        "plan_version": version,
+                    }
+                )
+                for kind, microbatch, chunk, frequency in entries
+            ]
+            try:
+                self._log_file.write("\n".join(lines) + "\n")
+            except OSError as err:
+                self._stop_logging(err)
+                return
+            wrote = True
+        if wrote:
+            try:
+                self._log_file.flush()
+            except OSError as err:
+                self._stop_logging(err)
+
+    def _stop_logging(self, err: OSError) -> None:
+        # A full disk must not kill the reporter thread (and its telemetry) nor fail close().
+        file = self._log_file
+        _log.error(
+            "perseus: cannot write the clock log %s (%s); clock logging stops",
+            getattr(file, "name", "?"),
+            err,
+        )
+        self._log_file = None
+        self._logs.clear()
+        if file is not None:
+            with contextlib.suppress(OSError):
+                file.close()

@@ -1,0 +1,293 @@
+"""The session thread: a rank's conversation with the planner.
+
+It reads the job (filling in the rank's position from the job's sizes), registers the rank,
+uploads the profile (a saved one, or the one online profiling hands over), then long-polls
+for plans, with backoff and jitter while the planner is down, logging once per outage. A new
+plan waits in :attr:`Session.pending` until the training thread adopts it at an iteration
+boundary. Any refusal from the planner gives up on planning, never on training.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from perseus.client.gpu import GpuControl, WorkObserver
+from perseus.client.planner import Backoff, PlannerClient, retry_call
+from perseus.client.settings import ClientSettings, SettingsError
+from perseus.client.state import ActivePlan, RankState
+from perseus.errors import (
+    AuthError,
+    JobNotFound,
+    PerseusError,
+    PlanError,
+    PlannerUnavailable,
+    PlanNotReady,
+    ProfileError,
+)
+from perseus.schemas import JobView, PlanResponse, ProfileReport, ProfileRow, RankRegistration
+
+if TYPE_CHECKING:
+    from perseus.solver.profiles import Profile
+
+__all__ = ["Outage", "Session", "read_saved_profile", "saved_profile_rows"]
+
+_log = logging.getLogger("perseus.client")
+
+
+class Outage:
+    """Logs once when the planner goes away and once when it is back."""
+
+    def __init__(self) -> None:
+        self.down_since: float | None = None
+
+    def failed(self, err: BaseException) -> None:
+        """A call failed for want of the planner (logged on the first of a run)."""
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            _log.warning(
+                "perseus: planner unavailable (%s); training goes on, retrying in the background",
+                err,
+            )
+
+    def ok(self) -> None:
+        """A call went through (logged after an outage)."""
+        if self.down_since is not None:
+            _log.warning(
+                "perseus: planner reachable again after %.0f s",
+                time.monotonic() - self.down_since,
+            )
+            self.down_since = None
+
+
+def read_saved_profile(settings: ClientSettings) -> Profile | None:
+    """The profile ``PERSEUS_PROFILE`` names, read now so that a bad one fails at start-up.
+
+    Raises:
+        SettingsError: The file is unreadable or malformed, or has no row for the stage.
+    """
+    if settings.profile_path is None:
+        return None
+    from perseus.solver.profiles import load_profile
+
+    try:
+        profile = load_profile(settings.profile_path)
+    except ProfileError as err:
+        raise SettingsError(f"PERSEUS_PROFILE: {err}") from err
+    stage = settings.stage
+    if stage is not None and stage >= profile.num_stages:
+        raise SettingsError(
+            f"PERSEUS_PROFILE: {settings.profile_path} has {profile.num_stages} stages, "
+            f"this rank is stage {stage}"
+        )
+    return profile
+
+
+def saved_profile_rows(
+    profile: Profile, stage: int, path: str
+) -> tuple[list[ProfileRow], float | None]:
+    """The rows of ``stage`` in a saved profile, and its blocking power.
+
+    Raises:
+        ProfileError: The profile has no such stage.
+    """
+    if stage >= profile.num_stages:
+        raise ProfileError(f"{path}: has {profile.num_stages} stages, this rank is stage {stage}")
+    rows = [
+        ProfileRow(
+            instruction="forward" if o_kind == "forward" else "backward",
+            frequency_mhz=option.frequency_mhz,
+            time_s=option.time_s,
+            energy_j=option.energy_j,
+        )
+        for o_kind, options in profile.stages[stage].items()
+        for option in options
+    ]
+    return rows, profile.p_block_w
+
+
+class Session:
+    """Runs the session thread of one rank.
+
+    Args:
+        state: The rank's shared state (position, failure).
+        planner: The planner client.
+        gpu: The rank's GPU (its name and clocks go into the registration).
+        observer: The GPU's work observer, told the rank's stage once the job gives it.
+        stop: Set when the rank closes.
+        saved: The saved profile to upload instead of profiling online (None: wait for
+            :meth:`submit_profile`).
+    """
+
+    def __init__(
+        self,
+        state: RankState,
+        planner: PlannerClient,
+        gpu: GpuControl,
+        observer: WorkObserver | None,
+        stop: threading.Event,
+        saved: Profile | None,
+    ) -> None:
+        self._state = state
+        self._planner = planner
+        self._gpu = gpu
+        self._observer = observer
+        self._stop = stop
+        self._saved = saved
+        self.pending: ActivePlan | None = None
+        """The newest plan received; the training thread adopts it at an iteration boundary."""
+        self.registered = threading.Event()
+        """Set once the planner knows this rank (telemetry may flow)."""
+        self._profile_ready = threading.Event()
+        self._rows: tuple[list[ProfileRow], float | None] = ([], None)
+        self._thread = threading.Thread(target=self._run, name="perseus-session", daemon=True)
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The session thread."""
+        return self._thread
+
+    def start(self) -> None:
+        """Start the session thread."""
+        self._thread.start()
+
+    def submit_profile(self, rows: list[ProfileRow], p_block_w: float | None) -> None:
+        """Hand over the profile measured online, for upload (any thread)."""
+        self._rows = (rows, p_block_w)
+        self._profile_ready.set()
+
+    # ------------------------------------------------------------------ session thread
+
+    def _run(self) -> None:
+        rng = random.Random()
+        backoff = Backoff()
+        outage = Outage()
+        state = self._state
+
+        def on_error(err: BaseException, attempt: int) -> None:
+            outage.failed(err)
+
+        def call(fn: Callable[[], Any]) -> Any:
+            result = retry_call(fn, backoff=backoff, stop=self._stop, rng=rng, on_error=on_error)
+            outage.ok()
+            return result
+
+        try:
+            job: JobView = call(self._planner.job)
+            state.job = job
+            self._resolve_position(job)
+            state.check_job(job)
+            if state.failure is not None:
+                return
+            state.position_ready.set()
+            self._register(call)
+            self.registered.set()
+            if self._saved is not None:
+                path = state.settings.profile_path or ""
+                self.submit_profile(
+                    *saved_profile_rows(self._saved, state.settings.stage or 0, path)
+                )
+            while not self._profile_ready.wait(0.5):
+                if self._stop.is_set():
+                    return
+            rows, p_block = self._rows
+            stage = state.settings.stage
+            if stage is None:  # only when the position could not be resolved, logged there
+                return
+            rank = state.settings.rank
+            call(
+                lambda: self._planner.report_profile(
+                    ProfileReport(rank=rank, stage=stage, rows=rows, p_block_w=p_block)
+                )
+            )
+            _log.info("perseus: rank %d profile reported", rank)
+            self._poll_plans(rng, backoff, outage)
+        except PlannerUnavailable:
+            return  # only when stopping
+        except (AuthError, JobNotFound, PlanError, ProfileError) as err:
+            state.give_up(str(err))
+        except PerseusError as err:
+            state.give_up(f"{type(err).__name__}: {err}")
+        except Exception as err:  # a bug here must not reach training
+            _log.exception("perseus: session thread failed")
+            state.give_up(f"internal error: {err}")
+
+    def _register(self, call: Callable[[Callable[[], Any]], Any]) -> None:
+        s = self._state.settings
+        stage = s.stage if s.stage is not None else 0
+        body = RankRegistration(
+            rank=s.rank,
+            stage=stage,
+            data_parallel_rank=s.data_parallel_rank or 0,
+            tensor_parallel_rank=s.tensor_parallel_rank or 0,
+            gpu_name=self._gpu.name,
+            supported_clocks_mhz=list(self._gpu.supported_clocks_mhz()),
+        )
+        call(lambda: self._planner.register(body))
+
+    def _poll_plans(self, rng: random.Random, backoff: Backoff, outage: Outage) -> None:
+        version: int | None = None
+        attempt = 0
+        not_ready_logged = ""
+        settings = self._state.settings
+        while not self._stop.is_set():
+            try:
+                plan = self._planner.plan(
+                    settings.rank, version=version, wait_s=settings.poll_wait_s
+                )
+            except PlanNotReady as err:
+                if err.state == "failed" and not_ready_logged != "failed":
+                    _log.error("perseus: planning failed on the server: %s", err)
+                not_ready_logged = err.state
+                outage.ok()
+                self._stop.wait(min(5.0, 0.5 + attempt * 0.5))
+                attempt += 1
+                continue
+            except PlannerUnavailable as err:
+                outage.failed(err)
+                self._stop.wait(backoff.delay_s(attempt, rng))
+                attempt += 1
+                continue
+            outage.ok()
+            attempt = 0
+            if plan is None:
+                continue
+            self._accept_plan(plan)
+            version = plan.version
+
+    def _accept_plan(self, plan: PlanResponse) -> None:
+        if plan.stage != self._state.settings.stage:
+            self._state.give_up(f"plan version {plan.version} is for stage {plan.stage}")
+            return
+        active = ActivePlan.from_response(plan)
+        _log.info(
+            "perseus: plan version %d received (%d instructions, %.4f s per iteration)",
+            plan.version,
+            len(active.keys),
+            plan.time_s,
+        )
+        self.pending = active
+
+    def _resolve_position(self, job: JobView) -> None:
+        """Fill in stage, data- and tensor-parallel rank from the job's sizes where unknown.
+
+        The layout is Megatron's default: tensor parallel fastest, then data parallel,
+        then pipeline stage (``rank = (stage * D + d) * T + t``).
+        """
+        state = self._state
+        spec = job.spec
+        r = state.settings.rank
+        t = r % spec.tensor_parallel
+        d = (r // spec.tensor_parallel) % spec.data_parallel
+        stage = r // (spec.tensor_parallel * spec.data_parallel)
+        state.settings = state.settings.with_position(
+            stage=stage, data_parallel_rank=d, tensor_parallel_rank=t
+        )
+        if self._observer is not None and state.expect.stages is None:
+            self._observer.place(state.settings.stage or 0, spec.stages)
+        if spec.virtual_stages > 1:
+            state.scale = 1.0 / spec.virtual_stages
