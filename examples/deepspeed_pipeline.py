@@ -12,8 +12,8 @@ runs one schedule, 1F1B (``TrainSchedule``), so ``--schedule`` takes only ``1f1b
 process is one pipeline stage (no data parallelism here).
 
 The two perseus lines are ``rank = perseus.client.connect()`` and
-``perseus.client.deepspeed.instrument(rank, engine)``; every ``engine.train_batch()`` is then
-one planned iteration.
+``perseus.client.integrations.deepspeed.instrument(rank, engine)``; every
+``engine.train_batch()`` is then one planned iteration.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from deepspeed.pipe import PipelineModule
 from torch import nn
 
 import perseus.client
-import perseus.client.deepspeed
+import perseus.client.integrations.deepspeed
 
 
 class Embedding(nn.Module):
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
 
     rank = perseus.client.connect()
-    perseus.client.deepspeed.instrument(rank, engine)
+    perseus.client.integrations.deepspeed.instrument(rank, engine)
 
     data = batches(args, device)
     last = engine.is_last_stage()

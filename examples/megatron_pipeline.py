@@ -15,7 +15,8 @@ interleaved-1f1b`` puts two model chunks on every rank (create the job with
 The model is plain torch modules (the same blocks as ``examples/torch_pipeline.py``) driven by
 megatron-core's own schedules: ``get_forward_backward_func()`` picks 1F1B or interleaved 1F1B
 from ``parallel_state``. The perseus lines are ``perseus.client.connect()`` and
-``perseus.client.megatron.instrument(rank)``; nothing else in the loop knows about perseus.
+``perseus.client.integrations.megatron.instrument(rank)``; nothing else in the loop knows about
+perseus.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from megatron.core.transformer import TransformerConfig
 from torch import nn
 
 import perseus.client
-import perseus.client.megatron
+import perseus.client.integrations.megatron
 
 
 class Block(nn.Module):
@@ -166,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     rank = perseus.client.connect()
-    perseus.client.megatron.instrument(rank, config=config, microbatches=args.microbatches)
+    perseus.client.integrations.megatron.instrument(
+        rank, config=config, microbatches=args.microbatches
+    )
 
     # Megatron's placement: chunk c of pipeline rank g is virtual stage c * world + g. Build
     # every virtual stage from the same seed so the model does not depend on the world size.

@@ -32,7 +32,7 @@ from torch.distributed.pipelining.schedules import (
 )
 
 import perseus.client
-from perseus.client.torch_pipelining import instrument
+from perseus.client.integrations.torch_pipelining import instrument
 
 
 class Block(nn.Module):

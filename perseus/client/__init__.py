@@ -10,9 +10,13 @@
         with rank.instruction("backward", microbatch=j, chunk=c): ...
     rank.close()                               # also at exit and on SIGTERM/SIGINT
 
-Framework integrations: :mod:`perseus.client.torch_pipelining` (needs torch),
-:mod:`perseus.client.megatron` (megatron-core) and :mod:`perseus.client.deepspeed`. GPU control:
-:mod:`perseus.client.gpu` (NVML, dry-run) and :mod:`perseus.client.fake` (a modelled GPU).
+Framework integrations live in :mod:`perseus.client.integrations` (``torch_pipelining`` needs
+torch, ``megatron`` megatron-core, ``deepspeed`` DeepSpeed; the old paths
+``perseus.client.torch_pipelining`` etc. still work, with a DeprecationWarning). GPU control:
+:mod:`perseus.client.gpu` (NVML, dry-run; ``open_gpu`` also makes the modelled GPU of
+:mod:`perseus.client.fake`). The rank's own pieces: :mod:`~perseus.client.rank` (the training
+thread's hooks), :mod:`~perseus.client.lifecycle` (``connect``, exit and signal hooks),
+:mod:`~perseus.client.session`, :mod:`~perseus.client.reporter`, :mod:`~perseus.client.online`.
 Importing this package imports neither torch nor any training framework.
 """
 

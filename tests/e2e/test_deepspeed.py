@@ -25,7 +25,7 @@ deepspeed = pytest.importorskip("deepspeed")
 from deepspeed.runtime.pipe import schedule as ds_schedule  # noqa: E402
 from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: E402
 
-from perseus.client.deepspeed import MicrobatchCounter, instruction_map, instrument  # noqa: E402
+from perseus.client.integrations.deepspeed import MicrobatchCounter, instruction_map, instrument  # noqa: E402
 from perseus.client.rank import Rank  # noqa: E402
 from perseus.client.settings import load_settings  # noqa: E402
 from perseus.errors import ScheduleError  # noqa: E402

@@ -12,6 +12,7 @@ by instruction, and the loss is the same, bit for bit, with and without perseus.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from megatron.core.enums import ModelType  # noqa: E402
 from megatron.core.pipeline_parallel import get_forward_backward_func, schedules  # noqa: E402
 from megatron.core.transformer import TransformerConfig  # noqa: E402
 
-from perseus.client import megatron as pm  # noqa: E402
+from perseus.client.integrations import megatron as pm  # noqa: E402
 from perseus.errors import ScheduleError  # noqa: E402
 
 EXAMPLE = "megatron_pipeline.py"
@@ -62,11 +63,11 @@ def test_a_recycled_id_does_not_match() -> None:
     outputs = pm.ForwardOutputs()
     dead = torch.ones(3)
     outputs.record(dead, 5, None)
-    key = id(dead)
+    probe = weakref.ref(dead)
     del dead
-    # Whatever now lives at that address is not the forward's output.
-    entry = outputs._entries[key]
-    assert entry[0]() is None
+    # The entry holds no reference: the tensor is gone, so whatever now lives at its
+    # address is not the forward's output.
+    assert probe() is None and len(outputs) == 1
 
 
 def test_unsupported_configurations_are_refused() -> None:
@@ -165,8 +166,9 @@ def one_stage(monkeypatch: pytest.MonkeyPatch) -> Iterator[Chunk]:
         torch.manual_seed(0)
         yield Chunk(config)
     finally:
-        if pm._installed is not None:
-            pm._installed.remove()
+        installed = pm.installed()
+        if installed is not None:
+            installed.remove()
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
 

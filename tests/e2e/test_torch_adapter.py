@@ -26,7 +26,7 @@ from torch.distributed.pipelining.schedules import (  # noqa: E402
     ScheduleInterleavedZeroBubble,
 )
 
-from perseus.client.torch_pipelining import instrument  # noqa: E402
+from perseus.client.integrations.torch_pipelining import instrument  # noqa: E402
 
 Event = tuple[str, int, int | None, bool]
 
