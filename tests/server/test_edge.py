@@ -3,6 +3,7 @@ documented error shape, log redaction. Real uvicorn on loopback where sockets ma
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
@@ -20,7 +21,7 @@ from fastapi.testclient import TestClient
 
 from perseus.client.planner import KEEPALIVE_EXPIRY_S
 from perseus.server.app import create_app
-from perseus.server.edge import AccessLogFilter, EdgeConfig, redact_query
+from perseus.server.edge import AccessLogFilter, EdgeConfig, EdgeProtocol, redact_query
 from perseus.server.settings import Settings
 
 from .conftest import Job, create_job, free_port
@@ -334,3 +335,87 @@ def test_a_body_in_time_is_served_and_the_connection_kept(
         time.sleep(0.8)  # past the body timeout: an idle kept-alive connection is not touched
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert _response(sock).startswith(b"HTTP/1.1 200")
+
+
+# What edge.py takes from uvicorn beyond its public Config and Server: the h11 protocol class
+# it subclasses, the methods it overrides and calls through super(), the attributes it reads
+# on the protocol and on its request cycle. pyproject.toml pins uvicorn to the tested minor
+# version; this says what to look at when that pin moves.
+_H11_METHODS = ("connection_made", "connection_lost", "handle_events", "on_response_complete")
+_H11_ATTRIBUTES = ("connections", "cycle", "transport", "loop")
+_CYCLE_ATTRIBUTES = ("response_complete", "more_body")
+
+
+class _Transport(asyncio.Transport):
+    """Enough of a socket transport for uvicorn's protocol, written bytes discarded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50000)}.get(
+            name, default
+        )
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def test_uvicorn_still_has_what_edge_protocol_relies_on() -> None:
+    from uvicorn.config import LOGGING_CONFIG
+    from uvicorn.protocols.http import h11_impl
+    from uvicorn.server import ServerState
+
+    def require(present: bool, what: str) -> None:
+        if not present:
+            pytest.fail(
+                f"uvicorn {uvicorn.__version__}: {what} is gone; perseus/server/edge.py "
+                "(EdgeProtocol, log_config) relies on it: adapt edge.py before moving the pin"
+            )
+
+    require(hasattr(h11_impl, "H11Protocol"), "uvicorn.protocols.http.h11_impl.H11Protocol")
+    for name in _H11_METHODS:
+        require(callable(getattr(h11_impl.H11Protocol, name, None)), f"H11Protocol.{name}()")
+    require("access" in LOGGING_CONFIG.get("handlers", {}), "LOGGING_CONFIG's 'access' handler")
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        pass  # never runs: the loop is not run past the request head
+
+    loop = asyncio.new_event_loop()
+    try:
+        state = ServerState()
+        require(hasattr(state, "connections"), "ServerState.connections")
+        protocol = EdgeProtocol(uvicorn.Config(app), state, {}, _loop=loop)
+        protocol.connection_made(_Transport())
+        for name in _H11_ATTRIBUTES:
+            require(hasattr(protocol, name), f"the H11Protocol attribute {name!r}")
+        require(protocol in state.connections, "H11Protocol adding itself to connections")
+        # A head with half its body: data_received() must go through handle_events().
+        protocol.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhalf")
+        require(protocol.cycle is not None, "H11Protocol.cycle set by handle_events()")
+        for name in _CYCLE_ATTRIBUTES:
+            require(hasattr(protocol.cycle, name), f"the RequestResponseCycle attribute {name!r}")
+        busy = protocol.requests == 1 and protocol.waiting_since is None
+        require(busy, "data_received() calling handle_events()")
+        pending = protocol.cycle.more_body and not protocol.cycle.response_complete
+        require(pending, "more_body/response_complete saying that a body is pending")
+        protocol.connection_lost(None)
+        require(protocol not in state.connections, "H11Protocol leaving connections")
+        for task in state.tasks:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*state.tasks, return_exceptions=True))
+    finally:
+        loop.close()
