@@ -270,12 +270,13 @@ def _commands(line: str) -> list[list[str]]:
 
 def _check_command(words: list[str]) -> list[str]:
     if words[0] == "perseus" and len(words) > 1:
-        from perseus.cli import _UsageError, command_parser
+        from perseus.cli import command_parser
+        from perseus.cli.arguments import UsageError
 
         shown = shlex.join(words)
         try:
             command_parser(words[1]).parse_args(words[2:])
-        except _UsageError as err:
+        except UsageError as err:
             return [f"{shown}: {err}"]
         except SystemExit as exited:
             return [f"{shown}: exits {exited.code}"]

@@ -1,20 +1,17 @@
-"""``perseus job ...`` and ``perseus reset-clocks`` through ``perseus.cli.main``, against a real
-planner (uvicorn on loopback, in a thread of this process)."""
+"""``perseus job ...`` through ``perseus.cli.main``, against a real planner (uvicorn on
+loopback, in a thread of this process)."""
 
 from __future__ import annotations
 
 import shlex
 import socket
 import subprocess
-import sys
 import threading
 import time
-import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import pytest
 import uvicorn
@@ -326,35 +323,3 @@ def test_errors_say_what_to_check(
         run(capsys, "job", "status", "--server", "planner:7787")
     )
     assert "COMMAND" in error_line(run(capsys, "job"))
-
-
-# ----------------------------------------------------------------------------- reset-clocks
-
-
-@pytest.mark.parametrize(
-    ("argv", "indices"),
-    [((), None), (("--gpu", "all"), None), (("--gpu", "3"), [3]), (("--gpu", "0,2"), [0, 2])],
-)
-def test_reset_clocks_prints_each_gpu(
-    argv: Sequence[str],
-    indices: list[int] | None,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    calls: list[Any] = []
-
-    def reset_clocks(given: Sequence[int] | None) -> list[str]:
-        calls.append(given)
-        return [f"GPU {i}: SM clock lock removed" for i in given or [0, 1]]
-
-    fake = types.ModuleType("perseus.client.gpu")
-    fake.reset_clocks = reset_clocks  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "perseus.client.gpu", fake)
-    r = run(capsys, "reset-clocks", *argv)
-    assert r.status == 0
-    assert calls == [indices]
-    assert r.out.splitlines() == [f"GPU {i}: SM clock lock removed" for i in indices or [0, 1]]
-
-
-def test_reset_clocks_rejects_a_bad_index(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "expected 'all' or GPU indices" in error_line(run(capsys, "reset-clocks", "--gpu", "x"))

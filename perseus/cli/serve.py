@@ -1,4 +1,12 @@
-"""``perseus serve``: the arguments and the runner the main CLI calls."""
+"""``perseus serve``: run the planner server.
+
+Flags override ``PERSEUS_*`` variables, which override the defaults
+(:class:`perseus.server.settings.Settings`). The port is bound first and the database checked
+second, so that a failed start creates nothing; every start-up problem is one line on stderr
+and exit status 2. The server's modules (FastAPI, uvicorn, SQLAlchemy: the server extra) are
+imported only when it runs, so ``perseus serve --help`` works on a bare install.
+``python -m perseus.server`` is the same command.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +20,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
+from perseus.cli.arguments import Parser, needs
 
 if TYPE_CHECKING:
     from perseus.server.settings import Settings
@@ -22,7 +30,9 @@ __all__ = [
     "StartupError",
     "add_serve_arguments",
     "bind_socket",
+    "build_parser",
     "check_database",
+    "run",
     "run_serve",
     "serve_settings",
 ]
@@ -44,6 +54,27 @@ _FLAGS = (
 
 # How long the start-up check waits for PostgreSQL (unless the URL sets connect_timeout).
 _CONNECT_TIMEOUT_S = 10
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``perseus serve``."""
+    parser = Parser(prog="perseus serve", description="Run the planner server.")
+    add_serve_arguments(parser)
+    return parser
+
+
+def run(argv: list[str]) -> int:
+    """Run ``perseus serve`` with ``argv`` (the arguments after ``serve``) until interrupted.
+
+    Returns:
+        The exit status of :func:`run_serve`.
+
+    Raises:
+        UsageError: A bad command line, or the server extra is not installed.
+    """
+    args = build_parser().parse_args(argv)
+    with needs("serve", "server", "the planner server"):
+        return run_serve(args)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -223,6 +254,7 @@ def run_serve(args: argparse.Namespace) -> int:
         line on stderr says why and what to do).
     """
     import uvicorn
+    from pydantic import ValidationError
     from uvicorn.supervisors import Multiprocess
 
     from perseus.server.app import create_app

@@ -1,13 +1,13 @@
-"""``perseus job ...`` and ``perseus reset-clocks``: planner jobs and GPU clocks from a shell.
+"""``perseus job ...``: create, inspect and steer jobs on a planner server from a shell.
 
 ``perseus job create`` prints ``export`` lines, so ``eval "$(perseus job create ...)"`` sets
 ``PERSEUS_SERVER``, ``PERSEUS_JOB`` and ``PERSEUS_TOKEN`` for the commands (and the training
 ranks) that follow; every other job command reads them unless told otherwise.
 
-This module is imported only when one of its commands runs, and imports the HTTP client
-(httpx, pydantic) only when a command talks to the planner, so ``perseus --help`` stays
-fast. Command errors are :class:`CommandError` (a bad command line or environment) or
-:class:`~perseus.errors.PerseusError`; both print as one ``perseus: error:`` line.
+This module is imported only when ``perseus job`` runs, and imports the HTTP client (httpx,
+pydantic) only when a command talks to the planner, so ``perseus job --help`` works without
+the client extra. Command errors are :class:`CommandError` (a bad command line or environment)
+or :class:`~perseus.errors.PerseusError`; both print as one ``perseus: error:`` line.
 """
 
 from __future__ import annotations
@@ -16,29 +16,30 @@ import argparse
 import os
 import shlex
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from perseus.arguments import finite_number, integer_at_least
-from perseus.arguments import policy as policy_argument
 from perseus.baselines import baseline_label, reference_key, saving_text, shown_baselines
+from perseus.cli.arguments import Parser, UsageError, finite_number, needs, positive_int
+from perseus.cli.arguments import policy as policy_argument
+from perseus.cli.outputs import check_writable, write_files
+from perseus.cli.tables import format_table
 from perseus.errors import (
     AuthError,
     JobNotFound,
+    PerseusError,
     PlannerUnavailable,
     PlanNotReady,
     PolicyError,
 )
-from perseus.outputs import check_writable, write_files
-from perseus.solver.policies import Policy
-from perseus.solver.schedules import SCHEDULE_NAMES
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
     from perseus.client.planner import PlannerClient
     from perseus.schemas import FrontierPoint, FrontierView, JobView, PlanVersion, PolicySpec
+    from perseus.solver import Policy
 
 __all__ = [
     "ADMIN_TOKEN_ENV",
@@ -47,13 +48,13 @@ __all__ = [
     "TOKEN_ENV",
     "CommandError",
     "add_job_arguments",
-    "add_reset_clocks_arguments",
+    "build_parser",
     "format_frontier",
     "format_job",
     "policy_spec",
     "policy_text",
+    "run",
     "run_job",
-    "run_reset_clocks",
 ]
 
 SERVER_ENV = "PERSEUS_SERVER"
@@ -71,20 +72,31 @@ class CommandError(Exception):
 # ----------------------------------------------------------------------------- arguments
 
 
-_positive_int = integer_at_least(1)
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``perseus job`` and its subcommands."""
+    parser = Parser(
+        prog="perseus job",
+        description="Create, inspect and steer jobs on a planner server. The server, "
+        "job and token default to $PERSEUS_SERVER, $PERSEUS_JOB and $PERSEUS_TOKEN, as "
+        'eval "$(perseus job create ...)" sets them.',
+    )
+    add_job_arguments(parser)
+    return parser
 
 
-def _gpus(text: str) -> list[int] | None:
-    if text.strip() == "all":
-        return None
-    indices: list[int] = []
-    for part in text.split(","):
-        if not part.strip().isdigit():
-            raise argparse.ArgumentTypeError(
-                f"expected 'all' or GPU indices like 0 or 0,2, got {text!r}"
-            )
-        indices.append(int(part))
-    return indices
+def run(argv: list[str]) -> int:
+    """Run ``perseus job`` with ``argv`` (the arguments after ``job``); returns 0.
+
+    Raises:
+        UsageError: A bad command line, or what :func:`run_job` raises, prefixed with the
+            subcommand (``job status: ...``).
+    """
+    args = build_parser().parse_args(argv)
+    with needs(f"job {argv[0]}", "client", "the client"):
+        try:
+            return run_job(args)
+        except (CommandError, PerseusError) as err:
+            raise UsageError(f"job {argv[0]}: {err}") from err
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,6 +104,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 
     Each subcommand sets ``args.job_command``; run it with :func:`run_job`.
     """
+    from perseus.solver import SCHEDULE_NAMES
+
     connection = argparse.ArgumentParser(add_help=False)
     connection.add_argument(
         "--server", metavar="URL", help=f"planner server (default ${SERVER_ENV})"
@@ -124,23 +138,23 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         'eval "$(perseus job create ...)". Sends $PERSEUS_ADMIN_TOKEN if set.',
     )
     create.add_argument(
-        "--stages", metavar="S", type=_positive_int, required=True, help="pipeline stages"
+        "--stages", metavar="S", type=positive_int, required=True, help="pipeline stages"
     )
     create.add_argument(
-        "--microbatches", metavar="M", type=_positive_int, required=True, help="microbatches"
+        "--microbatches", metavar="M", type=positive_int, required=True, help="microbatches"
     )
     create.add_argument("--schedule", choices=SCHEDULE_NAMES, default="1f1b", help="(default 1f1b)")
     create.add_argument(
         "--virtual-stages",
         metavar="V",
-        type=_positive_int,
+        type=positive_int,
         help="model chunks per GPU for interleaved-1f1b (default 2 there, else 1)",
     )
     create.add_argument(
-        "--data-parallel", metavar="D", type=_positive_int, default=1, help="(default 1)"
+        "--data-parallel", metavar="D", type=positive_int, default=1, help="(default 1)"
     )
     create.add_argument(
-        "--tensor-parallel", metavar="T", type=_positive_int, default=1, help="(default 1)"
+        "--tensor-parallel", metavar="T", type=positive_int, default=1, help="(default 1)"
     )
     create.add_argument(
         "--policy",
@@ -243,17 +257,6 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     profile.set_defaults(job_command=_profile)
 
 
-def add_reset_clocks_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the arguments of ``perseus reset-clocks``; run it with :func:`run_reset_clocks`."""
-    parser.add_argument(
-        "--gpu",
-        metavar="N|all",
-        type=_gpus,
-        default=None,
-        help="NVML index of the GPU, several as 0,2, or all (default all)",
-    )
-
-
 # ----------------------------------------------------------------------------- running
 
 
@@ -299,25 +302,6 @@ def run_job(
         raise CommandError(f"{err} on {server}; check the job id (${JOB_ENV})") from err
     except PlanNotReady as err:
         raise CommandError(f"{err}; see 'perseus job status' and try again later") from err
-    return 0
-
-
-def run_reset_clocks(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
-    """Run ``perseus reset-clocks``: restore the default SM clocks of GPUs.
-
-    Meant for after a training process was killed (``kill -9``) with clocks locked.
-
-    Returns:
-        0.
-
-    Raises:
-        GpuControlError: NVML failed, or the process may not change clocks.
-    """
-    from perseus.client.gpu import reset_clocks
-
-    stream = sys.stdout if out is None else out
-    for line in reset_clocks(args.gpu):
-        stream.write(f"{line}\n")
     return 0
 
 
@@ -594,23 +578,15 @@ def format_frontier(view: FrontierView) -> str:
         rows.append(row(f"policy (point {view.policy_index} of {n})", *_te(policy)))
         rows.append(row(f"chosen: straggler (point {view.chosen_index} of {n})", *_te(chosen)))
     against = baseline_label(key) if key is not None else "the fastest point"
-    return head + _table(rows, right=range(1, 5)) + f"saving and slowdown are against {against}\n"
+    return (
+        head
+        + format_table(rows, right=range(1, 5))
+        + f"saving and slowdown are against {against}\n"
+    )
 
 
 def _te(point: FrontierPoint) -> tuple[float, float]:
     return point.time_s, point.energy_j
-
-
-def _table(rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for r in rows:
-        cells = [
-            cell.rjust(width) if i in right else cell.ljust(width)
-            for i, (cell, width) in enumerate(zip(r, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines) + "\n"
 
 
 def _version_text(reply: PlanVersion) -> str:

@@ -8,6 +8,8 @@ that names a character device or a pipe (``/dev/null``, a FIFO), or an open file
 ``/dev/stdout``, ``/dev/fd/N`` or ``/proc/PID/fd/N`` (a shell's ``>(...)``), is written
 directly: renaming a file over it would replace the device node itself, or a file that a
 shell redirection still writes to.
+
+:class:`Outputs` is a command's set of files: checked before the long work, written at the end.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import re
 import secrets
 import stat
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["check_writable", "resolve", "write_files"]
+from perseus.cli.arguments import UsageError
+
+__all__ = ["Outputs", "check_writable", "resolve", "write_files", "written_in_place"]
 
 _MAX_LINKS = 40  # as the kernel's symlink limit
 
@@ -35,7 +40,7 @@ def resolve(path: str | os.PathLike[str]) -> Path:
 _DESCRIPTOR = re.compile(r"^/(dev/(fd/|std(in|out|err)$)|proc/[^/]+/fd/)")
 
 
-def _in_place(path: str | os.PathLike[str]) -> bool:
+def written_in_place(path: str | os.PathLike[str]) -> bool:
     """Is ``path`` written directly: a character device or a pipe, or an open file named
     through ``/dev/stdout``, ``/dev/fd/N`` or ``/proc/PID/fd/N``?"""
     hop = os.path.abspath(path)
@@ -70,7 +75,7 @@ def _why_not(path: str | os.PathLike[str]) -> str | None:
     an existing file there must be a regular file the caller may write, as a shell's ``>``
     would require).
     """
-    if _in_place(path):
+    if written_in_place(path):
         return None if os.access(path, os.W_OK) else "is not writable"
     target = resolve(path)
     if target.is_dir():
@@ -99,7 +104,7 @@ def write_files(files: Mapping[str, bytes]) -> None:
     staged: list[tuple[str, Path, str | None]] = []  # (path given, target, temporary file)
     try:
         for path, data in files.items():
-            if _in_place(path):
+            if written_in_place(path):
                 staged.append((path, Path(path), None))
                 continue
             target = resolve(path)
@@ -164,3 +169,53 @@ def _write_in_place(target: Path, data: bytes, path: str) -> None:
             handle.write(data)
     except OSError as err:
         raise OSError(err.errno, err.strerror, path) from err
+
+
+@dataclass
+class Outputs:
+    """Files to write at the very end, all or none (:func:`write_files`).
+
+    ``paths[i]`` is what option ``options[i]`` names (None: not asked for). Every destination
+    is checked when this is made, rather than fail after the long computation.
+
+    Raises:
+        UsageError: A path is ``-``, cannot be written, or is another option's file too.
+    """
+
+    paths: list[str | None]
+    options: list[str]
+    _pending: dict[str, bytes] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        seen: dict[Path, str] = {}
+        for path, option in zip(self.paths, self.options, strict=True):
+            if path is None:
+                continue
+            if path == "-":
+                raise UsageError(
+                    f"{option}: '-': this command prints its table on standard output; give a "
+                    f"file name"
+                )
+            refused = check_writable(path)
+            if refused is not None:
+                raise UsageError(f"{option}: {refused}")
+            target = resolve(path)
+            if target in seen and not target.is_char_device():
+                raise UsageError(f"{option}: {path} is also {seen[target]}'s file")
+            seen[target] = option
+
+    def put(self, path: str, data: bytes) -> None:
+        """Keep ``data`` to write to ``path`` at the end."""
+        self._pending[path] = data
+
+    def write(self) -> list[str]:
+        """Write every pending file (see :func:`write_files`); returns their paths.
+
+        Raises:
+            UsageError: A file could not be written (none was replaced).
+        """
+        try:
+            write_files(self._pending)
+        except OSError as err:
+            raise UsageError(f"cannot write {err.filename or 'output'}: {err.strerror}") from err
+        return list(self._pending)

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from perseus import outputs
-from perseus.cli import main
-from perseus.outputs import check_writable, write_files
+from perseus.cli import main, outputs
+from perseus.cli.outputs import check_writable, write_files
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "perseus" / "data" / "example_profile.csv"
+EXAMPLE = Path(__file__).resolve().parents[2] / "perseus" / "data" / "example_profile.csv"
 
 
 def test_a_new_file_gets_the_usual_mode_and_a_replaced_one_keeps_its_own(tmp_path: Path) -> None:
@@ -93,9 +92,9 @@ def test_only_descriptors_devices_and_pipes_are_written_in_place(tmp_path: Path)
     """/dev/shm (tmpfs) holds ordinary files: only descriptor links, devices and pipes are
     written in place."""
     for path in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1", os.devnull):
-        assert outputs._in_place(path), path
+        assert outputs.written_in_place(path), path
     for path in ("/dev/shm/perseus-not-there.json", str(tmp_path / "x.json")):
-        assert not outputs._in_place(path), path
+        assert not outputs.written_in_place(path), path
 
 
 def test_a_replaced_file_loses_setuid_bits_and_an_unwritable_one_is_refused(

@@ -1,16 +1,20 @@
-"""``perseus serve`` arguments and settings precedence: flags over PERSEUS_* over defaults."""
+"""``perseus serve``: arguments, settings precedence (flags over PERSEUS_* over defaults),
+one-line start-up errors, and ``python -m perseus.server`` as the same command."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from perseus.cli import main
+from perseus.cli.serve import add_serve_arguments, bind_socket, run_serve, serve_settings
 from perseus.defaults import POLISH_S
-from perseus.server.cli import add_serve_arguments, bind_socket, run_serve, serve_settings
 from perseus.server.settings import DEFAULT_DATABASE, Settings
 
 
@@ -132,3 +136,31 @@ def test_the_listening_socket_gives_connections_tcp_nodelay() -> None:
             server.close()
 
     assert asyncio.run(accepted_nodelay()) != 0
+
+
+def test_serve_delegates_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--help"])
+    assert exited.value.code == 0
+    assert "--port" in capsys.readouterr().out
+    assert main(["serve", "--port", "eighty"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("perseus: error: serve: argument --port") and err.count("\n") == 1
+
+
+def test_python_m_perseus_server_is_perseus_serve(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scripts (the end-to-end tests, the server benchmarks) start the server this way."""
+    monkeypatch.setenv("COLUMNS", "100")  # the same help wrapping in both processes
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    done = subprocess.run(
+        [sys.executable, "-m", "perseus.server", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout == capsys.readouterr().out
+    assert done.stdout.startswith("usage: perseus serve")

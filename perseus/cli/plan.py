@@ -1,0 +1,470 @@
+"""``perseus plan``: the time-energy frontier of a profile, the baselines, the chosen plan.
+
+Everything is computed first and the files are written last, all or none
+(:class:`~perseus.cli.outputs.Outputs`), so a bad input leaves nothing behind. ``perseus demo``
+runs the same planning on the shipped example profile (:func:`plan`, :func:`print_result`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from perseus.baselines import baseline_label, reference_key, saving_text, shown_baselines
+from perseus.cli.arguments import (
+    Parser,
+    UsageError,
+    asks_help,
+    finite_number,
+    nonnegative_float,
+    positive_float,
+    positive_int,
+)
+from perseus.cli.arguments import policy as policy_argument
+from perseus.cli.outputs import Outputs
+from perseus.cli.progress import ProgressBar
+from perseus.cli.tables import format_table, schedule_text
+from perseus.defaults import EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
+from perseus.errors import InfeasibleDeadline, PlanError, ProfileError, SolverTimeout
+
+if TYPE_CHECKING:
+    from perseus.solver import Baseline, Frontier, Policy, Profile, Schedule
+
+__all__ = ["PlanRequest", "PlanResult", "build_parser", "plan", "print_result", "run"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``perseus plan`` (imports the solver for the schedule names)."""
+    from perseus.solver import SCHEDULE_NAMES
+
+    parser = Parser(
+        prog="perseus plan",
+        description="Compute the time-energy frontier of a profile, compare it with the "
+        "baselines and pick the point a policy chooses.",
+    )
+    parser.add_argument("profile", metavar="PROFILE", help="profile: Zeus CSV or perseus JSON")
+    parser.add_argument(
+        "--microbatches", metavar="M", type=positive_int, required=True, help="microbatches"
+    )
+    parser.add_argument(
+        "--p-block",
+        metavar="WATTS",
+        type=positive_float,
+        help="blocking power of a waiting GPU (default: the JSON profile's p_block_w)",
+    )
+    parser.add_argument("--schedule", choices=SCHEDULE_NAMES, default="1f1b", help="(default 1f1b)")
+    parser.add_argument(
+        "--virtual-stages",
+        metavar="V",
+        type=positive_int,
+        help="model chunks per GPU for interleaved-1f1b (default 2 there, else 1)",
+    )
+    parser.add_argument(
+        "--policy",
+        metavar="POLICY",
+        type=policy_argument,
+        help="no-slowdown (default), max-slowdown:FACTOR, deadline:SECONDS, min-energy, "
+        "zeus-cost:ETA",
+    )
+    parser.add_argument(
+        "--resolution",
+        metavar="SECONDS",
+        type=finite_number(0, inclusive=False, maximum=RESOLUTION_S),
+        default=RESOLUTION_S,
+        help=f"time step between frontier points (default and most {RESOLUTION_S:g})",
+    )
+    parser.add_argument(
+        "--exact", action="store_true", help="solve every deadline exactly (MILP; small cases)"
+    )
+    parser.add_argument(
+        "--exact-time-limit",
+        metavar="SECONDS",
+        type=positive_float,
+        default=EXACT_TIME_LIMIT_S,
+        help="--exact: wall-clock limit; a sweep estimated to need more is refused at once "
+        f"(default {EXACT_TIME_LIMIT_S:g})",
+    )
+    parser.add_argument(
+        "--polish",
+        metavar="SECONDS",
+        type=nonnegative_float,
+        default=POLISH_S,
+        help="seconds to spend improving the no-slowdown plan with a branch and bound "
+        f"(default {POLISH_S:g}: off; timed, so the result then depends on the machine's speed)",
+    )
+    parser.add_argument(
+        "--straggler",
+        metavar="SECONDS",
+        type=positive_float,
+        help="what-if: another pipeline imposes this iteration time",
+    )
+    parser.add_argument("--output", metavar="FRONTIER.json", help="write the frontier as JSON")
+    parser.add_argument("--plan-output", metavar="PLAN.json", help="write the chosen plan as JSON")
+    parser.add_argument("--plot", metavar="FRONTIER.png", help="plot the frontier")
+    parser.add_argument(
+        "--timeline", metavar="TIMELINE.png", help="plot the chosen plan's timeline"
+    )
+    return parser
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    """What to plan and which files to write; ``extra_files`` are written with them."""
+
+    profile: Profile
+    microbatches: int
+    p_block_w: float | None
+    schedule: str
+    virtual_stages: int | None
+    policy: Policy
+    resolution_s: float
+    exact: bool
+    exact_time_limit_s: float = EXACT_TIME_LIMIT_S
+    polish_s: float = POLISH_S
+    straggler_s: float | None = None
+    output: str | None = None
+    plan_output: str | None = None
+    plot: str | None = None
+    timeline: str | None = None
+    extra_files: Mapping[str, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    """What :func:`plan` hands back to print once the progress bar is gone."""
+
+    text: str  # the report: the profile, schedule and frontier, then the table
+    written: list[str]  # the files written, in the order given
+    warnings: list[str]
+
+
+def run(argv: list[str]) -> int:
+    """Run ``perseus plan`` with ``argv`` (the arguments after ``plan``); returns 0.
+
+    Raises:
+        UsageError: A bad command line.
+        PerseusError: A bad profile, an infeasible policy, a solver limit.
+    """
+    with ProgressBar(sys.stderr, enabled=not asks_help(argv)) as progress:
+        progress.phase("loading the solver")
+        args = build_parser().parse_args(argv)
+        from perseus.solver import Policy, load_profile
+
+        if args.virtual_stages not in (None, 1) and args.schedule != "interleaved-1f1b":
+            raise UsageError(
+                f"--virtual-stages: {args.schedule} runs one model chunk per GPU; V > 1 needs "
+                f"--schedule interleaved-1f1b"
+            )
+        if args.virtual_stages == 1 and args.schedule == "interleaved-1f1b":
+            raise UsageError(
+                "--virtual-stages: interleaved-1f1b runs V >= 2 model chunks per GPU; for one, "
+                "use --schedule 1f1b"
+            )
+        outputs = _check_outputs(args)
+        progress.phase(f"reading {args.profile}")
+        request = PlanRequest(
+            profile=load_profile(args.profile),
+            microbatches=args.microbatches,
+            p_block_w=args.p_block,
+            schedule=args.schedule,
+            virtual_stages=args.virtual_stages,
+            policy=args.policy or Policy.parse("no-slowdown"),
+            resolution_s=args.resolution,
+            exact=args.exact,
+            exact_time_limit_s=args.exact_time_limit,
+            polish_s=args.polish,
+            straggler_s=args.straggler,
+            output=args.output,
+            plan_output=args.plan_output,
+            plot=args.plot,
+            timeline=args.timeline,
+        )
+        result = plan(request, outputs, progress)
+    return print_result(result)
+
+
+def _check_outputs(args: argparse.Namespace) -> Outputs:
+    for option, path in (("--plot", args.plot), ("--timeline", args.timeline)):
+        if path is not None and Path(path).suffix.lower() != ".png":
+            raise UsageError(f"{option}: {path}: plots are PNG images; give a name ending in .png")
+    return Outputs(
+        [args.output, args.plan_output, args.plot, args.timeline],
+        ["--output", "--plan-output", "--plot", "--timeline"],
+    )
+
+
+def print_result(result: PlanResult) -> int:
+    """Print what :func:`plan` returns, once the progress bar is gone; exit status 0."""
+    for warning in result.warnings:
+        print(f"perseus: warning: {warning}", file=sys.stderr)
+    sys.stdout.write(result.text)
+    for path in result.written:
+        sys.stdout.write(f"wrote {path}\n")
+    return 0
+
+
+def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanResult:
+    """Plan, render every file and write them.
+
+    Raises:
+        PerseusError: A bad profile or schedule, an infeasible deadline, a solver limit.
+        UsageError: A file could not be written (none was).
+    """
+    from perseus.files import FrontierFile, PlanFile, profile_fingerprint
+    from perseus.solver import baselines_at, choose_point, compute_frontier, make_schedule, replay
+
+    profile = request.profile
+    p_block_w = _blocking_power(request.p_block_w, profile)
+    virtual_stages = request.virtual_stages
+    if virtual_stages is None:
+        virtual_stages = 2 if request.schedule == "interleaved-1f1b" else 1
+    schedule = make_schedule(
+        request.schedule, profile.num_stages, request.microbatches, virtual_stages
+    )
+    fingerprint = profile_fingerprint(profile)
+    _check_feasible(profile, schedule, p_block_w, request)
+
+    progress.phase("planning")
+    started = time.monotonic()
+    try:
+        frontier = compute_frontier(
+            profile,
+            schedule,
+            p_block_w=p_block_w,
+            resolution_s=request.resolution_s,
+            exact=request.exact,
+            exact_time_limit_s=request.exact_time_limit_s,
+            polish_s=request.polish_s,
+            progress=progress,
+        )
+    except SolverTimeout as err:
+        raise SolverTimeout(f"{err} (--exact-time-limit SECONDS)") from err
+    solved_s = time.monotonic() - started
+    progress.phase("comparing with the baselines")
+    policy = request.policy
+    try:
+        chosen = choose_point(frontier, policy)
+    except InfeasibleDeadline as err:
+        raise InfeasibleDeadline(f"--policy {policy}: {err}") from err
+    straggler = None
+    warnings: list[str] = []
+    if request.straggler_s is not None:
+        from perseus.solver import straggler_point
+
+        try:
+            straggler = (request.straggler_s, straggler_point(frontier, request.straggler_s))
+        except InfeasibleDeadline as err:
+            raise InfeasibleDeadline(f"--straggler: {err}") from err
+        chosen_s = float(frontier.times_s[chosen])
+        if request.straggler_s < chosen_s:
+            warnings.append(
+                f"--straggler {request.straggler_s:g} s is shorter than the chosen plan's "
+                f"{chosen_s:.4f} s: this pipeline, not the other, sets the pace; the straggler "
+                "rows show what fits the shorter time"
+            )
+    # The run's one set of baselines, shown alike by the table, frontier.json and the plot: at
+    # the policy's own limit where it has one (max-slowdown, deadline), else at the chosen
+    # point's time.
+    deadline_s = _baselines_deadline(frontier, policy, chosen)
+    baselines = baselines_at(profile, schedule, frontier.p_block_w, deadline_s)
+
+    # Everything that can fail on bad input has run; render the files in memory, then write.
+    for path, data in request.extra_files.items():
+        outputs.put(path, data)
+    if request.output:
+        progress.phase(f"rendering {request.output}")
+        document = FrontierFile.of_run(
+            frontier, baselines, profile=fingerprint, baselines_deadline_s=deadline_s
+        )
+        outputs.put(request.output, document.render())
+    if request.plan_output:
+        outputs.put(
+            request.plan_output, PlanFile.of_point(frontier, chosen, profile=fingerprint).render()
+        )
+    if request.plot or request.timeline:
+        progress.phase("loading matplotlib")
+        from perseus import plots
+
+        title = f"{Path(profile.source).name}: {schedule_text(schedule)}"
+        if request.plot:
+            progress.phase(f"drawing {request.plot}")
+            outputs.put(
+                request.plot,
+                plots.frontier_png(
+                    frontier,
+                    chosen,
+                    baselines=baselines,
+                    title=title,
+                    policy=str(policy),
+                    deadline_s=deadline_s if policy.kind in ("max-slowdown", "deadline") else None,
+                    straggler=straggler,
+                ),
+            )
+        if request.timeline:
+            progress.phase(f"drawing {request.timeline}")
+            point = frontier.point(chosen)
+            replayed = replay(profile, schedule, frontier.p_block_w, point.frequencies_mhz)
+            outputs.put(
+                request.timeline,
+                plots.timeline_png(
+                    schedule,
+                    replayed,
+                    point.frequencies_mhz,
+                    clock_range_mhz=_clock_range(profile),
+                    title=f"{title}: {policy}, point {chosen}",
+                ),
+            )
+    progress.phase("writing files")
+    written = outputs.write()
+    text = _describe(profile, schedule, frontier, solved_s) + "\n"
+    text += _plan_table(frontier, baselines, chosen, str(policy), straggler)
+    return PlanResult(text, written, warnings)
+
+
+def _check_feasible(
+    profile: Profile, schedule: Schedule, p_block_w: float, request: PlanRequest
+) -> None:
+    """Refuse a deadline or straggler time that no plan meets, before any solving."""
+    from perseus.solver import replay
+
+    limits = []
+    if request.policy.kind == "deadline":
+        limits.append((f"--policy {request.policy}", float(request.policy.value or 0.0)))
+    if request.straggler_s is not None:
+        limits.append(("--straggler", request.straggler_s))
+    if not limits:
+        return
+    fastest = [
+        tuple(
+            min(profile.stages[gpu][ins.kind], key=lambda o: o.time_s).frequency_mhz for ins in seq
+        )
+        for gpu, seq in enumerate(schedule.order)
+    ]
+    try:
+        fastest_s = replay(profile, schedule, p_block_w, fastest).time_s
+    except PlanError:  # the profile does not fit the schedule: compute_frontier says how
+        return
+    for option, limit_s in limits:
+        if limit_s < fastest_s * (1 - 1e-12):
+            raise InfeasibleDeadline(
+                f"{option}: no plan finishes within {limit_s:.6f} s; the fastest, every "
+                f"instruction at its fastest clock, takes {fastest_s:.6f} s"
+            )
+
+
+def _baselines_deadline(frontier: Frontier, policy: Policy, chosen: int) -> float:
+    value = float(policy.value or 0.0)
+    if policy.kind == "deadline":
+        return value
+    if policy.kind == "max-slowdown":
+        key = reference_key(frontier.baselines)
+        reference_s = (
+            frontier.baselines[key].time_s if key is not None else float(frontier.times_s[0])
+        )
+        return value * reference_s
+    return float(frontier.times_s[chosen])
+
+
+def _blocking_power(given: float | None, profile: Profile) -> float:
+    if given is not None:
+        return given
+    if profile.p_block_w is not None:
+        return profile.p_block_w
+    raise ProfileError(
+        f"{profile.source}: p_block_w: the profile carries no blocking power; pass --p-block WATTS"
+    )
+
+
+def _describe(profile: Profile, schedule: Schedule, frontier: Frontier, solved_s: float) -> str:
+    clocks = {opt.frequency_mhz for s in profile.stages for opts in s.values() for opt in opts}
+    times = frontier.times_s
+    return (
+        f"profile   {profile.source}: {profile.num_stages} stages, {len(clocks)} clocks\n"
+        f"schedule  {schedule_text(schedule)} ({schedule.num_instructions} instructions), "
+        f"P_block {frontier.p_block_w:g} W\n"
+        f"frontier  {len(frontier)} points, {times[0]:.4f} s to {times[-1]:.4f} s, "
+        f"solved in {solved_s:.2f} s\n"
+    )
+
+
+def _plan_table(
+    frontier: Frontier,
+    baselines: Mapping[str, Baseline],
+    chosen: int,
+    policy: str,
+    straggler: tuple[float, int] | None,
+) -> str:
+    key = reference_key(baselines)
+    if key is None:
+        raise PlanError("baselines: neither default nor all_fastest was computed")
+    reference = baselines[key]
+
+    def row(label: str, time_s: float, energy_j: float, gap: str, base_j: float) -> list[str]:
+        return [
+            label,
+            f"{time_s:.4f}",
+            f"{energy_j:.1f}",
+            saving_text(energy_j, base_j),
+            f"{100 * (time_s / reference.time_s - 1):.2f} %",
+            gap,
+        ]
+
+    rows = [["plan", "time (s)", "energy (J)", "saving", "slowdown", "gap"]]
+    for name, baseline in shown_baselines(baselines):
+        label = f"{baseline_label(name)}{_clocks_note(baseline.frequencies_mhz)}"
+        rows.append(row(label, baseline.time_s, baseline.energy_j, "-", reference.energy_j))
+    point = frontier.point(chosen)
+    rows.append(
+        row(
+            f"{policy} (point {chosen} of {len(frontier)})",
+            point.time_s,
+            point.energy_j,
+            f"{100 * point.gap:.2f} %",
+            reference.energy_j,
+        )
+    )
+    notes = [f"saving and slowdown are against {baseline_label(key)}"]
+    if straggler is not None:
+        imposed_s, index = straggler
+        stretched_s = max(imposed_s, reference.time_s)
+        stretched_j = reference.energy_j + frontier.p_block_w * frontier.schedule.stages * (
+            stretched_s - reference.time_s
+        )
+        rows.append(
+            row(f"{baseline_label(key)}, stretched", stretched_s, stretched_j, "-", stretched_j)
+        )
+        rows.append(
+            row(
+                f"straggler (point {index} of {len(frontier)})",
+                imposed_s,
+                frontier.energy_at(index, imposed_s),
+                f"{100 * frontier.point(index).gap:.2f} %",
+                stretched_j,
+            )
+        )
+        notes.append(
+            f"straggler rows: the iteration takes {imposed_s:.4f} s because of another pipeline;\n"
+            f"their saving is against {baseline_label(key)} stretched to that time"
+        )
+    return format_table(rows, right=range(1, 6)) + "".join(f"{note}\n" for note in notes)
+
+
+def _clocks_note(frequencies_mhz: Sequence[Sequence[int]]) -> str:
+    per_gpu = [set(clocks) for clocks in frequencies_mhz]
+    if per_gpu and all(len(clocks) == 1 for clocks in per_gpu):
+        distinct = [next(iter(clocks)) for clocks in per_gpu]
+        if len(set(distinct)) == 1:
+            return f" {distinct[0]} MHz"
+        if len(distinct) <= 8:
+            return f" {'/'.join(map(str, distinct))} MHz"
+    return ""
+
+
+def _clock_range(profile: Profile) -> tuple[int, int]:
+    clocks = [opt.frequency_mhz for s in profile.stages for opts in s.values() for opt in opts]
+    return min(clocks), max(clocks)

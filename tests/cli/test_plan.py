@@ -1,0 +1,296 @@
+"""``perseus plan``: the table, the files, policies, stragglers, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from perseus.baselines import baseline_label, reference_key
+from perseus.cli import main
+
+from .plans import MICROBATCHES, frontier_of, number_after, reference_label
+
+OUTPUT_OPTIONS = ("--output", "--plot", "--timeline", "--plan-output")
+
+
+def test_plan_prints_every_baseline_and_the_chosen_point(
+    planned: tuple[Path, Path, Path, str],
+) -> None:
+    frontier_path, _, _, out = planned
+    frontier = frontier_of(frontier_path)
+    reference = reference_label(frontier_path)
+    for label in (reference, "global clock", "per-stage clock", "no-slowdown"):
+        assert label in out
+    assert f"saving and slowdown are against {reference}" in out
+    assert re.search(r"^plan\s+time \(s\)\s+energy \(J\)\s+saving\s+slowdown\s+gap$", out, re.M)
+    key = reference_key(frontier.baselines)
+    assert key is not None
+    fastest = frontier.baselines[key]
+    assert re.search(
+        rf"^{re.escape(reference)} .*{fastest.time_s:.4f}\s+{fastest.energy_j:.1f}"
+        r"\s+0\.00 %\s+0\.00 %\s+-$",
+        out,
+        re.M,
+    )
+    point = frontier.point(0)
+    assert re.search(
+        rf"^no-slowdown \(point \d+ of {len(frontier)}\)\s+{point.time_s:.4f}", out, re.M
+    )
+
+
+def test_plan_writes_every_requested_file(example: Path, tmp_path: Path) -> None:
+    files = {
+        "--output": tmp_path / "f.json",
+        "--plan-output": tmp_path / "p.json",
+        "--plot": tmp_path / "f.png",
+        "--timeline": tmp_path / "t.png",
+    }
+    args = ["plan", str(example), "--microbatches", MICROBATCHES, "--p-block", "100"]
+    for option, path in files.items():
+        args += [option, str(path)]
+    assert main(args) == 0
+    assert json.loads(files["--output"].read_text())["format"] == "perseus.frontier/1"
+    assert json.loads(files["--plan-output"].read_text())["format"] == "perseus.plan/1"
+    for png in (files["--plot"], files["--timeline"]):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # No temporary files left behind, and the usual mode rather than mkstemp's 0600.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json", "f.png", "p.json", "t.png"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {stat.S_IMODE(p.stat().st_mode) for p in files.values()} == {0o666 & ~umask}
+
+
+def test_plan_takes_p_block_from_a_json_profile(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from perseus.solver import load_profile, profile_to_json
+
+    data = profile_to_json(load_profile(example))
+    data["p_block_w"] = 90.0
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(data))
+    assert main(["plan", str(profile), "--microbatches", "2"]) == 0
+    assert "P_block 90 W" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("policy", ["min-energy", "max-slowdown:1.05", "zeus-cost:0.5"])
+def test_plan_policies(example: Path, policy: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", str(example), "--microbatches", "2", "--p-block", "100", "--policy", policy]
+    assert main(args) == 0
+    assert re.search(rf"^{re.escape(policy)} \(point \d+ of \d+\)", capsys.readouterr().out, re.M)
+
+
+def test_plan_straggler_rows(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["plan", str(example), "--microbatches", "2", "--p-block", "100"]
+    assert main(base) == 0
+    out = capsys.readouterr().out
+    reference = re.search(r"^saving and slowdown are against (.*)$", out, re.M)
+    assert reference, out
+    label = reference.group(1)
+    fastest = re.search(rf"^{re.escape(label)}\s+\S+ MHz\s+([0-9.]+)", out, re.M)
+    assert fastest, out
+    fastest_s = float(fastest.group(1))
+    imposed = f"{fastest_s * 1.2:.4f}"
+    plot = tmp_path / "frontier.png"
+    assert main([*base, "--straggler", imposed, "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    stretched = re.search(
+        rf"^{re.escape(label)}, stretched\s+{imposed}\s+([0-9.]+)\s+0\.00 %", out, re.M
+    )
+    lagging = re.search(
+        rf"^straggler \(point \d+ of \d+\)\s+{imposed}\s+([0-9.]+)\s+([0-9.]+) %", out, re.M
+    )
+    assert stretched and lagging, out
+    assert float(lagging.group(1)) < float(stretched.group(1))
+    assert float(lagging.group(2)) > 0
+    assert plot.exists()
+
+
+def _csv(tmp_path: Path, example: Path, edit: tuple[int, str, str] | None = None) -> Path:
+    """Copy the example profile, optionally setting field ``edit[1]`` of data line ``edit[0]``."""
+    lines = example.read_text().splitlines()
+    if edit is not None:
+        row, column, value = edit
+        header = lines[0].split(",")
+        cells = lines[row - 1].split(",")
+        cells[header.index(column)] = value
+        lines[row - 1] = ",".join(cells)
+    path = tmp_path / "bad.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "extra", "expected"),
+    [
+        ((4, "time", "nan"), [], ["bad.csv", "row 4", "time"]),
+        ((7, "energy", "-3"), [], ["bad.csv", "row 7", "energy"]),
+        ((9, "instruction", "sideways"), [], ["bad.csv", "row 9", "instruction"]),
+        ((3, "frequency", "fast"), [], ["bad.csv", "row 3", "frequency"]),
+        (None, ["--policy", "deadline:soon"], ["--policy"]),
+        (None, ["--policy", "sometimes"], ["--policy"]),
+        (None, ["--microbatches", "0"], ["--microbatches"]),
+        (None, ["--p-block", "-5"], ["--p-block"]),
+        (None, ["--schedule", "zigzag"], ["--schedule"]),
+        (None, ["--resolution", "inf"], ["--resolution"]),
+        (None, ["--polish", "-1"], ["--polish"]),
+        (None, ["--schedule", "interleaved-1f1b", "--microbatches", "6"], ["multiple"]),
+        (None, ["--schedule", "gpipe", "--virtual-stages", "2"], ["virtual"]),
+        (None, ["--policy", "deadline:0.001"], ["--policy deadline:0.001", "fastest"]),
+        (None, ["--straggler", "0.001"], ["--straggler", "fastest"]),
+        (None, ["--resolution", "0.01"], ["--resolution", "<= 0.001", "'0.01'"]),
+        (None, ["--virtual-stages", "2"], ["--virtual-stages", "interleaved-1f1b"]),
+        (
+            None,
+            ["--schedule", "interleaved-1f1b", "--virtual-stages", "1"],
+            ["--virtual-stages", "V >= 2"],
+        ),
+    ],
+)
+def test_bad_input_exits_2_naming_the_place_and_writes_nothing(
+    example: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    edit: tuple[int, str, str] | None,
+    extra: list[str],
+    expected: list[str],
+) -> None:
+    profile = _csv(tmp_path, example, edit)
+    outputs = [tmp_path / name for name in ("f.json", "f.png", "t.png", "p.json")]
+    args = ["plan", str(profile), "--microbatches", "4", "--p-block", "100", *extra]
+    for option, path in zip(OUTPUT_OPTIONS, outputs, strict=True):
+        args += [option, str(path)]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("perseus: error: "), captured.err
+    for word in expected:
+        assert word in lines[0]
+    assert not any(path.exists() for path in outputs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv"]
+
+
+def test_csv_profile_without_p_block_is_an_error(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "f.json"
+    assert main(["plan", str(example), "--microbatches", "2", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert "example_profile.csv" in err and "p_block_w" in err and "--p-block" in err
+    assert not output.exists()
+
+
+def test_missing_profile_and_missing_output_directory(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", str(tmp_path / "nope.csv"), "--microbatches", "2", "--p-block", "1"]) == 2
+    assert "nope.csv" in capsys.readouterr().err
+    output = tmp_path / "missing" / "f.json"
+    args = [
+        "plan",
+        str(example),
+        "--microbatches",
+        "2",
+        "--p-block",
+        "100",
+        "--output",
+        str(output),
+    ]
+    assert main(args) == 2
+    assert "--output" in capsys.readouterr().err
+    assert not output.parent.exists()
+
+
+@pytest.mark.parametrize("option", ["--plot", "--timeline"])
+def test_plots_must_be_png_files(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    target = tmp_path / "f.txt"
+    args = ["plan", str(example), "--microbatches", "2", "--p-block", "100", option, str(target)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and option in err and ".png" in err
+    assert not target.exists()
+
+
+def test_infeasible_deadline_is_refused_before_planning(
+    example: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import perseus.solver
+
+    def no_solving(*args: object, **kwargs: object) -> None:
+        raise AssertionError("compute_frontier ran")
+
+    monkeypatch.setattr(perseus.solver, "compute_frontier", no_solving)
+    base = ["plan", str(example), "--microbatches", "8", "--p-block", "100"]
+    assert main([*base, "--policy", "deadline:1.0"]) == 2
+    assert "--policy deadline:1.0: no plan finishes within 1.000000 s" in capsys.readouterr().err
+    assert main([*base, "--straggler", "1.0"]) == 2
+    assert "--straggler: no plan finishes" in capsys.readouterr().err
+
+
+def test_files_carry_the_profile_fingerprint_and_the_runs_baselines(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    frontier_path, plan_path = tmp_path / "f.json", tmp_path / "p.json"
+    args = ["plan", str(example), "--microbatches", "4", "--p-block", "100"]
+    args += ["--policy", "max-slowdown:1.1", "--output", str(frontier_path)]
+    args += ["--plan-output", str(plan_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    data = json.loads(frontier_path.read_text())
+    plan = json.loads(plan_path.read_text())
+    assert data["profile"] == plan["profile"]
+    assert data["profile"]["source"] == "example_profile.csv"
+    assert len(data["profile"]["sha256"]) == 64
+    # The file's baselines are the table's, at the policy's limit, not the no-slowdown ones.
+    for key, baseline in data["baselines"].items():
+        row = re.search(
+            rf"^{re.escape(baseline_label(key))}(?!\w).*?\s([0-9.]+)\s+([0-9.]+)\s", out, re.M
+        )
+        if row is None:  # all-fastest folded into an identical default row
+            assert key == "all_fastest" and "default" in data["baselines"]
+            continue
+        assert float(row.group(1)) == pytest.approx(baseline["time_s"], abs=5e-5)
+        assert float(row.group(2)) == pytest.approx(baseline["energy_j"], abs=0.05)
+    reference = data["baselines"][reference_key(data["baselines"]) or ""]
+    assert data["baselines_deadline_s"] == pytest.approx(1.1 * reference["time_s"])
+    assert data["baselines"]["global_clock"]["time_s"] <= data["baselines_deadline_s"]
+    chosen_s = number_after(out, r"max-slowdown:1\.1 \(point \d+ of \d+\)")
+    assert plan["time_s"] == pytest.approx(chosen_s, abs=5e-5)
+
+
+def test_exact_refusal_names_the_flag_that_allows_more_time(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The solver's refusal says how long the sweep would take; the command line adds which
+    flag gives it that time."""
+    argv = ["plan", str(example), "--microbatches", "8", "--p-block", "100", "--exact",
+            "--exact-time-limit", "1", "--output", str(tmp_path / "f.json")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "estimated to need at least" in err and "(--exact-time-limit SECONDS)" in err
+    assert not (tmp_path / "f.json").exists()
+
+
+def test_a_straggler_faster_than_the_chosen_plan_is_warned_about(
+    example: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A straggler at 1.75 s with a policy that chose a 1.92 s plan: this pipeline is the slow
+    one, which the straggler rows alone do not say."""
+    argv = ["plan", str(example), "--microbatches", "8", "--p-block", "100",
+            "--policy", "max-slowdown:1.1", "--straggler", "1.75"]  # fmt: skip
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "straggler (point" in captured.out
+    assert "warning: --straggler 1.75 s is shorter than the chosen plan's" in captured.err
+    assert main([*argv[:-2], "--straggler", "2.0"]) == 0
+    assert "warning" not in capsys.readouterr().err
