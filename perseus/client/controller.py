@@ -104,6 +104,11 @@ class ClockController:
             self._thread.start()
 
     @property
+    def thread(self) -> threading.Thread | None:
+        """The controller thread (event mode), or None (clocks are set inline)."""
+        return self._thread
+
+    @property
     def enabled(self) -> bool:
         """False once setting a clock failed; the GPU is then left at its default."""
         return self._enabled

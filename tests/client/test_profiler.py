@@ -1,6 +1,6 @@
-"""The rank-side measurement: ClockSweep, the energy meter and the clock controller.
+"""The rank-side measurement loops: ClockSweep and StageProfile.
 
-Three kinds of tests:
+Two kinds of tests:
 
 - **Unit tests of ClockSweep** run a do-nothing workload on a :class:`FakeGpu` whose counter
   ticks every 10 ms (``FAST``), so a clock costs a fifth of a second of real time; the fake
@@ -9,14 +9,13 @@ Three kinds of tests:
   3 ms reads, smoothed power, throttling when unlocked) with realistic instruction times and
   compare with the model's ground truth (``FakeGpuModel.time_s``/``energy_j``). They run in
   real time (about 20 s); ``pytest -s`` shows their tables.
-- **Unit tests of the EnergyMeter and the ClockController** against scripted GPUs and clocks,
-  with no real waiting.
+
+The energy meter and the clock controller have their own test modules.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +24,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from perseus.client.controller import ClockController
 from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork, SweepProbe
 from perseus.client.meter import EnergyMeter, PowerReading
 from perseus.client.profiler import (
@@ -37,22 +35,10 @@ from perseus.client.profiler import (
     profile_csv,
 )
 from perseus.client.settings import ProfileBudget, SettingsError
-from perseus.errors import GpuControlError, NvmlPermissionError, ProfileError
+from perseus.errors import GpuControlError, ProfileError
 
 # Helpers ----------------------------------------------------------------------------------------
-
-
-class ManualClock:
-    """A clock that moves only when told to."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from .clocks import ManualClock
 
 
 class IdleWork:
@@ -545,341 +531,3 @@ def test_sweep_matches_the_fake_h200s_ground_truth(
 
 
 # EnergyMeter -----------------------------------------------------------------------------------
-
-
-class ScriptedCounter:
-    """A GPU whose energy counter follows a script, on a manual clock it moves itself.
-
-    Read ``i`` starts at ``i * READ_S`` and ends at ``(i + 1) * READ_S`` (its middle is
-    ``(i + 0.5) * READ_S``); the counter ticks every ten reads and then holds the energy of
-    ``watts[k]`` over each 0.1 s tick ``k`` before it. After the script the counter fails,
-    which ends the meter's thread.
-    """
-
-    READ_S = 0.01
-
-    def __init__(self, watts: list[float]) -> None:
-        self.clock = ManualClock()
-        self.watts = watts
-        self.reads = 0
-        self.done = threading.Event()
-        self.tick_j = np.concatenate([[0.0], np.cumsum(np.array(watts) * 0.1)])
-
-    # GpuControl (only what the meter uses does anything)
-    index = 0
-    name = "scripted"
-    can_set_clocks = False
-
-    def supported_clocks_mhz(self) -> tuple[int, ...]:
-        return (1980,)
-
-    def default_clock_mhz(self) -> int:
-        return 1980
-
-    def current_clock_mhz(self) -> int:
-        return 1980
-
-    def lock_clock(self, frequency_mhz: int) -> None:
-        raise AssertionError("the meter never sets clocks")
-
-    def reset_clock(self) -> None:
-        raise AssertionError("the meter never sets clocks")
-
-    def power_w(self) -> float:
-        return 0.0
-
-    def energy_j(self) -> float:
-        i = self.reads
-        if i >= 10 * len(self.watts):
-            self.done.set()
-            raise GpuControlError("end of script")
-        self.reads += 1
-        self.clock.now = (i + 1) * self.READ_S
-        return float(self.tick_j[i // 10])
-
-    def middles(self) -> np.ndarray:
-        return (np.arange(self.reads) + 0.5) * self.READ_S
-
-    def values(self) -> np.ndarray:
-        return self.tick_j[np.arange(self.reads) // 10]
-
-
-@pytest.fixture
-def scripted() -> tuple[ScriptedCounter, EnergyMeter]:
-    """A meter that has read a whole script (200 W for 1 s, 400 W for 1 s, 100 W for 1 s)."""
-    gpu = ScriptedCounter([200.0] * 10 + [400.0] * 10 + [100.0] * 10)
-    meter = EnergyMeter(gpu, clock=gpu.clock)
-    with meter.precise():  # back to back: the manual clock moves only in reads
-        meter.start()
-        assert gpu.done.wait(10.0)
-        meter.stop()
-    assert meter.failed == "end of script"
-    return gpu, meter
-
-
-def test_meter_power_is_the_regression_slope_over_updates(
-    scripted: tuple[ScriptedCounter, EnergyMeter],
-) -> None:
-    gpu, meter = scripted
-    # Updates are seen by reads 10k, whose middles are 0.1 k + 0.005 s.
-    first = meter.power(0.0, 0.95)
-    assert first is not None
-    assert first.power_w == pytest.approx(200.0)
-    assert first.updates == 9
-    assert first.start_s == pytest.approx(0.105) and first.end_s == pytest.approx(0.905)
-    second = meter.power(1.2, 2.0)
-    assert second is not None and second.power_w == pytest.approx(400.0)
-    assert second.updates == 8
-    # Across a change of power: the least-squares slope of the same points.
-    mixed = meter.power(0.5, 2.5)
-    assert mixed is not None
-    k = np.arange(5, 25)
-    slope = np.polyfit(0.1 * k + 0.005, gpu.tick_j[k], 1)[0]
-    assert mixed.power_w == pytest.approx(slope)
-    assert mixed.updates == 20
-
-
-def test_meter_power_needs_enough_updates(scripted: tuple[ScriptedCounter, EnergyMeter]) -> None:
-    _, meter = scripted
-    assert meter.power(0.0, 0.25) is None  # updates at 0.105 and 0.205 only
-    two = meter.power(0.0, 0.25, min_updates=2)
-    assert two is not None and two.power_w == pytest.approx(200.0)
-    assert meter.power(5.0, 6.0) is None
-    assert meter.power(0.11, 0.2) is None
-
-
-def test_meter_counts_updates_between(scripted: tuple[ScriptedCounter, EnergyMeter]) -> None:
-    _, meter = scripted
-    assert meter.updates_between(0.0, 0.95) == 9
-    first = meter.power(0.0, 0.95)
-    assert first is not None
-    assert meter.updates_between(first.start_s, first.start_s) == 1  # inclusive bounds
-    assert meter.updates_between(0.106, 0.204) == 0
-    assert meter.updates_between(0.0, 10.0) == 29  # ticks 1..29; the first read is no update
-    assert meter.updates_between(10.0, 11.0) == 0
-
-
-@pytest.mark.parametrize(("start_s", "end_s"), [(0.333, 1.777), (0.005, 2.995), (1.01, 1.0149)])
-def test_meter_energy_between_interpolates_the_reads(
-    scripted: tuple[ScriptedCounter, EnergyMeter], start_s: float, end_s: float
-) -> None:
-    gpu, meter = scripted
-    t, e = gpu.middles(), gpu.values()
-    expected = np.interp(end_s, t, e) - np.interp(start_s, t, e)
-    assert meter.energy_between(start_s, end_s) == pytest.approx(expected)
-
-
-def test_meter_energy_between_outside_the_reads_is_none(
-    scripted: tuple[ScriptedCounter, EnergyMeter],
-) -> None:
-    gpu, meter = scripted
-    assert meter.energy_between(0.0, 1.0) is None  # the first read's middle is 0.005
-    assert meter.energy_between(1.0, 3.5) is None  # the last read's middle is 2.995
-    total = gpu.values()[-1] - gpu.values()[0]
-    assert meter.energy_between(0.005, 2.995) == pytest.approx(total)
-
-
-def test_meter_without_reads_answers_none() -> None:
-    gpu = ScriptedCounter([200.0])
-    meter = EnergyMeter(gpu, clock=gpu.clock)
-    assert meter.energy_between(0.0, 1.0) is None
-    assert meter.power(0.0, 1.0) is None
-    assert meter.updates_between(0.0, 1.0) == 0
-
-
-# ClockController -----------------------------------------------------------------------------
-
-
-class SetterGpu:
-    """A GpuControl whose setters only record; ``lock_error`` makes locking fail."""
-
-    def __init__(self, lock_error: GpuControlError | None = None) -> None:
-        self.lock_error = lock_error
-        self.locked: int | None = None
-        self.calls: list[tuple[str, int | None]] = []
-        self.changed = threading.Event()
-
-    index = 3
-    name = "setter"
-    can_set_clocks = True
-
-    def supported_clocks_mhz(self) -> tuple[int, ...]:
-        return FAST.clocks_mhz
-
-    def default_clock_mhz(self) -> int:
-        return 1980
-
-    def current_clock_mhz(self) -> int:
-        return self.locked or 1980
-
-    def lock_clock(self, frequency_mhz: int) -> None:
-        self.calls.append(("lock", frequency_mhz))
-        if self.lock_error is not None:
-            raise self.lock_error
-        self.locked = frequency_mhz
-        self.changed.set()
-
-    def reset_clock(self) -> None:
-        self.calls.append(("reset", None))
-        self.locked = None
-        self.changed.set()
-
-    def energy_j(self) -> float:
-        return 0.0
-
-    def power_w(self) -> float:
-        return 0.0
-
-
-def test_inline_controller_skips_unchanged_clocks() -> None:
-    gpu = SetterGpu()
-    controller = ClockController(gpu)
-    for frequency in (None, 1500, 1500, 1200, 1200, None, None, 1200):
-        controller.apply(frequency)
-    assert gpu.calls == [("lock", 1500), ("lock", 1200), ("reset", None), ("lock", 1200)]
-    assert controller.applied == 4
-    assert gpu.locked == 1200
-    controller.close()
-    assert gpu.locked is None and controller.enabled
-
-
-@pytest.mark.parametrize(
-    "error",
-    [
-        NvmlPermissionError("GPU 3: nvmlDeviceSetGpuLockedClocks: no permission; run as root"),
-        GpuControlError("GPU 3: nvmlDeviceSetGpuLockedClocks: unknown error"),
-    ],
-    ids=["permission", "other"],
-)
-def test_failing_lock_disables_the_controller_once(
-    error: GpuControlError, caplog: pytest.LogCaptureFixture
-) -> None:
-    gpu = SetterGpu(lock_error=error)
-    controller = ClockController(gpu)
-    with caplog.at_level(logging.WARNING, logger="perseus.client"):
-        controller.apply(1500)  # must not raise into training
-        assert not controller.enabled
-        assert controller.failure is not None and str(error) in controller.failure
-        assert gpu.calls == [("lock", 1500), ("reset", None)]  # reset to the default
-        for frequency in (1200, None, 900, 1500):
-            controller.apply(frequency)  # training calls go on, nothing reaches the GPU
-    assert gpu.calls == [("lock", 1500), ("reset", None)]
-    assert controller.applied == 0
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and str(error) in warnings[0].getMessage()
-    controller.close()
-
-
-class BrokenSetterGpu(SetterGpu):
-    """Locks 900 MHz, then fails with an error that is no GpuControlError (a bug, ctypes)."""
-
-    def lock_clock(self, frequency_mhz: int) -> None:
-        if frequency_mhz != 900:
-            self.calls.append(("lock", frequency_mhz))
-            raise OSError("driver call failed")
-        super().lock_clock(frequency_mhz)
-
-
-class DoneEvent:
-    def synchronize(self) -> None:
-        pass
-
-
-@pytest.mark.parametrize("event_mode", [False, True], ids=["inline", "event"])
-def test_an_unexpected_setter_error_resets_the_gpu_and_spares_training_and_thread(
-    event_mode: bool,
-) -> None:
-    gpu = BrokenSetterGpu()
-    controller = ClockController(gpu, DoneEvent if event_mode else None)
-    try:
-        controller.apply(900)
-        controller.apply(1200)  # inline: must not raise into the training thread
-        deadline = time.monotonic() + 5.0
-        while controller.enabled and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert not controller.enabled
-        assert controller.failure is not None and "OSError: driver call failed" in (
-            controller.failure
-        )
-        assert gpu.locked is None  # not left at 900 MHz
-        if event_mode:
-            assert controller._thread is not None and controller._thread.is_alive()
-    finally:
-        controller.close()
-
-
-class GateEvent:
-    """A boundary event whose ``synchronize`` blocks until the test releases it."""
-
-    def __init__(self) -> None:
-        self.waiting = threading.Event()
-        self.released = threading.Event()
-
-    def synchronize(self) -> None:
-        self.waiting.set()
-        if not self.released.wait(10.0):
-            raise TimeoutError("the test never released the event")
-
-
-@pytest.fixture
-def gated() -> Iterator[tuple[SetterGpu, ClockController, list[GateEvent]]]:
-    gpu = SetterGpu()
-    events: list[GateEvent] = []
-
-    def record() -> GateEvent:
-        events.append(GateEvent())
-        return events[-1]
-
-    controller = ClockController(gpu, record)
-    yield gpu, controller, events
-    for event in events:
-        event.released.set()
-    controller.close()
-
-
-def test_event_mode_sets_the_clock_only_once_the_boundary_is_reached(
-    gated: tuple[SetterGpu, ClockController, list[GateEvent]],
-) -> None:
-    gpu, controller, events = gated
-    # apply() returns while the boundary's event is still pending: the training thread never
-    # waits for the device (if it did, this line would block until the event gave up).
-    controller.apply(1500)
-    controller.apply(1200)
-    controller.apply(1200)  # unchanged: no event recorded
-    assert len(events) == 2
-    assert events[0].waiting.wait(5.0)  # the controller thread waits on the first boundary
-    assert gpu.calls == [] and controller.applied == 0
-    events[0].released.set()
-    assert events[1].waiting.wait(5.0)  # ... set 1500, and waits on the second
-    assert gpu.calls == [("lock", 1500)]
-    events[1].released.set()
-    deadline = time.monotonic() + 5.0
-    while controller.applied < 2 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert gpu.calls == [("lock", 1500), ("lock", 1200)]
-    assert gpu.locked == 1200
-
-
-def test_event_mode_close_resets_after_pending_boundaries(
-    gated: tuple[SetterGpu, ClockController, list[GateEvent]],
-) -> None:
-    gpu, controller, events = gated
-    controller.apply(900)
-    events[0].released.set()
-    controller.close("exit")
-    assert gpu.calls == [("lock", 900), ("reset", None)]
-    assert gpu.locked is None
-
-
-def test_event_mode_reset_is_not_undone_by_a_queued_boundary(
-    gated: tuple[SetterGpu, ClockController, list[GateEvent]],
-) -> None:
-    gpu, controller, events = gated
-    controller.apply(600)
-    assert events[0].waiting.wait(5.0)
-    controller.reset("exception in training")  # whatever runs next must not run at 600 MHz
-    assert gpu.locked is None
-    gpu.changed.clear()
-    events[0].released.set()
-    gpu.changed.wait(0.5)  # give a wrongly queued lock its chance
-    assert gpu.locked is None
