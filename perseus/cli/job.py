@@ -20,26 +20,21 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from perseus.baselines import baseline_label, reference_key, saving_text, shown_baselines
 from perseus.cli.arguments import Parser, UsageError, finite_number, needs, positive_int
 from perseus.cli.arguments import policy as policy_argument
-from perseus.cli.outputs import check_writable, write_files
-from perseus.cli.tables import format_table
-from perseus.errors import (
-    AuthError,
-    JobNotFound,
-    PerseusError,
-    PlannerUnavailable,
-    PlanNotReady,
-    PolicyError,
+from perseus.cli.job_views import (
+    format_frontier,
+    format_job,
+    policy_spec,
+    policy_text,
+    validation_text,
+    version_text,
 )
+from perseus.cli.outputs import check_writable, write_files
+from perseus.errors import AuthError, JobNotFound, PerseusError, PlannerUnavailable, PlanNotReady
 
 if TYPE_CHECKING:
-    from pydantic import ValidationError
-
     from perseus.client.planner import PlannerClient
-    from perseus.schemas import FrontierPoint, FrontierView, JobView, PlanVersion, PolicySpec
-    from perseus.solver import Policy
 
 __all__ = [
     "ADMIN_TOKEN_ENV",
@@ -49,10 +44,6 @@ __all__ = [
     "CommandError",
     "add_job_arguments",
     "build_parser",
-    "format_frontier",
-    "format_job",
-    "policy_spec",
-    "policy_text",
     "run",
     "run_job",
 ]
@@ -61,8 +52,6 @@ SERVER_ENV = "PERSEUS_SERVER"
 JOB_ENV = "PERSEUS_JOB"
 TOKEN_ENV = "PERSEUS_TOKEN"
 ADMIN_TOKEN_ENV = "PERSEUS_ADMIN_TOKEN"
-
-_POLICY_FIELDS = {"max-slowdown": "factor", "deadline": "seconds", "zeus-cost": "eta"}
 
 
 class CommandError(Exception):
@@ -377,7 +366,7 @@ def _create(args: argparse.Namespace, ctx: _Context) -> None:
     try:
         spec = JobCreate.model_validate(fields)
     except ValidationError as err:
-        raise CommandError(_validation_text(err)) from None
+        raise CommandError(validation_text(err)) from None
     timeout = DEFAULT_TIMEOUT if args.timeout is None else httpx.Timeout(args.timeout)
     with httpx.Client(base_url=ctx.server, timeout=timeout) as http:
         created = create_job(http, spec, ctx.env.get(ADMIN_TOKEN_ENV) or None)
@@ -406,7 +395,7 @@ def _set_policy(args: argparse.Namespace, ctx: _Context) -> None:
     spec = policy_spec(args.policy)
     with _open(args, ctx) as client:
         reply = client.set_policy(spec)
-    ctx.out.write(f"policy {policy_text(spec)}: {_version_text(reply)}\n")
+    ctx.out.write(f"policy {policy_text(spec)}: {version_text(reply)}\n")
 
 
 def _straggler(args: argparse.Namespace, ctx: _Context) -> None:
@@ -422,7 +411,7 @@ def _straggler(args: argparse.Namespace, ctx: _Context) -> None:
         else:
             reply = client.set_straggler(StragglerSpec(iteration_time_s=args.iteration_time))
             what = f"straggler at {args.iteration_time:g} s per iteration"
-    ctx.out.write(f"{what}: {_version_text(reply)}\n")
+    ctx.out.write(f"{what}: {version_text(reply)}\n")
 
 
 def _delete(args: argparse.Namespace, ctx: _Context) -> None:
@@ -452,155 +441,3 @@ def _write_atomically(target: Path, text: str) -> None:
         write_files({str(target): text.encode("utf-8")})
     except OSError as err:
         raise CommandError(f"--output: cannot write {target}: {err.strerror}") from err
-
-
-# ----------------------------------------------------------------------------- rendering
-
-
-def policy_spec(policy: Policy) -> PolicySpec:
-    """The wire policy for a policy as ``perseus plan --policy`` parses it.
-
-    Raises:
-        PolicyError: the value is out of the server's range (e.g. a slowdown over 100).
-    """
-    from pydantic import TypeAdapter, ValidationError
-
-    from perseus.schemas import PolicySpec
-
-    data: dict[str, object] = {"kind": policy.kind}
-    if policy.kind in _POLICY_FIELDS:
-        data[_POLICY_FIELDS[policy.kind]] = policy.value
-    adapter: TypeAdapter[PolicySpec] = TypeAdapter(PolicySpec)
-    try:
-        return adapter.validate_python(data)
-    except ValidationError as err:
-        raise PolicyError(f"policy {policy}: {_validation_text(err)}") from None
-
-
-def policy_text(spec: PolicySpec) -> str:
-    """A wire policy as the command line writes it: ``max-slowdown:1.05``."""
-    field = _POLICY_FIELDS.get(spec.kind)
-    return spec.kind if field is None else f"{spec.kind}:{getattr(spec, field):g}"
-
-
-def format_job(view: JobView) -> str:
-    """The job view as aligned ``label  value`` lines."""
-    spec = view.spec
-    shape = f"{spec.schedule}: {spec.stages} stages x {spec.microbatches} microbatches"
-    if spec.virtual_stages > 1:
-        shape += f" x {spec.virtual_stages} chunks"
-    shape += f"; {spec.data_parallel} data parallel x {spec.tensor_parallel} tensor parallel"
-    counts = view.counts
-    state = view.state if view.reason is None else f"{view.state}: {view.reason}"
-    lines = [
-        ("job", view.job_id if view.name is None else f"{view.job_id} ({view.name})"),
-        ("state", state),
-        ("schedule", shape),
-        (
-            "ranks",
-            f"{counts.ranks_registered} of {counts.ranks_expected} registered, "
-            f"{counts.profiles_reported} profiles ({counts.stages_profiled} of {spec.stages} "
-            f"stages), {counts.iterations_reported} iterations reported",
-        ),
-        ("policy", policy_text(view.policy)),
-        ("straggler", _straggler_text(view)),
-        ("version", str(view.version)),
-    ]
-    if view.frontier_points is not None:
-        planned = "" if view.planning_s is None else f", planned in {view.planning_s:.2f} s"
-        lines.append(("frontier", f"{view.frontier_points} points{planned}"))
-    if view.chosen is not None:
-        c = view.chosen
-        lines.append(
-            (
-                "chosen",
-                f"point {c.index}: {c.time_s:.4f} s, {c.energy_j:.1f} J per iteration "
-                f"(expected {c.expected_iteration_time_s:.4f} s, {c.expected_energy_j:.1f} J)",
-            )
-        )
-    t = view.telemetry
-    if t is not None and t.measured_time_s is not None and t.measured_energy_j is not None:
-        lines.append(
-            ("measured", f"{t.measured_time_s:.4f} s, {t.measured_energy_j:.1f} J per iteration")
-        )
-    width = max(len(label) for label, _ in lines)
-    return "".join(f"{label.ljust(width)}  {value}\n" for label, value in lines)
-
-
-def _straggler_text(view: JobView) -> str:
-    s = view.straggler
-    if s is None:
-        return "none"
-    if s.slowdown is not None:
-        text = f"{s.slowdown:g}x slower"
-    elif s.iteration_time_s is not None:
-        text = f"{s.iteration_time_s:.4f} s per iteration"
-    else:
-        text = "set"
-    if s.automatic:
-        text += f" (detected: replicas {', '.join(map(str, s.data_parallel_ranks))})"
-    return text
-
-
-def format_frontier(view: FrontierView) -> str:
-    """The frontier's span, baselines and chosen points as a table."""
-    points = view.points
-    if not points:
-        return "frontier  no points\n"
-    first, last = points[0], points[-1]
-    key = reference_key(view.baselines)
-    reference = view.baselines[key] if key is not None else first
-    ref_s, ref_j = reference.time_s, reference.energy_j
-    head = (
-        f"frontier  {len(points)} points\n"
-        f"time      {first.time_s:.4f} s to {last.time_s:.4f} s\n"
-        f"energy    {first.energy_j:.1f} J to {last.energy_j:.1f} J\n\n"
-    )
-
-    def row(label: str, time_s: float, energy_j: float) -> list[str]:
-        return [
-            label,
-            f"{time_s:.4f}",
-            f"{energy_j:.1f}",
-            saving_text(energy_j, ref_j),
-            f"{100 * (time_s / ref_s - 1):.2f} %",
-        ]
-
-    rows = [["plan", "time (s)", "energy (J)", "saving", "slowdown"]]
-    for name, baseline in shown_baselines(view.baselines):
-        rows.append(row(baseline_label(name), baseline.time_s, baseline.energy_j))
-    n = len(points)
-    chosen = points[view.chosen_index]
-    if view.policy_index == view.chosen_index:
-        rows.append(row(f"chosen: policy (point {view.chosen_index} of {n})", *_te(chosen)))
-    else:
-        policy = points[view.policy_index]
-        rows.append(row(f"policy (point {view.policy_index} of {n})", *_te(policy)))
-        rows.append(row(f"chosen: straggler (point {view.chosen_index} of {n})", *_te(chosen)))
-    against = baseline_label(key) if key is not None else "the fastest point"
-    return (
-        head
-        + format_table(rows, right=range(1, 5))
-        + f"saving and slowdown are against {against}\n"
-    )
-
-
-def _te(point: FrontierPoint) -> tuple[float, float]:
-    return point.time_s, point.energy_j
-
-
-def _version_text(reply: PlanVersion) -> str:
-    if reply.chosen is None:
-        return f"stored; the job is {reply.state}, plans follow once it is planned"
-    c = reply.chosen
-    return (
-        f"plan version {reply.version}, point {c.index}: {c.time_s:.4f} s, "
-        f"{c.energy_j:.1f} J per iteration (expected {c.expected_iteration_time_s:.4f} s, "
-        f"{c.expected_energy_j:.1f} J)"
-    )
-
-
-def _validation_text(err: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'job'}: {e['msg']}" for e in err.errors()
-    )
