@@ -400,3 +400,9 @@ def test_real_time_run_with_a_concurrent_reader() -> None:
     energy = gpu.true_energy_j()
     assert IDLE_W * elapsed <= energy <= 620 * (time.monotonic() - start)
     assert readings == sorted(readings)
+
+
+def test_placing_the_fake_models_that_stages_work() -> None:
+    gpu, _ = make()
+    gpu.place(2, 4)
+    assert dict(gpu.work) == default_work(2, 4)

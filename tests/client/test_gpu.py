@@ -20,9 +20,11 @@ from perseus.client.gpu import (
     DryRunGpu,
     GpuControl,
     NvmlGpu,
+    WorkObserver,
     open_gpu,
     reset_clocks,
     validate_clock_mhz,
+    work_observer,
 )
 from perseus.errors import GpuControlError, NvmlNotSupported, NvmlPermissionError
 
@@ -381,6 +383,15 @@ def test_open_gpu_fake_is_a_gpu_control() -> None:
     assert isinstance(gpu, FakeGpu) and isinstance(gpu, GpuControl)
     assert gpu.index == 3 and gpu.can_set_clocks
     assert gpu.supported_clocks_mhz()[0] == 1980
+
+
+def test_only_a_simulated_gpu_has_a_work_observer() -> None:
+    # The rank drives the fake through this optional hook, never by its type.
+    fake = open_gpu("fake", 0)
+    observer = work_observer(fake)
+    assert observer is fake and isinstance(observer, WorkObserver)
+    with NvmlGpu(0, nvml=FakeNvml()) as nvml_gpu, DryRunGpu(1, nvml=FakeNvml()) as dry:
+        assert work_observer(nvml_gpu) is None and work_observer(dry) is None
 
 
 def test_open_gpu_unknown_mode() -> None:
