@@ -21,9 +21,9 @@ Every call raises only errors of :mod:`perseus.errors`, mapped in one place
   :class:`~perseus.errors.PlannerUnavailable` saying so.
 
 Nothing here retries by itself. A caller that loops (a rank's background thread) retries with
-:func:`retry_call`, which asks :func:`retryable` (the planner down or busy, a plan not ready
-yet: yes; a bad token, an unknown job, a rejected request: no) and waits
-:meth:`Backoff.delay_s` on a ``threading.Event`` it can be woken from. Every request the
+:func:`perseus.client.retry.retry_call`, which asks ``retryable`` (the planner down or busy, a
+plan not ready yet: yes; a bad token, an unknown job, a rejected request: no) and waits
+``Backoff.delay_s`` on a ``threading.Event`` it can be woken from. Every request the
 client makes is safe to repeat: reads are reads, a rank registers again with the same
 coordinates, and a profile or iteration report sent twice replaces the first.
 """
@@ -31,11 +31,8 @@ coordinates, and a profile or iteration report sent twice replaces the first.
 from __future__ import annotations
 
 import math
-import random
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -92,11 +89,8 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "KEEPALIVE_EXPIRY_S",
     "LONG_POLL_MARGIN_S",
-    "Backoff",
     "PlannerClient",
     "create_job",
-    "retry_call",
-    "retryable",
 ]
 
 T = TypeVar("T")
@@ -328,6 +322,11 @@ class PlannerClient:
         self.job_id = job_id
         self._ids = {"job_id": quote(job_id, safe="")}
 
+    @property
+    def http(self) -> httpx.Client:
+        """The httpx client the requests go through (its timeouts, whether it is closed)."""
+        return self._http
+
     @classmethod
     def open(
         cls, server_url: str, job_id: str, token: str, *, timeout: httpx.Timeout | None = None
@@ -518,113 +517,3 @@ class PlannerClient:
             token=self._token,
             expect=frozenset({204}),
         )
-
-
-# ----------------------------------------------------------------------------- retrying
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential backoff with jitter: how long to wait before the next attempt.
-
-    Attributes:
-        initial_s: the wait after the first failure.
-        factor: each further failure multiplies the wait by this.
-        max_s: the longest wait.
-        jitter: fraction of the wait taken off at random, so that a thousand ranks that
-            failed together do not come back together; 0 for none.
-
-    Raises:
-        ValueError: a field is out of range.
-    """
-
-    initial_s: float = 0.5
-    factor: float = 2.0
-    max_s: float = 30.0
-    jitter: float = 0.1
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.initial_s) and self.initial_s > 0):
-            raise ValueError(f"initial_s must be a finite number > 0, got {self.initial_s!r}")
-        if not (math.isfinite(self.factor) and self.factor >= 1):
-            raise ValueError(f"factor must be a finite number >= 1, got {self.factor!r}")
-        if not (math.isfinite(self.max_s) and self.max_s >= self.initial_s):
-            raise ValueError(f"max_s must be finite and >= initial_s, got {self.max_s!r}")
-        if not 0 <= self.jitter < 1:
-            raise ValueError(f"jitter must be in [0, 1), got {self.jitter!r}")
-
-    def delay_s(self, attempt: int, rng: random.Random) -> float:
-        """The wait after failed attempt number ``attempt`` (0 for the first failure).
-
-        The result lies in ``[b * (1 - jitter), b]`` where
-        ``b = min(max_s, initial_s * factor ** attempt)``.
-
-        Raises:
-            ValueError: ``attempt`` is negative.
-        """
-        if attempt < 0:
-            raise ValueError(f"attempt must be >= 0, got {attempt}")
-        # Compare in logarithms: factor ** attempt overflows a float long before attempts
-        # stop (a rank may retry for days).
-        if attempt * math.log(self.factor) >= math.log(self.max_s / self.initial_s):
-            base = self.max_s
-        else:
-            base = self.initial_s * self.factor**attempt
-        return base * (1 - self.jitter * rng.random())
-
-
-def retryable(exc: BaseException) -> bool:
-    """Whether the same request may succeed later, unchanged.
-
-    Yes for :class:`~perseus.errors.PlannerUnavailable` (unreachable, timed out, 5xx,
-    garbage) and :class:`~perseus.errors.PlanNotReady`; no for everything else (a bad
-    token, an unknown job, a rejected request, a job in the wrong state).
-    """
-    return isinstance(exc, PlannerUnavailable | PlanNotReady)
-
-
-def retry_call(
-    fn: Callable[[], T],
-    *,
-    backoff: Backoff,
-    stop: threading.Event,
-    rng: random.Random,
-    on_error: Callable[[BaseException, int], None] | None = None,
-) -> T:
-    """Call ``fn`` until it succeeds, retrying :func:`retryable` errors until ``stop`` is set.
-
-    Between attempts it waits :meth:`Backoff.delay_s` (at least the server's
-    ``Retry-After`` when the error carries one, up to ``backoff.max_s``) with ``stop.wait``,
-    so setting ``stop`` ends the wait at once. ``fn`` is called at least once.
-
-    Args:
-        fn: the request, e.g. ``lambda: client.register(body)``.
-        backoff: the waits.
-        stop: set it to give up.
-        rng: the jitter's randomness.
-        on_error: called with each retryable error and its attempt number (from 0) before
-            the wait, e.g. to log it.
-
-    Returns:
-        What ``fn`` returned.
-
-    Raises:
-        Exception: the first error that is not retryable, or the last one once ``stop`` is
-            set.
-    """
-    attempt = 0
-    while True:
-        try:
-            return fn()
-        except Exception as exc:
-            if not retryable(exc):
-                raise
-            if on_error is not None:
-                on_error(exc, attempt)
-            delay_s = backoff.delay_s(attempt, rng)
-            retry_after_s = exc.retry_after_s if isinstance(exc, PlanNotReady) else None
-            if retry_after_s is not None:
-                delay_s = max(delay_s, min(retry_after_s, backoff.max_s))
-            if stop.is_set() or stop.wait(delay_s):
-                raise
-            attempt += 1

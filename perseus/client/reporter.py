@@ -23,7 +23,8 @@ from typing import IO
 
 from perseus.client.controller import Stamp
 from perseus.client.meter import EnergyMeter
-from perseus.client.planner import Backoff, PlannerClient
+from perseus.client.planner import PlannerClient
+from perseus.client.retry import Backoff
 from perseus.client.session import Outage
 from perseus.client.settings import ClientSettings
 from perseus.errors import PerseusError, PlannerUnavailable

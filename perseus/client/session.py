@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from perseus.client.gpu import GpuControl, WorkObserver
-from perseus.client.planner import Backoff, PlannerClient, retry_call
+from perseus.client.planner import PlannerClient
+from perseus.client.retry import Backoff, retry_call
 from perseus.client.settings import ClientSettings, SettingsError
 from perseus.client.state import ActivePlan, RankState
 from perseus.errors import (
