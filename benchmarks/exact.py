@@ -25,9 +25,18 @@ from importlib import resources
 import numpy as np
 
 from perseus.errors import SolverTimeout
-from perseus.solver import build_costs, build_dag, compute_frontier, load_profile, make_schedule
-from perseus.solver.frontier import DEFAULT_SEARCH_WORK, _Planner, default_time
+from perseus.solver import (
+    build_costs,
+    build_dag,
+    compute_frontier,
+    default_time,
+    load_profile,
+    make_schedule,
+)
+from perseus.solver.fast import fast_frontier
+from perseus.solver.planner import Planner
 from perseus.solver.programs import ExactProgram
+from perseus.solver.search import DEFAULT_SEARCH_WORK
 
 P_BLOCK_W = 100.0
 STAGES = 4
@@ -51,10 +60,10 @@ def main() -> None:
         schedule = make_schedule("1f1b", STAGES, microbatches)
         dag = build_dag(schedule)
         costs = build_costs(profile, schedule, P_BLOCK_W)
-        planner = _Planner(dag, costs)
+        planner = Planner(dag, costs)
         t_default = default_time(profile, schedule, dag=dag)
-        times, energies, _, choices = planner.fast(
-            1e-3, lambda done, total: None, t_default, DEFAULT_SEARCH_WORK
+        times, energies, _, choices = fast_frontier(
+            planner, 1e-3, lambda done, total: None, t_default, DEFAULT_SEARCH_WORK
         )
         program = ExactProgram(dag, costs)
         for factor in FACTORS:

@@ -5,16 +5,22 @@ the frontier plot and ``perseus job frontier``. The reference is ``default`` (ev
 at the profile's highest clock: what a GPU left alone runs) when the run has it, else
 ``all_fastest`` (every instruction at its fastest measured clock).
 
+:class:`BaselineKey` names the baselines everywhere: the solver's ``Frontier.baselines``, the
+wire's ``FrontierView.baselines``, ``frontier.json``. It is a string enum, so the keys compare
+equal to, hash like and serialise as the plain strings they were.
+
 Imports nothing but the standard library: the command line uses it before any solving.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from enum import StrEnum
 from typing import Protocol, TypeVar
 
 __all__ = [
     "BASELINE_LABELS",
+    "BaselineKey",
     "BaselineLike",
     "baseline_label",
     "reference_key",
@@ -22,13 +28,28 @@ __all__ = [
     "shown_baselines",
 ]
 
+
+
+class BaselineKey(StrEnum):
+    """The baselines a frontier is compared with (see ``perseus.solver.baselines_at``)."""
+
+    DEFAULT = "default"
+    """Every instruction at the profile's highest clock: the reference of savings."""
+    ALL_FASTEST = "all_fastest"
+    """Every instruction at its fastest measured clock."""
+    GLOBAL_CLOCK = "global_clock"
+    """One clock for every GPU, the least-energy one at no slowdown."""
+    PER_STAGE_CLOCK = "per_stage_clock"
+    """One clock per stage, by coordinate descent at no slowdown."""
+
+
 BASELINE_LABELS: Mapping[str, str] = {
-    "default": "default (max clock)",
-    "all_fastest": "all-fastest",
-    "global_clock": "global clock",
-    "per_stage_clock": "per-stage clock",
+    BaselineKey.DEFAULT: "default (max clock)",
+    BaselineKey.ALL_FASTEST: "all-fastest",
+    BaselineKey.GLOBAL_CLOCK: "global clock",
+    BaselineKey.PER_STAGE_CLOCK: "per-stage clock",
 }
-_REFERENCE_KEYS = ("default", "all_fastest")
+_REFERENCE_KEYS = (BaselineKey.DEFAULT, BaselineKey.ALL_FASTEST)
 
 
 class BaselineLike(Protocol):
@@ -63,15 +84,15 @@ def shown_baselines(baselines: Mapping[str, B]) -> list[tuple[str, B]]:
     """
     ordered = [key for key in BASELINE_LABELS if key in baselines]
     ordered += sorted(key for key in baselines if key not in BASELINE_LABELS)
-    default = baselines.get("default")
-    fastest = baselines.get("all_fastest")
+    default = baselines.get(BaselineKey.DEFAULT)
+    fastest = baselines.get(BaselineKey.ALL_FASTEST)
     if (
         default is not None
         and fastest is not None
         and _same(default.time_s, fastest.time_s)
         and _same(default.energy_j, fastest.energy_j)
     ):
-        ordered.remove("all_fastest")
+        ordered.remove(BaselineKey.ALL_FASTEST)
     return [(key, baselines[key]) for key in ordered]
 
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from perseus.defaults import RESOLUTION_S
 from perseus.errors import PerseusError, PlanningTooLarge, ProfileError
+from perseus.solver.deadlines import MAX_CELLS, deadline_count
 
 if TYPE_CHECKING:
     from perseus.solver import Frontier, Profile
@@ -65,12 +66,11 @@ __all__ = [
 ProfileRowTuple = tuple[str, int, float, float]
 _NO_P_BLOCK = "no blocking power: set p_block_w on the job or report it with the profiles"
 
-DEFAULT_MAX_CELLS = 400_000_000
-"""Default limit on a job's planning work, instructions x deadlines: about 4.7 GiB and
-8 minutes (a shared 2-core host) at most; 16 stages x 128 microbatches interleaved is 1.5e8."""
+DEFAULT_MAX_CELLS = MAX_CELLS
+"""Default limit on a job's planning work, instructions x deadlines: the solver's
+:data:`perseus.solver.MAX_CELLS` (an alias kept for old imports), about 4.7 GiB and 8 minutes
+(a shared 2-core host) at most; 16 stages x 128 microbatches interleaved is 1.5e8."""
 
-# Deadlines the solver adds past the relaxed optimum (perseus.solver.frontier._deadline_grid).
-_TAIL_DEADLINES = 513
 # Calibrated with benchmarks/planning_work.py: a worker's data segment after imports (~215
 # MiB), and per cell its peak memory (7-10 bytes measured, rounded up) and time (0.8-1.3 us
 # on a shared 2-core host, local search included), plus a fixed time per job.
@@ -307,14 +307,14 @@ def estimate_planning_work(
     """Estimate the work of a frontier computation from the job's shape and profile ranges.
 
     The solver (``perseus.solver.frontier``, fast mode) sweeps ``G`` deadlines spaced
-    ``resolution_s`` apart from the all-fastest iteration time to the relaxed optimum's,
-    plus at most 513 more; it keeps an ``n x G`` table of choices and makes a few passes over
-    the ``n`` instructions per 1,024 deadlines. ``G`` follows from the iteration-time span
-    ``(microbatches x virtual_stages + stages - 1) x (slowest - fastest)`` of the stage with
-    the widest forward-plus-backward range, per model chunk: the length of a 1F1B (or GPipe,
-    or interleaved) pipeline's critical path. That bounds the real span from above when the
-    stages are alike, and the relaxed optimum is usually well before the slowest plan, so the
-    estimate errs large; the memory and time coefficients are measured
+    ``resolution_s`` apart from the all-fastest iteration time to the relaxed optimum's, plus
+    a bounded tail (``G`` at most :func:`perseus.solver.deadline_count` of the span); it
+    keeps an ``n x G`` table of choices and makes a few passes over the ``n`` instructions per
+    1,024 deadlines. The span is ``(microbatches x virtual_stages + stages - 1) x (slowest -
+    fastest)`` of the stage with the widest forward-plus-backward range, per model chunk: the
+    length of a 1F1B (or GPipe, or interleaved) pipeline's critical path. That bounds the real
+    span from above when the stages are alike, and the relaxed optimum is usually well before
+    the slowest plan, so the estimate errs large; the memory and time coefficients are measured
     (``benchmarks/planning_work.py``).
 
     The schedule's name does not matter: the three schedules share the critical-path length.
@@ -348,8 +348,7 @@ def estimate_planning_work(
     spread_s = max(widest.values(), default=0.0) / virtual_stages
     span_s = (microbatches * virtual_stages + stages - 1) * spread_s
     instructions = 2 * stages * microbatches * virtual_stages
-    # Up to the relaxed optimum every resolution_s, then at most 513 more (_deadline_grid).
-    deadlines = math.ceil(span_s / resolution) + 1 + _TAIL_DEADLINES
+    deadlines = deadline_count(span_s, resolution)
     per_gpu = max(clocks.values(), default=1)
     cells = instructions * deadlines
     return PlanningWork(

@@ -35,7 +35,6 @@ from perseus.server.jobs import Jobs
 from perseus.server.lease import PlanningLease
 from perseus.server.metrics import Metrics
 from perseus.server.planning import (
-    DEFAULT_MAX_CELLS,
     PlanningFailure,
     PlanningInput,
     PlanningResult,
@@ -45,6 +44,7 @@ from perseus.server.planning import (
 )
 from perseus.server.store import JobRow
 from perseus.server.telemetry import IterationLog
+from perseus.solver.deadlines import MAX_CELLS
 
 __all__ = ["Coalescer", "JobHeads", "PlanningRunner", "TelemetryBuffer"]
 
@@ -330,7 +330,7 @@ class PlanningRunner:
         self._timeout_s = timeout_s
         self._memory_bytes = None if memory_mb is None else memory_mb * 2**20
         self._max_cells = max_cells
-        self._small_cells = (max_cells or DEFAULT_MAX_CELLS) // _SMALL_SHARE
+        self._small_cells = (max_cells or MAX_CELLS) // _SMALL_SHARE
         # spawn: a fresh interpreter, no copy of the server's threads, sockets or locks.
         self._context = multiprocessing.get_context("spawn")
         self._tasks: set[asyncio.Task[None]] = set()

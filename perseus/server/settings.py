@@ -6,7 +6,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from perseus.defaults import POLISH_S
-from perseus.server.planning import DEFAULT_MAX_CELLS
+from perseus.solver.deadlines import MAX_CELLS
 
 __all__ = ["DEFAULT_DATABASE", "Settings"]
 
@@ -40,7 +40,7 @@ class Settings(BaseSettings):
         "more runs a small job (1/16 of planning_max_cells) when these are all busy.",
     )
     planning_max_cells: int = Field(
-        default=DEFAULT_MAX_CELLS,
+        default=MAX_CELLS,
         ge=1_000_000,
         description="Most planning work a job may imply, instructions x frontier deadlines "
         "(estimated from its profiles; about 12 bytes and 1 us each); a job over it gets "

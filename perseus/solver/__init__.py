@@ -5,17 +5,12 @@ Imports only the standard library, numpy and highspy (HiGHS). See ``docs/solver-
 
 from __future__ import annotations
 
+from perseus.baselines import BaselineKey
+from perseus.solver.baselines import Baseline, baselines_at, default_time
 from perseus.solver.costs import CostTable, build_costs
 from perseus.solver.dag import PipelineDag, build_dag
-from perseus.solver.frontier import (
-    FRONTIER_FORMAT,
-    Baseline,
-    Frontier,
-    Point,
-    baselines_at,
-    compute_frontier,
-    default_time,
-)
+from perseus.solver.deadlines import MAX_CELLS, deadline_count
+from perseus.solver.frontier import FRONTIER_FORMAT, Frontier, Point, compute_frontier
 from perseus.solver.policies import POLICY_KINDS, Policy, choose_point, straggler_point
 from perseus.solver.profiles import (
     INSTRUCTIONS,
@@ -26,18 +21,27 @@ from perseus.solver.profiles import (
     profile_from_rows,
     profile_to_json,
 )
-from perseus.solver.schedules import SCHEDULE_NAMES, Instruction, Schedule, make_schedule
+from perseus.solver.schedules import (
+    SCHEDULE_NAMES,
+    Instruction,
+    InstructionKind,
+    Schedule,
+    make_schedule,
+)
 from perseus.solver.simulate import Replay, replay
 
 __all__ = [
     "FRONTIER_FORMAT",
     "INSTRUCTIONS",
+    "MAX_CELLS",
     "POLICY_KINDS",
     "SCHEDULE_NAMES",
     "Baseline",
+    "BaselineKey",
     "CostTable",
     "Frontier",
     "Instruction",
+    "InstructionKind",
     "Option",
     "PipelineDag",
     "Point",
@@ -50,6 +54,7 @@ __all__ = [
     "build_dag",
     "choose_point",
     "compute_frontier",
+    "deadline_count",
     "default_time",
     "effective_options",
     "load_profile",

@@ -16,22 +16,52 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
 from perseus.errors import ScheduleError
 
-__all__ = ["SCHEDULE_NAMES", "Instruction", "Schedule", "make_schedule"]
+__all__ = [
+    "BACKWARD",
+    "FORWARD",
+    "SCHEDULE_NAMES",
+    "Instruction",
+    "InstructionKind",
+    "Schedule",
+    "make_schedule",
+    "per_gpu",
+]
 
-FORWARD = "forward"
-BACKWARD = "backward"
+
+class InstructionKind(StrEnum):
+    """What a pipeline instruction does; a string, so ``kind == "forward"`` and the wire's and
+    files' values stay as they are. A new kind (a split backward, say) is a new member here;
+    the profile then measures it and the DAG gives it its dependencies."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+FORWARD = InstructionKind.FORWARD
+BACKWARD = InstructionKind.BACKWARD
 
 
 @dataclass(frozen=True, slots=True)
 class Instruction:
-    """One pipeline instruction: ``kind`` of ``microbatch`` on model ``chunk`` of its GPU."""
+    """One pipeline instruction: ``kind`` of ``microbatch`` on model ``chunk`` of its GPU.
 
-    kind: str
+    ``chunk`` is always an int: 0 on schedules without model chunks (the wire's and files'
+    ``null`` or absent chunk is read as 0). A plain string ``kind`` is converted (ValueError
+    for an unknown one).
+    """
+
+    kind: InstructionKind
     microbatch: int
     chunk: int = 0
+
+    def __post_init__(self) -> None:
+        if type(self.kind) is not InstructionKind:
+            object.__setattr__(self, "kind", InstructionKind(self.kind))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +127,7 @@ def _interleaved(stages: int, microbatches: int, virtual_stages: int) -> list[li
     group = stages * virtual_stages
     total = microbatches * virtual_stages
 
-    def unit(k: int, kind: str) -> Instruction:
+    def unit(k: int, kind: InstructionKind) -> Instruction:
         chunk = (k // stages) % virtual_stages
         if kind == BACKWARD:
             chunk = virtual_stages - 1 - chunk
@@ -158,3 +188,15 @@ def make_schedule(name: str, stages: int, microbatches: int, virtual_stages: int
         raise ScheduleError(f"{name} runs one model chunk per GPU; virtual_stages must be 1")
     order = builder(stages, microbatches, virtual_stages)
     return Schedule(name, stages, microbatches, virtual_stages, tuple(map(tuple, order)))
+
+
+def per_gpu(flat: Any, schedule: Schedule) -> tuple[tuple[int, ...], ...]:
+    """Split ``flat`` (a sequence or 1-D array of one int per instruction, GPU by GPU in
+    execution order) per GPU:
+    ``result[g][k]`` belongs to ``schedule.order[g][k]``. O(instructions)."""
+    out = []
+    at = 0
+    for seq in schedule.order:
+        out.append(tuple(int(f) for f in flat[at : at + len(seq)]))
+        at += len(seq)
+    return tuple(out)

@@ -1,0 +1,148 @@
+"""Reference plans that today's tools reach (see :func:`baselines_at`), and the default
+plan's iteration time: the no-slowdown reference.
+
+The keys are :class:`perseus.baselines.BaselineKey` (defined beside their labels in a module of
+the standard library only, so the command line names them before importing the solver).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from perseus.baselines import BaselineKey
+from perseus.solver.dag import PipelineDag, build_dag
+from perseus.solver.profiles import Profile
+from perseus.solver.schedules import BACKWARD, FORWARD, Schedule, per_gpu
+
+__all__ = ["Baseline", "BaselineKey", "baselines_at", "default_time"]
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """A reference plan that today's tools can reach."""
+
+    time_s: float
+    energy_j: float
+    frequencies_mhz: tuple[tuple[int, ...], ...]
+
+
+def default_time(profile: Profile, schedule: Schedule, *, dag: PipelineDag | None = None) -> float:
+    """Iteration time of the default plan: every instruction at the profile's highest clock.
+
+    That is what a GPU left alone runs, so it is the reference of "no slowdown".
+    """
+    dag = dag or build_dag(schedule)
+    scale = 1.0 / schedule.virtual_stages
+    durations = np.empty(dag.size)
+    for c in range(2 * schedule.stages):
+        options = profile.stages[c // 2][(FORWARD, BACKWARD)[c % 2]]
+        top = max(options, key=lambda o: o.frequency_mhz)
+        durations[dag.cost_class == c] = top.time_s * scale
+    return float(dag.iteration_time(durations))
+
+
+def baselines_at(
+    profile: Profile,
+    schedule: Schedule,
+    p_block_w: float,
+    deadline_s: float,
+    *,
+    dag: PipelineDag | None = None,
+) -> dict[str, Baseline]:
+    """Plans that today's tools reach, on the same profile and deadline.
+
+    - ``default``: every instruction at the profile's highest clock, what a GPU left alone
+      runs: the reference that savings are stated against (its iteration time is "no
+      slowdown").
+    - ``all_fastest``: every instruction at its fastest measured clock (can differ from the
+      highest clock where a GPU throttles at its top clocks).
+    - ``global_clock``: one clock for every GPU, the least-energy one that meets the deadline
+      (what a global power or frequency tuner reaches); the fastest one if none meets it. A
+      stage that lacks a measurement at that clock runs at its nearest measured clock.
+    - ``per_stage_clock``: one clock per stage, found by coordinate descent from the global
+      clock (each round tries every clock of every stage and keeps the best move) until no
+      single-stage change improves it.
+
+    """
+    dag = dag or build_dag(schedule)
+    scale = 1.0 / schedule.virtual_stages
+    stages = profile.stages
+    n = dag.size
+
+    def by_clock(stage: int, kind: str) -> dict[int, tuple[float, float]]:
+        return {
+            o.frequency_mhz: (o.time_s * scale, o.energy_j * scale) for o in stages[stage][kind]
+        }
+
+    tables = [by_clock(g, k) for g in range(schedule.stages) for k in (FORWARD, BACKWARD)]
+
+    def nearest(table: dict[int, tuple[float, float]], clock: int) -> int:
+        return clock if clock in table else min(table, key=lambda f: (abs(f - clock), -f))
+
+    def evaluate(clock_of_class: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
+        """Time and energy of plans given one clock per cost class, ``(classes, P)``."""
+        width = clock_of_class.shape[1]
+        times = np.empty((n, width))
+        energy = np.zeros(width)
+        for c, table in enumerate(tables):
+            nodes = dag.cost_class == c
+            pairs = np.asarray([table[int(f)] for f in clock_of_class[c]])
+            times[nodes] = pairs[:, 0]
+            energy += nodes.sum() * pairs[:, 1]
+        total = dag.iteration_time(times)
+        energy += p_block_w * (schedule.stages * total - times.sum(axis=0))
+        return total, energy
+
+    def baseline(clock_of_class: npt.NDArray[np.int64]) -> Baseline:
+        time, energy = evaluate(clock_of_class[:, None])
+        flat = clock_of_class[dag.cost_class]
+        return Baseline(float(time[0]), float(energy[0]), per_gpu(flat, schedule))
+
+    def uniform(clock: int, classes: range) -> list[int]:
+        return [nearest(tables[c], clock) for c in classes]
+
+    highest = np.asarray([max(t) for t in tables], dtype=np.int64)
+    fastest = np.asarray([min(t, key=lambda f: t[f][0]) for t in tables], dtype=np.int64)
+    result: dict[str, Baseline] = {
+        BaselineKey.DEFAULT: baseline(highest),
+        BaselineKey.ALL_FASTEST: baseline(fastest),
+    }
+
+    limit = deadline_s * (1 + 1e-12)
+    every = range(len(tables))
+    clocks = sorted(set().union(*tables), reverse=True)
+    candidates = np.asarray([uniform(f, every) for f in clocks], dtype=np.int64).T
+    time, energy = evaluate(candidates)
+    ok = time <= limit
+    pick = int(np.argmin(np.where(ok, energy, np.inf))) if ok.any() else int(np.argmin(time))
+    result[BaselineKey.GLOBAL_CLOCK] = baseline(candidates[:, pick])
+
+    per_stage = [
+        sorted(set(tables[2 * g]) | set(tables[2 * g + 1])) for g in range(schedule.stages)
+    ]
+    current = candidates[:, pick].copy()
+    current_time, current_energy = float(time[pick]), float(energy[pick])
+    # Every round strictly lowers the energy, so this ends at a plan no single-stage change
+    # improves; the cap only guards against float noise.
+    for _ in range(64 * schedule.stages):
+        moves = []
+        for g, stage_clocks in enumerate(per_stage):
+            for f in stage_clocks:
+                move = current.copy()
+                move[2 * g : 2 * g + 2] = uniform(f, range(2 * g, 2 * g + 2))
+                moves.append(move)
+        trial = np.stack(moves, axis=1)
+        time, energy = evaluate(trial)
+        feasible = time <= max(limit, current_time)
+        score = np.where(feasible, energy, np.inf)
+        k = int(np.argmin(score))
+        if not score[k] < current_energy * (1 - 1e-12):
+            break
+        current, current_time, current_energy = trial[:, k].copy(), float(time[k]), float(score[k])
+    result[BaselineKey.PER_STAGE_CLOCK] = baseline(current)
+    return result

@@ -1,0 +1,370 @@
+"""The fast mode: the convex relaxation rounded and refilled at every grid deadline, searched
+hard at a few anchor deadlines, then repaired where the reported gaps are large.
+
+See :mod:`perseus.solver.frontier` for the method as a whole. The entry point is
+:func:`fast_frontier`; the sweep's state (each grid deadline's best plan so far, and the
+Pareto points drawn from them) lives in one :class:`_GridPlans`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from perseus.errors import InfeasibleDeadline
+from perseus.solver.deadlines import deadline_grid, served_deadline
+from perseus.solver.planner import FloatArray, IntArray, Planner, Progress, pareto
+from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution
+from perseus.solver.search import ALL_ANCHORS_UP_TO, RESTARTS_UP_TO, restarts, search, searched
+from perseus.solver.search import dived as _dived
+
+__all__ = ["ANCHOR_SLOWDOWNS", "anchor_slowdowns", "fast_frontier"]
+
+# Relative chord-minus-tangent error of V between knots above which another knot is solved.
+_KNOT_TOLERANCE = 2e-4
+_MAX_KNOTS = 64
+_CHUNK = 1024  # grid deadlines per vectorised batch
+# Slowdowns (x the default plan's time) where fast mode searches hardest: the deadlines most
+# users pick (no-slowdown, a few percent), each solved by a hull dive and a local search.
+ANCHOR_SLOWDOWNS = (1.0, 1.005, 1.01, 1.015, 1.02, 1.03, 1.05, 1.075, 1.1)
+# The anchors that get twice the share of the work: the deadlines the policies name.
+_MAIN_SLOWDOWNS = (1.0, 1.01, 1.02, 1.05)
+# Larger DAGs search at those and at 1.03 x, inside the widest stretch between them (on
+# gpt3-175b+a40 8 x 96 without it the points from 1.02 to 1.035 x reported gaps up to 1.37 %;
+# with it 1.08 %, 0.98 % after resumed searches; more anchors there spread the work thinner
+# and did worse).
+_LARGE_SLOWDOWNS = (1.0, 1.01, 1.02, 1.03, 1.05)
+_CROSSOVER_ROUNDS = 2
+_CROSSOVER_PAIRS = 16
+# Repair rounds: search again where a point's reported gap exceeds this.
+_REPAIR_GAP = 0.009
+# DAGs over ALL_ANCHORS_UP_TO instructions whose largest gap is over _RESUME_ABOVE among the
+# anchors search every anchor again, from the plan its search stopped at, with _RESUME_WORK of
+# its share (instead of the one repair search); smaller DAGs with a gap still over it after
+# the repair round get one more.
+_RESUME_ABOVE = 0.01
+_RESUME_WORK = 0.5
+_REPAIR_ROUNDS = 1
+_REPAIR_ANCHORS = 6
+
+
+def anchor_slowdowns(instructions: int) -> tuple[float, ...]:
+    """The deadlines (multiples of the default plan's time) where the fast mode searches, for
+    a DAG of ``instructions`` nodes: large DAGs search only where the policies point."""
+    return ANCHOR_SLOWDOWNS if instructions <= ALL_ANCHORS_UP_TO else _LARGE_SLOWDOWNS
+
+
+def fast_frontier(
+    planner: Planner,
+    resolution_s: float,
+    progress: Progress,
+    t_default: float,
+    search_work: int,
+    polish_s: float = 0.0,
+) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
+    """The fast mode's frontier ``(times, energies, gaps, choices)``, time ascending.
+
+    Args:
+        planner: The DAG and cost table.
+        resolution_s: Spacing of the deadline grid.
+        progress: Called as ``progress(done, 1000)``.
+        t_default: The default plan's time (the no-slowdown deadline).
+        search_work: Local-search work over all anchors, in cells.
+        polish_s: Seconds of branch and bound on the no-slowdown plan (0: none).
+
+    Raises:
+        InfeasibleDeadline: No plan meets the all-fastest iteration time.
+    """
+    n = planner.dag.size
+    t_fast = planner.fastest_time_s
+    relaxation = Relaxation(planner.dag, planner.costs)
+    free = relaxation.solve(None)
+    slowest_time = planner.slowest_time_s
+    t_end = max(t_fast, min(free.iteration_time_s, slowest_time))
+    # Large DAGs search only at the deadlines the policies name (each dive and search
+    # round costs O(n) passes there).
+    slowdowns = anchor_slowdowns(n)
+    anchors = sorted(
+        {t_fast} | {d for d in (f * t_default for f in slowdowns) if t_fast <= d <= t_end}
+    )
+    grid = deadline_grid(t_fast, t_end, slowest_time, resolution_s)
+    grid = np.unique(np.concatenate([grid, anchors]))
+
+    # Progress in thousandths, by where the time goes (on 8 x 96 roughly: the relaxation's
+    # knots 15 %, the anchors' searches 55 %, the grid 20 %, the repairs 10 %).
+    def report(first: int, last: int, done: int, total: int) -> None:
+        progress(first + (last - first) * min(done, total) // max(total, 1), 1000)
+
+    knots = _knots(relaxation, t_fast, free, resolution_s, lambda d, t: report(0, 150, d, t))
+
+    # The anchors: a dive through the relaxation (rounding to hull options), then a local
+    # search. Every grid deadline also gets the best anchor plan that fits, refilled.
+    anchor_plans = np.empty((n, len(anchors)), dtype=np.int64)
+    main = {f * t_default for f in _MAIN_SLOWDOWNS}
+    weights = [2 if d in main else 1 for d in anchors]
+    states = []  # where each anchor's search over hull plans stopped
+    for a, deadline in enumerate(anchors):
+        share = search_work * weights[a] // sum(weights)
+        plan, state = searched(
+            planner, _dived(planner, relaxation, deadline, 0.05), deadline, share
+        )
+        states.append(state)
+        if deadline == t_default and n <= RESTARTS_UP_TO:
+            plan = restarts(planner, relaxation, deadline, share // 4, plan)
+        if deadline == t_default and polish_s > 0:
+            polished = ExactProgram(planner.dag, planner.costs).solve(
+                deadline,
+                time_limit_s=polish_s,
+                incumbent=plan,
+                hull_only=True,
+                rel_gap=1e-3,
+                allow_incomplete=True,
+            )
+            plan = planner.best_of(
+                [planner.evaluated(plan[:, None]), planner.evaluated(polished.choice[:, None])],
+                np.asarray([deadline]),
+            )[0][:, 0]
+        anchor_plans[:, a] = plan
+        report(150, 700, a + 1, len(anchors))
+
+    sweep = _GridPlans(planner, grid, knots, t_end)
+    sweep.fill(planner.with_crossings(anchor_plans), lambda d, t: report(700, 900, d, t))
+    sweep.finish()
+    progress(900, 1000)
+
+    small = n <= ALL_ANCHORS_UP_TO
+    sweep.cross_repair()
+    worst = sweep.large_gaps()
+    if (
+        not small
+        and worst
+        and sweep.gaps[worst[0]] > _RESUME_ABOVE
+        and sweep.best_time[sweep.keep[worst[0]]] < anchors[-1]
+    ):
+        # Large DAGs' searches stop for want of work, not at a local optimum (one round of
+        # single moves costs more than an anchor's share): where a gap over 1 % lies among
+        # the anchors, every anchor searches again from the hull plan its search stopped at
+        # (its moves start over from the first instruction; an order spread over every GPU
+        # did no better), and the new plans and their crossings are offered to the
+        # deadlines whose gaps are large (all of them would cost 0.3 s a merge on 8 x 96).
+        resumed = []
+        for a, deadline in enumerate(anchors):
+            share = int(_RESUME_WORK * search_work * weights[a] // sum(weights))
+            plan, states[a] = searched(planner, states[a], deadline, share)
+            resumed.append(plan)
+            report(900, 950, a + 1, len(anchors))
+        sweep.merge(planner.with_crossings(np.stack(resumed, axis=1))[0], needy=True)
+        sweep.finish()
+        sweep.cross_repair(needy=True)
+        worst = []
+    # Repair by searching where gaps are large; a fixed number of rounds and anchors, so
+    # the work is bounded. Small DAGs search at the deadlines their worst points serve up
+    # to, once more if a gap is still over 1 % (gpt3-175b+a40 gpipe 8 x 12: 1.02 ->
+    # 0.97 %). Large DAGs afford one search: at the first point of the stretch of large gaps
+    # holding the worst, since a plan serves every deadline from its own time up (refilled),
+    # so that one plan lifts the whole stretch, not only the worst point.
+    for round_ in range(_REPAIR_ROUNDS + 1):
+        gaps, served = sweep.gaps, sweep.served
+        # the last round only for a small DAG with a gap still over 1 %
+        last_chance = round_ == _REPAIR_ROUNDS
+        if not worst or (last_chance and (not small or gaps[worst[0]] <= _RESUME_ABOVE)):
+            break
+        upto = None
+        if small:
+            targets = sorted({float(served[i]) for i in worst[:_REPAIR_ANCHORS]})
+        else:
+            first = last = worst[0]
+            while first > 0 and gaps[first - 1] > _REPAIR_GAP:
+                first -= 1
+            while last + 1 < len(gaps) and gaps[last + 1] > _REPAIR_GAP:
+                last += 1
+            targets = [float(sweep.best_time[sweep.keep[first]])]
+            upto = float(served[last])
+        share = search_work // (4 * _REPAIR_ANCHORS)
+        repaired = [search(planner, relaxation, d, share, 0.25) for d in targets]
+        sweep.merge(np.stack(repaired, axis=1), upto)
+        sweep.finish()
+        worst = sweep.large_gaps()
+    progress(1000, 1000)
+    keep = sweep.keep
+    return (
+        sweep.best_time[keep],
+        sweep.best_energy[keep],
+        sweep.gaps,
+        sweep.best_choice[:, keep].T.copy(),
+    )
+
+
+class _GridPlans:
+    """Every grid deadline's best plan so far, and the frontier drawn from them.
+
+    ``best_choice[:, g]``, ``best_time[g]``, ``best_energy[g]``: the best plan found for grid
+    deadline ``g``. After :meth:`finish`: ``keep`` (the grid entries on the Pareto frontier,
+    time ascending), ``served`` (the largest deadline each serves) and ``gaps`` (each one's
+    gap to the relaxation's lower bound at that deadline).
+    """
+
+    def __init__(
+        self, planner: Planner, grid: FloatArray, knots: list[RelaxedSolution], t_end: float
+    ) -> None:
+        n = planner.dag.size
+        self.planner = planner
+        self.grid = grid
+        self.knots = knots
+        self.t_end = t_end
+        self.best_choice = np.empty((n, len(grid)), dtype=np.int64)
+        self.best_time = np.empty(len(grid))
+        self.best_energy = np.empty(len(grid))
+        self.keep = np.empty(0, dtype=np.int64)
+        self.served = np.empty(0)
+        self.gaps = np.empty(0)
+
+    def fill(self, anchors: tuple[IntArray, FloatArray, FloatArray], progress: Progress) -> None:
+        """Give every grid deadline its first plan: the relaxation mixed between the knots,
+        rounded down and refilled (two ceilings), or an anchor plan (see
+        :meth:`Planner.from_anchors`), whichever takes the least energy."""
+        planner, grid, knots = self.planner, self.grid, self.knots
+        anchor_plans, anchor_time, anchor_energy = anchors
+        knot_deadlines = np.asarray([k.deadline_s for k in knots[:-1]] + [math.inf])
+        for lo in range(0, len(grid), _CHUNK):
+            deadlines = grid[lo : lo + _CHUNK]
+            right = np.clip(
+                np.searchsorted(knot_deadlines, deadlines, side="left"), 1, len(knots) - 1
+            )
+            left = right - 1
+            a_dead = knot_deadlines[left]
+            b_dead = np.where(np.isinf(knot_deadlines[right]), a_dead, knot_deadlines[right])
+            span = np.where(b_dead > a_dead, b_dead - a_dead, 1.0)
+            theta = np.clip((deadlines - a_dead) / span, 0.0, 1.0)
+            durs_a = np.stack([knots[k].durations_s for k in left], axis=1)
+            durs_b = np.stack([knots[k].durations_s for k in right], axis=1)
+            tau_a = np.asarray([knots[k].iteration_time_s for k in left])
+            tau_b = np.asarray([knots[k].iteration_time_s for k in right])
+            mixed = durs_a + theta * (durs_b - durs_a)
+            tau = np.minimum(tau_a + theta * (tau_b - tau_a), deadlines)
+            rounded = planner.round_down(mixed)
+            rounded_time, _ = planner.evaluate(rounded)
+            # Two ceilings: the relaxation's own iteration time, and what rounding left of it;
+            # and the anchors' plans.
+            candidates = [
+                planner.refill_evaluated(rounded, tau),
+                planner.refill_evaluated(rounded, np.minimum(rounded_time, tau)),
+                *planner.from_anchors(anchor_plans, anchor_time, anchor_energy, deadlines),
+            ]
+            chosen, chosen_time, chosen_energy = planner.best_of(candidates, deadlines)
+            width = len(deadlines)
+            self.best_choice[:, lo : lo + width] = chosen
+            self.best_time[lo : lo + width] = chosen_time
+            self.best_energy[lo : lo + width] = chosen_energy
+            progress(lo + width, len(grid))
+
+    def finish(self) -> None:
+        """Draw the Pareto frontier from the grid's plans: ``keep``, ``served``, ``gaps``."""
+        knots = self.knots
+        keep = pareto(self.best_time, self.best_energy)
+        if not np.isfinite(self.best_energy[keep]).all():
+            raise InfeasibleDeadline("no plan meets the all-fastest iteration time")
+        served = served_deadline(self.best_time[keep], self.grid)
+        bound = np.max(
+            [
+                k.value_j + k.slope_j_per_s * (np.minimum(served, self.t_end) - k.deadline_s)
+                for k in knots[:-1]
+            ]
+            + [np.full(len(keep), knots[-1].value_j)],
+            axis=0,
+        )
+        self.keep, self.served = keep, served
+        self.gaps = self.best_energy[keep] / (bound * (1 - 1e-9)) - 1.0
+
+    def merge(self, plans: IntArray, upto: float | None = None, needy: bool = False) -> None:
+        """Offer every grid deadline (up to ``upto``; with ``needy``, only those served by
+        a point whose gap is over the repair threshold) the best of ``plans`` that fits,
+        as is and refilled."""
+        planner, grid = self.planner, self.grid
+        plan_time, plan_energy = planner.evaluate(plans)
+        first = int(np.searchsorted(grid, plan_time.min() * (1 - 1e-12)))
+        stop = len(grid) if upto is None else int(np.searchsorted(grid, upto, side="right"))
+        where = np.arange(first, stop)
+        if needy:
+            point = (
+                np.searchsorted(self.best_time[self.keep], grid[where] * (1 + 1e-12), "right") - 1
+            )
+            where = where[(point >= 0) & (self.gaps[np.maximum(point, 0)] > _REPAIR_GAP)]
+        for lo in range(0, len(where), _CHUNK):
+            at = where[lo : lo + _CHUNK]
+            deadlines = grid[at]
+            current = (self.best_choice[:, at], self.best_time[at], self.best_energy[at])
+            extra = planner.from_anchors(plans, plan_time, plan_energy, deadlines)
+            chosen, chosen_time, chosen_energy = planner.best_of([current, *extra], deadlines)
+            self.best_choice[:, at] = chosen
+            self.best_time[at] = chosen_time
+            self.best_energy[at] = chosen_energy
+
+    def large_gaps(self) -> list[int]:
+        """Points whose gap is over the repair threshold, the largest first."""
+        gaps = self.gaps
+        return [int(i) for i in np.argsort(-gaps, kind="stable")
+                if gaps[i] > _REPAIR_GAP and math.isfinite(self.served[i])]  # fmt: skip
+
+    def cross_repair(self, needy: bool = False) -> None:
+        """Repair by crossing: around a large gap, plans between the point and the next
+        one (cheap: no solves, so for every DAG size), offered to every deadline up to the
+        last pair's (with ``needy``, only to those served by points over the threshold)."""
+        for _ in range(_CROSSOVER_ROUNDS):
+            worst = self.large_gaps()[:_CROSSOVER_PAIRS]
+            if not worst:
+                break
+            keep = self.keep
+            pairs = [(int(keep[i]), int(keep[i + 1])) for i in worst]
+            fast_plans = self.best_choice[:, [a for a, _ in pairs]]
+            slow_plans = self.best_choice[:, [b for _, b in pairs]]
+            self.merge(
+                self.planner.crossovers(fast_plans, slow_plans),
+                upto=float(max(self.best_time[b] for _, b in pairs)),
+                needy=needy,
+            )
+            self.finish()
+
+
+def _knots(
+    relaxation: Relaxation,
+    t_fast: float,
+    free: RelaxedSolution,
+    resolution_s: float,
+    progress: Progress,
+) -> list[RelaxedSolution]:
+    """Relaxed solutions at adaptively chosen deadlines, the unconstrained one last."""
+    if free.iteration_time_s <= t_fast + resolution_s:
+        first = relaxation.solve(max(t_fast, min(free.iteration_time_s, t_fast)))
+        return [first, free]
+    end = relaxation.solve(free.iteration_time_s, free)
+    start = relaxation.solve(t_fast)
+    knots = [start, end]
+    pending = [(start, end)]
+    while pending and len(knots) < _MAX_KNOTS:
+        a, b = pending.pop()
+        cut = _tangent_crossing(a, b)
+        if cut is None or not (a.deadline_s + resolution_s < cut < b.deadline_s - resolution_s):
+            continue
+        chord = a.value_j + (b.value_j - a.value_j) * (cut - a.deadline_s) / (
+            b.deadline_s - a.deadline_s
+        )
+        tangent = a.value_j + a.slope_j_per_s * (cut - a.deadline_s)
+        if chord - tangent <= _KNOT_TOLERANCE * b.value_j:
+            continue
+        middle = relaxation.solve(cut, a if cut - a.deadline_s < b.deadline_s - cut else b)
+        knots.append(middle)
+        pending.extend([(a, middle), (middle, b)])
+        progress(len(knots), _MAX_KNOTS)
+    knots.sort(key=lambda k: k.deadline_s)
+    return [*knots, free]
+
+
+def _tangent_crossing(a: RelaxedSolution, b: RelaxedSolution) -> float | None:
+    """Deadline where the tangents of ``V`` at ``a`` and ``b`` cross."""
+    if b.slope_j_per_s - a.slope_j_per_s <= 0:
+        return None
+    return (
+        b.value_j - a.value_j + a.slope_j_per_s * a.deadline_s - b.slope_j_per_s * b.deadline_s
+    ) / (a.slope_j_per_s - b.slope_j_per_s)

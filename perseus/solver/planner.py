@@ -1,0 +1,352 @@
+"""Plans over one DAG and cost table: exact evaluation, fitting, the refill, crossings.
+
+A plan is one option index per DAG node (within its cost class); ``P`` plans travel side by
+side as the columns of an ``(n, P)`` array, so every operation here is vectorised over plans.
+The fast sweep (:mod:`perseus.solver.fast`), the local search (:mod:`perseus.solver.search`)
+and the exact mode (:mod:`perseus.solver.exact`) all build on :class:`Planner`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from perseus.solver.costs import CostTable
+from perseus.solver.dag import PipelineDag
+from perseus.solver.programs import hull_options
+
+__all__ = [
+    "FIT_BINS",
+    "FIT_BINS_MAX",
+    "Evaluated",
+    "FloatArray",
+    "IntArray",
+    "Planner",
+    "Progress",
+    "pareto",
+]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+Progress = Callable[[int, int], None]
+# Plans (n, P) with their exact iteration times and energies (P each).
+Evaluated = tuple[IntArray, FloatArray, FloatArray]
+
+FIT_BINS = 1024  # table bins per class's time range, at least (see Planner.__init__)
+FIT_BINS_MAX = 1 << 15
+_FIT_MARGIN = 1e-6  # of a bin: a table entry fits this far below its bin (rounding's room)
+_CROSSOVER_SHARES = 31  # plans between two neighbouring anchors, per node order
+
+
+class Planner:
+    """Plans over one DAG and cost table. Choices are per-node option indices within a class.
+
+    Args:
+        dag: The schedule's DAG.
+        costs: Its cost table.
+        fit_bins_max: Most table bins per class for the one-step fit (see :meth:`fit`);
+            below what a class needs, the fit steps until exact instead.
+    """
+
+    def __init__(
+        self, dag: PipelineDag, costs: CostTable, fit_bins_max: int = FIT_BINS_MAX
+    ) -> None:
+        self.dag = dag
+        self.costs = costs
+        self.cls = dag.cost_class
+        self.start = costs.start[self.cls]
+        self.class_times = [costs.times_of(c) for c in range(len(costs.start) - 1)]
+        self.last = costs.start[self.cls + 1] - self.start - 1
+        self.hull = hull_options(costs)
+        # Fitting (the slowest option within a room) by table: each class's time range cut
+        # into equal bins, each bin holding the slowest option that fits a hair below its lower
+        # edge. With bins narrower than the class's closest two option times (as many as that
+        # takes, up to fit_bins_max), a bin's answer is its entry or the option after it: one
+        # step, exact. Otherwise (near-duplicate times) FIT_BINS bins, and steps until exact.
+        classes = len(costs.start) - 1
+        padded = [np.append(self.class_times[c], math.nan) for c in range(classes)]
+        self._padded = np.concatenate(padded)
+        padded_start = costs.start[:-1] + np.arange(classes)
+        spans = [float(times[-1] - times[0]) for times in self.class_times]
+        needed = []  # bins for a class: twice its span over its closest two times
+        for times, span in zip(self.class_times, spans, strict=True):
+            closest = float(np.diff(times).min(initial=math.inf))
+            # times within rounding of each other (relative 1e-9) count as duplicates: the
+            # margin below a bin's edge must stay far above rounding
+            apart = closest > 1e-9 * float(times[-1])
+            needed.append(2 * span / closest if apart else math.inf)
+        self.one_step = max(needed, default=0.0) <= fit_bins_max
+        rows = []
+        scale = np.empty(classes)
+        offset = np.empty(classes)
+        low = np.empty(classes)
+        base = 0
+        for c, times in enumerate(self.class_times):
+            bins = max(FIT_BINS, math.ceil(needed[c])) if self.one_step else FIT_BINS
+            width = spans[c] / bins
+            scale[c] = 1.0 / width if width > 0 else 1.0  # one time: any bins will do
+            # rows: below the range, its bins, and at or above its end
+            edges = times[0] + np.arange(bins + 1) * width - _FIT_MARGIN * width
+            fitting = np.searchsorted(times, edges, side="right") - 1
+            rows.append(np.concatenate([[0], np.clip(fitting, 0, len(times) - 1)]))
+            low[c] = base
+            offset[c] = base + 1 - times[0] * scale[c]
+            base += bins + 2
+        self._table = np.concatenate(rows).astype(np.int64)
+        # per node: its class's first padded time, scale, offset, and table rows (first, last)
+        high = np.append(low[1:], base) - 1
+        self.fit_node = (
+            padded_start[self.cls],
+            scale[self.cls],
+            offset[self.cls],
+            low[self.cls],
+            high[self.cls],
+        )
+        # Each node's place in its class, in (0, 1): first to last, last to first, and evenly
+        # spread (van der Corput); a crossover moves the nodes below a share first.
+        self.members = [np.flatnonzero(self.cls == c) for c in range(classes)]
+        self.class_top = [len(times) - 1 for times in self.class_times]
+        rank = np.empty(dag.size)
+        spread = np.empty(dag.size)
+        for members in self.members:
+            rank[members] = (np.arange(len(members)) + 0.5) / max(len(members), 1)
+            spread[members] = [_van_der_corput(i) for i in range(len(members))]
+        self._crossing_orders = (rank, 1.0 - rank, spread)
+        # The all-fastest plan's time and energy (every instruction at its fastest option).
+        (fastest_time,), (fastest_energy,) = self.evaluate(np.zeros((dag.size, 1), np.int64))
+        self.fastest_time_s, self.fastest_energy_j = float(fastest_time), float(fastest_energy)
+        # The slowest plan's time (every instruction at its slowest option): the grid's end.
+        self.slowest_time_s = float(dag.iteration_time(self.durations(self.last[:, None]))[0])
+        # Per level of the refill's passes: its nodes, their predecessors and successors (the
+        # DAG's two link columns; the index n is "none"), and the fit's columns.
+        pred, succ = dag.pred, dag.succ
+        self._back_steps = [
+            (level, succ[level, 0], succ[level, 1], self.columns(level))
+            for level in dag.back_levels
+        ]
+        self._steps = [
+            (level, pred[level, 0], pred[level, 1], succ[level, 0], succ[level, 1],
+             self.columns(level))
+            for level in dag.levels
+        ]  # fmt: skip
+
+    def flat(self, choices: IntArray) -> IntArray:
+        """Flat cost-table index of every (plan, node) choice."""
+        return np.asarray(self.start + choices)
+
+    def durations(self, choices: IntArray) -> FloatArray:
+        """Durations ``(n, P)`` of choices ``(n, P)``."""
+        return np.asarray(self.costs.time_s[self.start[:, None] + choices])
+
+    def evaluate(self, choices: IntArray) -> tuple[FloatArray, FloatArray]:
+        """Exact iteration time and energy of plans ``(n, P)``."""
+        flat = self.start[:, None] + choices
+        times = self.costs.time_s[flat]
+        total = self.dag.iteration_time(times)
+        energy = self.costs.energy_j[flat].sum(axis=0) + self.costs.p_block_w * (
+            self.costs.num_gpus * total - times.sum(axis=0)
+        )
+        return total, np.asarray(energy)
+
+    def fit(self, nodes: IntArray, room: FloatArray) -> IntArray:
+        """Slowest option of each of ``nodes`` that takes at most its ``room`` (the fastest if
+        none does); ``room`` is ``(len(nodes), P)``."""
+        return self.fit_times(self.columns(nodes), room)[0]
+
+    def columns(self, nodes: IntArray) -> tuple[npt.NDArray[Any], ...]:
+        """What :meth:`fit` needs of ``nodes``, as columns."""
+        first, scale, offset, low, high = (a[nodes][:, None] for a in self.fit_node)
+        return first, first + 1, scale, offset, low, high
+
+    def fit_times(
+        self, columns: tuple[npt.NDArray[Any], ...], room: FloatArray
+    ) -> tuple[IntArray, FloatArray]:
+        """:meth:`fit` on precomputed columns, with the picked options' times."""
+        first, after, scale, offset, low, high = columns
+        position = room * scale
+        position += offset
+        np.maximum(position, low, out=position)
+        np.minimum(position, high, out=position)
+        found = self._table[position.astype(np.int64)]
+        times = self._padded
+        if self.one_step:
+            found += times[after + found] <= room
+            return found, times[first + found]
+        # The table's bin holds the answer at its lower edge (up to rounding): step to the
+        # exact answer, up while the next option fits (a class's last option is followed by
+        # NaN, which fits nothing), down while this one does not.
+        while True:
+            up = times[after + found] <= room
+            if not up.any():
+                break
+            found += up
+        while True:
+            taken = times[first + found]
+            down = taken > room
+            down &= found > 0
+            if not down.any():
+                return found, taken
+            found -= down
+
+    def round_down(self, durations: FloatArray) -> IntArray:
+        """Slowest option no longer than each relaxed duration ``(n, P)``."""
+        return self.fit(np.arange(self.dag.size), durations)
+
+    def refill(self, choices: IntArray, ceiling: FloatArray) -> IntArray:
+        """Slow instructions into slack that nobody else needs; every plan finishes by ``ceiling``.
+
+        A backward pass gives each node, latest first, the time between its earliest start
+        (under the current plan) and the latest start of its successors; a forward pass then
+        does the same from the other side. A node whose current plan overruns shrinks here too,
+        so the result always fits ``ceiling`` when the all-fastest plan does.
+        """
+        return self.refill_evaluated(choices, ceiling)[0]
+
+    def refill_evaluated(
+        self, choices: IntArray, ceiling: FloatArray
+    ) -> tuple[IntArray, FloatArray, FloatArray]:
+        """:meth:`refill`, with the exact iteration time and energy of the refilled plans (as
+        :meth:`evaluate` gives them; the forward pass has the finish times already)."""
+        dag = self.dag
+        n = dag.size
+        choices = choices.copy()
+        durations = self.durations(choices)
+        begin = dag.finish_times(durations)
+        begin -= durations
+        latest = np.empty((n + 1, choices.shape[1]))
+        latest[n] = ceiling
+        for level, after_a, after_b, columns in self._back_steps:
+            bound = np.minimum(latest[after_a], latest[after_b])
+            picked, taken = self.fit_times(columns, bound - begin[level])
+            choices[level] = picked
+            durations[level] = taken
+            bound -= taken
+            latest[level] = bound
+        earliest = np.zeros((n + 1, choices.shape[1]))
+        for level, before_a, before_b, after_a, after_b, columns in self._steps:
+            begin_level = np.maximum(earliest[before_a], earliest[before_b])
+            bound = np.minimum(latest[after_a], latest[after_b])
+            bound -= begin_level
+            picked, taken = self.fit_times(columns, bound)
+            # options are in ascending time: the slower of two is the later index
+            choices[level] = np.maximum(picked, choices[level])
+            taken = np.maximum(taken, durations[level])
+            durations[level] = taken
+            begin_level += taken
+            earliest[level] = begin_level
+        total = earliest[:n].max(axis=0)
+        flat = self.start[:, None] + choices
+        energy = self.costs.energy_j[flat].sum(axis=0) + self.costs.p_block_w * (
+            self.costs.num_gpus * total - durations.sum(axis=0)
+        )
+        return choices, total, energy
+
+    def with_crossings(self, plans: IntArray) -> Evaluated:
+        """``plans`` and the crossovers of each with the next by time, evaluated."""
+        plan_time, plan_energy = self.evaluate(plans)
+        by_time = np.lexsort((plan_energy, plan_time))
+        crossed = self.crossovers(plans[:, by_time[:-1]], plans[:, by_time[1:]])
+        crossed_time, crossed_energy = self.evaluate(crossed)
+        return (
+            np.concatenate([plans, crossed], axis=1),
+            np.concatenate([plan_time, crossed_time]),
+            np.concatenate([plan_energy, crossed_energy]),
+        )
+
+    def crossovers(self, fast_plans: IntArray, slow_plans: IntArray) -> IntArray:
+        """Plans between pairs of plans (column ``k`` of ``fast_plans`` and of ``slow_plans``):
+        a share of every class's nodes takes the slow plan's option, the rest keeps the fast
+        plan's; the shares evenly spaced, the nodes taken in three orders (first to last, last
+        to first, evenly spread).
+
+        Where a profile is not convex, the frontier between two good plans is made of such
+        mixtures (some forwards at a fast clock, the others at a much slower one), which
+        rounding the relaxation misses.
+        """
+        shares = np.linspace(0.0, 1.0, _CROSSOVER_SHARES + 2)[1:-1]
+        out = [np.empty((self.dag.size, 0), dtype=np.int64)]
+        for k in range(fast_plans.shape[1]):
+            fast_plan, slow_plan = fast_plans[:, k], slow_plans[:, k]
+            if np.array_equal(fast_plan, slow_plan):
+                continue
+            for key in self._crossing_orders:
+                switched = key[:, None] < shares[None, :]
+                out.append(np.where(switched, slow_plan[:, None], fast_plan[:, None]))
+        return np.concatenate(out, axis=1)
+
+    def from_anchors(
+        self,
+        plans: IntArray,
+        plan_time: FloatArray,
+        plan_energy: FloatArray,
+        deadlines: FloatArray,
+    ) -> list[Evaluated]:
+        """Per deadline, the least-energy plan of ``plans`` that fits (the all-fastest plan
+        if none does), as it is and with the extra time refilled; and the fastest plan that
+        does not fit, shrunk onto the deadline by the refill.
+
+        A plan serves deadlines from its own time up, so just below a searched plan the
+        frontier otherwise holds the plan searched below it, stretched ever further: on
+        gpt3-175b+a40 8 x 16 the gaps grew to 1.20 % on the way up to the next anchor. Shrinking
+        the plan above by a little costs less (0.92 %)."""
+        fits = np.asarray(plan_time[:, None] <= deadlines[None, :] * (1 + 1e-12))
+        pick = np.argmin(np.where(fits, plan_energy[:, None], np.inf), axis=0)
+        any_fits = np.asarray(fits.any(axis=0))
+        chosen = np.where(any_fits[None, :], plans[:, pick], 0)
+        as_is = (
+            chosen,
+            np.where(any_fits, plan_time[pick], self.fastest_time_s),
+            np.where(any_fits, plan_energy[pick], self.fastest_energy_j),
+        )
+        above = np.argmin(np.where(fits, np.inf, plan_time[:, None]), axis=0)
+        return [
+            self.refill_evaluated(chosen, deadlines),
+            as_is,
+            self.refill_evaluated(plans[:, above], deadlines),
+        ]
+
+    def evaluated(self, plans: IntArray) -> Evaluated:
+        return (plans, *self.evaluate(plans))
+
+    def best_of(
+        self, candidates: list[Evaluated], deadlines: FloatArray
+    ) -> tuple[IntArray, FloatArray, FloatArray]:
+        """Per deadline, the least-energy candidate plan that meets it (energy inf if none)."""
+        limit = deadlines * (1 + 1e-12)
+        first, chosen_time, chosen_energy = candidates[0]
+        chosen = first.copy()
+        chosen_energy = np.where(chosen_time <= limit, chosen_energy, np.inf)
+        for candidate, candidate_time, energy in candidates[1:]:
+            better = (candidate_time <= limit) & (energy < chosen_energy)
+            chosen = np.where(better[None, :], candidate, chosen)
+            chosen_time = np.where(better, candidate_time, chosen_time)
+            chosen_energy = np.where(better, energy, chosen_energy)
+        return chosen, chosen_time, chosen_energy
+
+
+def pareto(times: FloatArray, energies: FloatArray) -> IntArray:
+    """Indices of the Pareto-optimal (time, energy) pairs, time ascending; ties merged."""
+    order = np.lexsort((energies, times))
+    keep: list[int] = []
+    best = math.inf
+    for i in order:
+        if energies[i] < best:
+            if keep and times[keep[-1]] == times[i]:
+                continue
+            keep.append(int(i))
+            best = float(energies[i])
+    return np.asarray(keep, dtype=np.int64)
+
+
+def _van_der_corput(i: int) -> float:
+    """The ``i``-th term of the base-2 van der Corput sequence (0, 1/2, 1/4, 3/4, ...)."""
+    value, scale = 0.0, 0.5
+    while i:
+        value += scale * (i & 1)
+        i >>= 1
+        scale /= 2
+    return value
