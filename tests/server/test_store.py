@@ -22,6 +22,8 @@ from perseus.schemas import (
     RankRegistration,
     StragglerView,
 )
+from perseus.server.alembic import VERSION_TABLE
+from perseus.server.migrations import head_revision
 from perseus.server.planning import plan_frontier
 from perseus.server.service import JobService
 from perseus.server.store import FrontierRow, ProfileRecord, RankRow, Store, normalize_database_url
@@ -79,7 +81,8 @@ def _report(service: JobService, job_id: str, spec: JobCreate, rows: ProfileRows
 
 
 def test_schema_creation_is_idempotent(store: Store) -> None:
-    store.create_schema()
+    assert store.create_schema() == head_revision()
+    assert store.schema_revision() == head_revision()
     with store.read() as tx:
         assert tx.list_jobs(10, 0) == []
 
@@ -347,8 +350,9 @@ def test_iteration_batches_keep_windows_per_plan_version(store: Store) -> None:
 def test_a_database_from_before_rank_hosts_gains_the_column(database_url: str) -> None:
     store = Store(database_url)
     store.create_schema()
-    with store.write() as tx:
+    with store.write() as tx:  # as the first release made it: no host, no schema revision
         tx._conn.exec_driver_sql("ALTER TABLE perseus_ranks DROP COLUMN host")
+        tx._conn.exec_driver_sql(f"DROP TABLE {VERSION_TABLE}")
     store.create_schema()  # what a newer server does at start
     service = JobService(store)
     spec = _spec(stages=1, data_parallel=1)
