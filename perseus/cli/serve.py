@@ -178,6 +178,7 @@ def check_database(url: str) -> None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+    from perseus.errors import StoreError
     from perseus.server.store import Store
 
     try:
@@ -219,6 +220,8 @@ def check_database(url: str) -> None:
             f"cannot reach PostgreSQL at {shown}: {reason}; check that the server runs and "
             "accepts this user and password, or choose another with --database"
         ) from None
+    except StoreError as exc:  # a schema this version cannot migrate (newer, or partial)
+        raise StartupError(str(exc)) from None
     finally:
         store.close()
 

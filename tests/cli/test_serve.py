@@ -164,3 +164,19 @@ def test_python_m_perseus_server_is_perseus_serve(
     )
     assert done.stdout == capsys.readouterr().out
     assert done.stdout.startswith("usage: perseus serve")
+
+
+def test_a_database_from_a_newer_perseus_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sqlite3
+
+    from perseus.server.migrations import upgrade_database
+
+    url = f"sqlite:///{tmp_path / 'newer.db'}"
+    upgrade_database(url)
+    with sqlite3.connect(tmp_path / "newer.db") as db:
+        db.execute("UPDATE perseus_alembic_version SET version_num = '9999'")
+    err = _start_fails(capsys, "--port", "0", "--database", url)
+    assert "newer perseus" in err
+    assert "Traceback" not in err
