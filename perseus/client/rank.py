@@ -4,21 +4,22 @@ The training thread only ever does cheap things: at each instruction boundary it
 the instruction with the plan, hands a clock to the :class:`ClockController` (skipped when
 unchanged) and appends one log entry; at each iteration boundary it adopts a newer plan if
 the session thread has one, steps online profiling and queues its telemetry. Everything
-slow runs on threads of its own, one small class each:
+slow runs elsewhere, one small class per thread or concern:
 
-==============================  ===================  ==========================================
-class                           thread               job
-==============================  ===================  ==========================================
-:class:`Rank` (this module)     training             iteration/instruction hooks, plan following
-:class:`~.online.OnlineProfiling`  training, between  the clock sweep, as a state machine
-                                iterations
-:class:`~.session.Session`      ``perseus-session``  register, upload the profile, poll plans
-:class:`~.reporter.Reporter`    ``perseus-report``   iteration telemetry, the clock log
-:class:`~.meter.EnergyMeter`    meter thread         reads the energy counter
-:class:`~.controller.ClockController`  controller    sets clocks at CUDA events (or inline)
-==============================  ===================  ==========================================
+- :class:`Rank` (this module), **training thread**: the iteration and instruction hooks,
+  following the plan, handing each instruction's clock to the controller;
+- :class:`~perseus.client.online.OnlineProfiling`, **training thread, between iterations**:
+  the clock sweep, a state machine (:class:`~perseus.client.online.ProfilingState`);
+- :class:`~perseus.client.session.Session`, thread ``perseus-session``: register, upload the
+  profile, long-poll plans;
+- :class:`~perseus.client.reporter.Reporter`, thread ``perseus-report``: iteration telemetry
+  and the clock log;
+- :class:`~perseus.client.meter.EnergyMeter`, its own thread: reads the energy counter;
+- :class:`~perseus.client.controller.ClockController`, thread ``perseus-clocks`` (CUDA) or
+  inline: sets clocks when the device reaches each boundary.
 
-They share one :class:`~.state.RankState` (position, failure). :func:`~.lifecycle.connect`
+They share one :class:`~perseus.client.state.RankState` (position, failure);
+:func:`~perseus.client.lifecycle.connect`
 builds a rank and puts the exit and signal hooks in place. Until the plan arrives, and
 whenever anything fails, the GPU runs at its default clock.
 """
