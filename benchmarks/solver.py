@@ -89,7 +89,7 @@ def _peak_rss_mib() -> float:
 def _perseus_child(case: Case) -> dict[str, Any]:
     """One perseus run, in this (fresh) process."""
     random.seed(SEED)
-    from perseus.solver import compute_frontier, load_profile, make_schedule
+    from perseus.solver import BaselineKey, compute_frontier, load_profile, make_schedule
 
     file_name, p_block_w = PROFILES[case.profile]
     profile = load_profile(PROFILES_DIR / file_name)
@@ -101,7 +101,7 @@ def _perseus_child(case: Case) -> dict[str, Any]:
     rss_after = _peak_rss_mib()
 
     fastest = frontier.point(0)  # times ascend
-    base = frontier.baselines["all_fastest"]
+    base = frontier.baselines[BaselineKey.ALL_FASTEST]
     if case.schedule == "1f1b":
         fast_t, fast_e = _replay_1f1b_plan(profile, schedule, p_block_w, fastest.frequencies_mhz)
         base_t, base_e = _replay_1f1b_plan(profile, schedule, p_block_w, base.frequencies_mhz)

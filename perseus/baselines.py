@@ -29,9 +29,10 @@ __all__ = [
 ]
 
 
-
 class BaselineKey(StrEnum):
-    """The baselines a frontier is compared with (see ``perseus.solver.baselines_at``)."""
+    """The baselines a frontier is compared with."""
+
+    # See perseus.solver.baselines_at; the docstring is the OpenAPI document's description.
 
     DEFAULT = "default"
     """Every instruction at the profile's highest clock: the reference of savings."""

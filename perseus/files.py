@@ -22,13 +22,14 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from perseus.baselines import BASELINE_LABELS
+from perseus.baselines import BASELINE_LABELS, BaselineKey
 from perseus.errors import PerseusError, PlanError
 from perseus.solver import (
     FRONTIER_FORMAT,
     SCHEDULE_NAMES,
     Baseline,
     Frontier,
+    Point,
     Profile,
     Schedule,
     make_schedule,
@@ -50,7 +51,11 @@ __all__ = [
 
 PLAN_FORMAT = "perseus.plan/1"
 # Every run has these; "default" may be absent from files written before it existed.
-_REQUIRED_BASELINES = ("all_fastest", "global_clock", "per_stage_clock")
+_REQUIRED_BASELINES = (
+    BaselineKey.ALL_FASTEST,
+    BaselineKey.GLOBAL_CLOCK,
+    BaselineKey.PER_STAGE_CLOCK,
+)
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -82,20 +87,43 @@ class ProfileFingerprint(_Model):
 
 
 class FileBaseline(_Model):
-    """A baseline plan: iteration time, energy and (optionally) its clocks."""
+    """A :class:`perseus.solver.Baseline` in a file: iteration time, energy and (optionally,
+    in older files) its clocks."""
 
     time_s: Finite
     energy_j: Finite
     frequencies_mhz: Clocks = Field(default_factory=list)
 
+    @classmethod
+    def from_baseline(cls, baseline: Baseline) -> FileBaseline:
+        return cls(
+            time_s=baseline.time_s,
+            energy_j=baseline.energy_j,
+            frequencies_mhz=[list(row) for row in baseline.frequencies_mhz],
+        )
+
+    def to_baseline(self) -> Baseline:
+        return Baseline(
+            self.time_s, self.energy_j, tuple(tuple(row) for row in self.frequencies_mhz)
+        )
+
 
 class FilePoint(_Model):
-    """One frontier point."""
+    """A :class:`perseus.solver.Point` in a file."""
 
     time_s: Finite
     energy_j: Finite
     gap: Finite
     frequencies_mhz: Clocks
+
+    @classmethod
+    def from_point(cls, point: Point) -> FilePoint:
+        return cls(
+            time_s=point.time_s,
+            energy_j=point.energy_j,
+            gap=point.gap,
+            frequencies_mhz=[list(row) for row in point.frequencies_mhz],
+        )
 
 
 class FrontierFile(_Model):
@@ -134,32 +162,16 @@ class FrontierFile(_Model):
         baselines_deadline_s: float | None,
     ) -> FrontierFile:
         """The file of a planning run: its frontier and the baselines the run showed."""
-        schedule = frontier.schedule
-        sizes = [len(seq) for seq in schedule.order]
-        freqs = frontier.frequencies_mhz.tolist()
         return cls.model_validate(
             {
                 "format": FRONTIER_FORMAT,
                 **_run_fields(frontier, profile),
-                "order": _order_of(schedule),
+                "order": _order_of(frontier.schedule),
                 "baselines": {
-                    key: {
-                        "time_s": b.time_s,
-                        "energy_j": b.energy_j,
-                        "frequencies_mhz": [list(row) for row in b.frequencies_mhz],
-                    }
-                    for key, b in baselines.items()
+                    str(key): FileBaseline.from_baseline(b) for key, b in baselines.items()
                 },
                 "baselines_deadline_s": baselines_deadline_s,
-                "points": [
-                    {
-                        "time_s": float(frontier.times_s[i]),
-                        "energy_j": float(frontier.energies_j[i]),
-                        "gap": float(frontier.gaps[i]),
-                        "frequencies_mhz": _split(freqs[i], sizes),
-                    }
-                    for i in range(len(frontier))
-                ],
+                "points": [FilePoint.from_point(frontier.point(i)) for i in range(len(frontier))],
             }
         )
 
@@ -193,9 +205,7 @@ class FrontierFile(_Model):
         for key, b in self.baselines.items():
             if b.frequencies_mhz:
                 _check_clocks(b.frequencies_mhz, sizes, f"baselines.{key}.frequencies_mhz")
-            baselines[key] = Baseline(
-                b.time_s, b.energy_j, tuple(tuple(row) for row in b.frequencies_mhz)
-            )
+            baselines[key] = b.to_baseline()
         flat = []
         for i, point in enumerate(self.points):
             _check_clocks(point.frequencies_mhz, sizes, f"points[{i}].frequencies_mhz")
@@ -405,14 +415,6 @@ def _order_of(schedule: Schedule) -> list[list[list[str | int]]]:
         [[i.kind, i.microbatch, i.chunk] if interleaved else [i.kind, i.microbatch] for i in seq]
         for seq in schedule.order
     ]
-
-
-def _split(flat: Sequence[Any], sizes: Sequence[int]) -> list[list[Any]]:
-    out, at = [], 0
-    for size in sizes:
-        out.append(list(flat[at : at + size]))
-        at += size
-    return out
 
 
 def _schedule_text(schedule: Schedule) -> str:

@@ -20,8 +20,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from perseus.baselines import baseline_label, reference_key, saving_text
-from perseus.solver import Baseline, Frontier, Replay, Schedule, build_dag
+from perseus.baselines import BaselineKey, baseline_label, reference_key, saving_text
+from perseus.solver import Baseline, Frontier, InstructionKind, Replay, Schedule, build_dag
 
 __all__ = ["frontier_png", "timeline_png"]
 
@@ -29,11 +29,11 @@ _DPI = 150
 _CMAP = "viridis"
 # Marker, colour and size of each baseline in the frontier plot. Sizes shrink in drawing order,
 # so that baselines at the same spot (common at no slowdown) all stay visible, nested.
-_BASELINE_STYLE = {
-    "default": ("s", "#d62728", 16.0),
-    "all_fastest": ("^", "#8c564b", 12.5),
-    "global_clock": ("o", "#ff7f0e", 9.0),
-    "per_stage_clock": ("D", "#9467bd", 5.0),
+_BASELINE_STYLE: dict[str, tuple[str, str, float]] = {
+    BaselineKey.DEFAULT: ("s", "#d62728", 16.0),
+    BaselineKey.ALL_FASTEST: ("^", "#8c564b", 12.5),
+    BaselineKey.GLOBAL_CLOCK: ("o", "#ff7f0e", 9.0),
+    BaselineKey.PER_STAGE_CLOCK: ("D", "#9467bd", 5.0),
 }
 _OTHER_STYLE = ("v", "#7f7f7f", 4.0)
 
@@ -250,7 +250,7 @@ def timeline_png(
         starts = np.asarray(replayed.start_s[gpu])
         widths = np.asarray(replayed.finish_s[gpu]) - starts
         colours = mappable.to_rgba(np.asarray(frequencies_mhz[gpu], dtype=float))
-        backward = np.array([ins.kind == "backward" for ins in order])
+        backward = np.array([ins.kind == InstructionKind.BACKWARD for ins in order])
         ax.barh(
             np.full(len(order), y),
             widths,

@@ -8,11 +8,17 @@ a rank within its world size) are done by the server's job logic.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from perseus.defaults import RESOLUTION_S
+from perseus.solver.profiles import ProfileRow as MeasuredRow
+from perseus.solver.schedules import InstructionKind
+
+if TYPE_CHECKING:
+    from perseus.solver import Baseline as SolverBaseline
+    from perseus.solver import Point
 
 __all__ = [
     "API_PREFIX",
@@ -98,6 +104,8 @@ MAX_CLOCKS = 1_000
 # The wire names of the solver's schedules (tests/server/test_schemas.py keeps them equal).
 ScheduleName = Literal["1f1b", "gpipe", "interleaved-1f1b"]
 InstructionName = Literal["forward", "backward"]
+"""The values of :class:`perseus.solver.InstructionKind` as a type (kept for old imports; the
+models use the enum, so the OpenAPI document names it)."""
 JobState = Literal["registering", "profiling", "planning", "ready", "failed"]
 JOB_STATES: tuple[JobState, ...] = get_args(JobState)
 """Every job state, in lifecycle order."""
@@ -353,10 +361,33 @@ class RankRegistered(_Model):
 
 
 class ProfileRow(_Model):
+    # One measurement on the wire: the solver's perseus.solver.ProfileRow without its stage,
+    # which the ProfileReport carries once. (No docstring: it would change the OpenAPI text.)
+    # `instruction` stays the Literal of InstructionKind's values while ranks still build rows
+    # from plain strings (a typed __init__ would refuse them); to_row() gives the enum.
+
     instruction: InstructionName
     frequency_mhz: FrequencyMhz
     time_s: PositiveSeconds
     energy_j: Annotated[StrictFloat, Field(gt=0, le=1e9)]
+
+    @classmethod
+    def from_row(cls, row: MeasuredRow) -> ProfileRow:
+        """The wire form of the solver's row (validated: out-of-range values raise
+        pydantic's ValidationError)."""
+        return cls.model_validate(
+            {
+                "instruction": row.instruction.value,
+                "frequency_mhz": row.frequency_mhz,
+                "time_s": row.time_s,
+                "energy_j": row.energy_j,
+            }
+        )
+
+    def to_row(self, stage: int) -> MeasuredRow:
+        """The solver's row of this measurement on ``stage``."""
+        kind = InstructionKind(self.instruction)
+        return MeasuredRow(stage, kind, self.frequency_mhz, self.time_s, self.energy_j)
 
 
 class ProfileReport(_Model):
@@ -405,14 +436,26 @@ class IterationAccepted(_Model):
 
 
 class FrontierPoint(_Model):
+    # A perseus.solver.Point on the wire, without its clocks.
+
     time_s: float
     energy_j: float
     gap: float
 
+    @classmethod
+    def from_point(cls, point: Point) -> FrontierPoint:
+        return cls(time_s=point.time_s, energy_j=point.energy_j, gap=point.gap)
+
 
 class Baseline(_Model):
+    # A perseus.solver.Baseline on the wire, without its clocks.
+
     time_s: float
     energy_j: float
+
+    @classmethod
+    def from_baseline(cls, baseline: SolverBaseline) -> Baseline:
+        return cls(time_s=baseline.time_s, energy_j=baseline.energy_j)
 
 
 class FrontierView(_Model):
@@ -457,7 +500,7 @@ class PlanQuery(BaseModel):
 
 
 class PlanInstruction(_Model):
-    instruction: InstructionName
+    instruction: InstructionKind
     microbatch: int
     chunk: int | None = None
     frequency_mhz: int

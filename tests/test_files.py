@@ -132,3 +132,21 @@ def test_other_files_say_what_is_expected(tmp_path: Path) -> None:
             assert word in str(raised.value)
     with pytest.raises(PlanError, match="cannot read"):
         read_plan_or_frontier(str(tmp_path / "missing.json"))
+
+
+def test_points_and_baselines_are_rendered_from_the_solvers(frontier: Frontier) -> None:
+    """FilePoint and FileBaseline are the solver's Point and Baseline in a file: rendered
+    from them, and read back to the same values."""
+    from perseus.files import FileBaseline, FilePoint
+
+    for i in (0, len(frontier) - 1):
+        point = frontier.point(i)
+        rendered = FilePoint.from_point(point)
+        assert (rendered.time_s, rendered.energy_j, rendered.gap) == (
+            point.time_s,
+            point.energy_j,
+            point.gap,
+        )
+        assert tuple(tuple(row) for row in rendered.frequencies_mhz) == point.frequencies_mhz
+    for baseline in frontier.baselines.values():
+        assert FileBaseline.from_baseline(baseline).to_baseline() == baseline

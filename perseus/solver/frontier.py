@@ -124,7 +124,7 @@ class Frontier:
             float(self.times_s[i]),
             float(self.energies_j[i]),
             float(self.gaps[i]),
-            per_gpu(self.frequencies_mhz[i], self.schedule),
+            per_gpu(self.frequencies_mhz[i].tolist(), self.schedule),
         )
 
     @property

@@ -26,11 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from perseus.errors import ProfileError
+from perseus.solver.schedules import InstructionKind
 
 __all__ = [
     "INSTRUCTIONS",
     "Option",
     "Profile",
+    "ProfileRow",
     "effective_options",
     "load_profile",
     "profile_from_rows",
@@ -38,7 +40,8 @@ __all__ = [
     "profile_to_json",
 ]
 
-INSTRUCTIONS = ("forward", "backward")
+INSTRUCTIONS: tuple[InstructionKind, ...] = tuple(InstructionKind)
+"""Every instruction kind a profile measures (strings: ``("forward", "backward")``)."""
 PROFILE_FORMAT = "perseus.profile/1"
 _CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 
@@ -52,6 +55,27 @@ class Option:
     frequency_mhz: int
     time_s: float
     energy_j: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRow:
+    """One measurement: ``instruction`` of ``stage`` at ``frequency_mhz`` took ``time_s``
+    seconds and ``energy_j`` joules (the whole stage: every model chunk of it).
+
+    The one row type between a rank's profiler and the solver: the wire's
+    ``perseus.schemas.ProfileRow`` (which leaves the stage to its report) converts from and to
+    it, and :func:`profile_from_rows` takes it (or the same five fields as a tuple).
+    """
+
+    stage: int
+    instruction: InstructionKind
+    frequency_mhz: int
+    time_s: float
+    energy_j: float
+
+    def as_tuple(self) -> Row:
+        """``(stage, instruction, frequency_mhz, time_s, energy_j)``."""
+        return (self.stage, self.instruction, self.frequency_mhz, self.time_s, self.energy_j)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +159,10 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
 
 
 def profile_from_rows(
-    rows: Iterable[Row], *, source: str = "request", p_block_w: float | None = None
+    rows: Iterable[ProfileRow | Row], *, source: str = "request", p_block_w: float | None = None
 ) -> Profile:
-    """Build a profile from rows ``(stage, instruction, frequency_mhz, time_s, energy_j)``.
+    """Build a profile from :class:`ProfileRow` values or tuples of the same five fields
+    ``(stage, instruction, frequency_mhz, time_s, energy_j)``.
 
     Raises:
         ProfileError: A row is invalid; the message says ``source: row N: field: ...``.
@@ -145,6 +170,8 @@ def profile_from_rows(
     checked: list[tuple[int, Row]] = []
     for number, row in enumerate(rows, start=1):
         where = f"{source}: row {number}"
+        if isinstance(row, ProfileRow):
+            row = row.as_tuple()
         if len(row) != 5:
             raise ProfileError(f"{where}: expected 5 fields, got {len(row)}")
         stage, instruction, frequency, time_s, energy_j = row
@@ -354,13 +381,13 @@ def _positive(value: object, where: str, field: str) -> float:
     return number
 
 
-def _instruction(value: object, where: str) -> str:
+def _instruction(value: object, where: str) -> InstructionKind:
     if not isinstance(value, str) or value.strip() not in INSTRUCTIONS:
         raise ProfileError(
             f"{where}: instruction: unknown instruction {value!r}; expected one of "
             f"{', '.join(INSTRUCTIONS)}"
         )
-    return value.strip()
+    return InstructionKind(value.strip())
 
 
 def _blocking_power(value: object, source: str) -> float | None:

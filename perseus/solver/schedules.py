@@ -34,9 +34,11 @@ __all__ = [
 
 
 class InstructionKind(StrEnum):
-    """What a pipeline instruction does; a string, so ``kind == "forward"`` and the wire's and
-    files' values stay as they are. A new kind (a split backward, say) is a new member here;
-    the profile then measures it and the DAG gives it its dependencies."""
+    """What a pipeline instruction does."""
+
+    # A string, so `kind == "forward"` and the wire's and files' values stay as they are (its
+    # docstring is the OpenAPI document's description). A new kind (a split backward, say) is
+    # a new member here; the profile then measures it and the DAG gives it its dependencies.
 
     FORWARD = "forward"
     BACKWARD = "backward"

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perseus.solver.schedules import BACKWARD, FORWARD, InstructionKind
+
 __all__ = [
     "EXAMPLE_P_BLOCK_W",
     "H200_CLOCKS_MHZ",
@@ -86,14 +88,14 @@ class StageWork:
 
 
 # A middle stage: a block of transformer layers. Backward does about twice the FLOPs of forward.
-_MIDDLE = {"forward": StageWork(0.040, 0.008), "backward": StageWork(0.080, 0.014)}
+_MIDDLE = {FORWARD: StageWork(0.040, 0.008), BACKWARD: StageWork(0.080, 0.014)}
 # Stage 0 adds the embedding: a lookup forward, a scatter-add of its gradient backward.
-_EMBEDDING = {"forward": StageWork(0.0, 0.006), "backward": StageWork(0.002, 0.010)}
+_EMBEDDING = {FORWARD: StageWork(0.0, 0.006), BACKWARD: StageWork(0.002, 0.010)}
 # The last stage adds the LM head and the loss over the vocabulary: GEMMs plus a softmax.
-_HEAD = {"forward": StageWork(0.006, 0.002), "backward": StageWork(0.010, 0.003)}
+_HEAD = {FORWARD: StageWork(0.006, 0.002), BACKWARD: StageWork(0.010, 0.003)}
 
 
-def stage_work(stage: int, stages: int) -> dict[str, StageWork]:
+def stage_work(stage: int, stages: int) -> dict[InstructionKind, StageWork]:
     """Return the per-instruction work of ``stage`` in a pipeline of ``stages`` stages."""
     work = dict(_MIDDLE)
     extras = ([_EMBEDDING] if stage == 0 else []) + ([_HEAD] if stage == stages - 1 else [])
@@ -134,7 +136,7 @@ def synthetic_profile(
     volt = V_MIN + (1.0 - V_MIN) * np.clip(freq - F_KNEE_MHZ, 0.0, None) / (F_MAX_MHZ - F_KNEE_MHZ)
     p_dyn = P_DYN_MAX_W * (freq / F_MAX_MHZ) * volt * volt
 
-    per_stage: list[dict[str, tuple[np.ndarray, np.ndarray]]] = []
+    per_stage: list[dict[InstructionKind, tuple[np.ndarray, np.ndarray]]] = []
     for stage in range(stages):
         measured = {}
         for kind, work in stage_work(stage, stages).items():
@@ -152,7 +154,7 @@ def synthetic_profile(
         (stage, kind, clock, float(measured[kind][0][i]), float(measured[kind][1][i]))
         for stage, measured in enumerate(per_stage)
         for i, clock in enumerate(clocks)
-        for kind in ("forward", "backward")
+        for kind in (FORWARD, BACKWARD)
     ]
 
 

@@ -117,3 +117,20 @@ def test_per_stage_clock_no_single_stage_change_improves(case: Case, slack: floa
             t, e = case.replay(plan_with(case, trial))
             if t <= deadline * (1 + RTOL):
                 assert e >= stage.energy_j * (1 - RTOL), ("a better clock for a stage", g, f)
+
+
+def test_baseline_keys_are_the_one_enum() -> None:
+    """Every key baselines_at gives is a BaselineKey member, in the enum's order, and plain
+    strings still index them (and every label is defined for them)."""
+    from perseus.baselines import BASELINE_LABELS, BaselineKey
+    from perseus.solver import make_schedule, profile_from_rows
+
+    rows = [(g, kind, f, t * (2 if kind == "backward" else 1), e)
+            for g in range(2) for kind in ("forward", "backward")
+            for f, t, e in ((1980, 0.05, 12.0), (1500, 0.07, 10.0))]  # fmt: skip
+    schedule = make_schedule("1f1b", 2, 2)
+    result = baselines_at(profile_from_rows(rows), schedule, 20.0, 1.0)
+    assert list(result) == list(BaselineKey)
+    assert all(type(key) is BaselineKey for key in result)
+    assert result["per_stage_clock"] is result[BaselineKey.PER_STAGE_CLOCK]
+    assert set(BASELINE_LABELS) == set(BaselineKey)

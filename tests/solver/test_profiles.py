@@ -358,3 +358,18 @@ def test_json_without_format_says_what_it_needs(tmp_path: Path) -> None:
     path.write_text('{"rows": []}')
     message = expect_error(lambda: load_profile(path), "doc.json", None, "format")
     assert "missing" in message and "perseus.profile/1" in message and "None" not in message
+
+
+def test_profile_rows_and_tuples_build_the_same_profile() -> None:
+    """The solver's one row type is accepted wherever the five-field tuples are, and
+    the instruction names become InstructionKind members."""
+    from perseus.solver import InstructionKind, ProfileRow
+
+    tuples = [(g, kind, f, t * (2 if kind == "backward" else 1), e)
+              for g in range(2) for kind in ("forward", "backward")
+              for f, t, e in ((1980, 0.05, 12.0), (1500, 0.07, 10.0))]  # fmt: skip
+    rows = [ProfileRow(s, InstructionKind(k), f, t, e) for s, k, f, t, e in tuples]
+    assert [row.as_tuple() for row in rows] == tuples
+    from_rows, from_tuples = profile_from_rows(rows), profile_from_rows(tuples)
+    assert from_rows == from_tuples
+    assert all(type(k) is InstructionKind for stage in from_rows.stages for k in stage)

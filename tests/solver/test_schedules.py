@@ -199,3 +199,33 @@ def test_a_deadlocking_order_is_refused_naming_a_real_cycle(stages: int, microba
         assert graph.has_edge(where[a], where[b]), (a, b)
     for (_, b), (a, _) in itertools.pairwise(named):
         assert a == b
+
+
+def test_instruction_kinds_are_strings_and_plain_strings_are_converted() -> None:
+    """InstructionKind is a string enum: its members equal, hash and format like the strings
+    the wire and files carry; an Instruction built from a string holds the enum, and an
+    unknown kind is refused."""
+    from perseus.solver import InstructionKind
+
+    assert list(InstructionKind) == ["forward", "backward"]
+    assert {InstructionKind.FORWARD: 1}["forward"] == 1
+    assert f"{InstructionKind.BACKWARD}" == "backward"
+    built = Instruction("backward", 3)  # type: ignore[arg-type]
+    assert built.kind is InstructionKind.BACKWARD
+    assert built == Instruction(InstructionKind.BACKWARD, 3)
+    assert built.chunk == 0  # the one chunk convention: 0 where a schedule has no chunks
+    with pytest.raises(ValueError):
+        Instruction("recompute", 0)  # type: ignore[arg-type]
+    schedule = make_schedule("interleaved-1f1b", 2, 4, 2)
+    assert all(type(i.kind) is InstructionKind for seq in schedule.order for i in seq)
+    assert {i.chunk for seq in make_schedule("1f1b", 2, 4).order for i in seq} == {0}
+
+
+def test_per_gpu_splits_values_in_execution_order() -> None:
+    from perseus.solver.schedules import per_gpu
+
+    schedule = make_schedule("1f1b", 2, 2)
+    flat = list(range(schedule.num_instructions))
+    split = per_gpu(flat, schedule)
+    assert [len(row) for row in split] == [len(seq) for seq in schedule.order]
+    assert [f for row in split for f in row] == flat
