@@ -24,13 +24,13 @@ import time
 from dataclasses import dataclass
 
 from perseus.server.planning import (
-    DEFAULT_MAX_CELLS,
     PlanningInput,
     StoredProfile,
     estimate_planning_work,
     instruction_times,
     plan_frontier,
 )
+from perseus.solver import MAX_CELLS
 from perseus.solver.synthetic import EXAMPLE_P_BLOCK_W, synthetic_profile
 
 SEED = 0
@@ -132,7 +132,7 @@ def main() -> int:
     table = []
     for case in QUICK if args.quick else FULL:
         deadlines, cells, est_mib, est_s = estimate(case)
-        admitted = cells <= DEFAULT_MAX_CELLS
+        admitted = cells <= MAX_CELLS
         got: dict[str, float] = {}
         if admitted:
             out = subprocess.run(
