@@ -6,7 +6,7 @@ help without importing the solver.
 
 from __future__ import annotations
 
-__all__ = ["EXACT_TIME_LIMIT_S", "POLISH_S", "RESOLUTION_S"]
+__all__ = ["BASELINE_ITERATIONS", "CLOCK_CHANGE_MARGIN_S", "EXACT_TIME_LIMIT_S", "POLISH_S", "RESOLUTION_S"]
 
 RESOLUTION_S = 1e-3
 """The default and coarsest spacing of frontier deadlines, in seconds."""
@@ -17,3 +17,16 @@ EXACT_TIME_LIMIT_S = 60.0
 POLISH_S = 0.0
 """Default seconds of branch and bound on the no-slowdown point: off, so that a frontier is
 the same on a fast and a slow machine (the search is budgeted in work instead)."""
+
+CLOCK_CHANGE_MARGIN_S = 0.005
+"""How long before an instruction boundary a planned clock change is meant to take effect.
+
+A rank issues each change its measured clock-change latency plus this margin before the
+boundary it predicts, so that the instruction after the boundary starts at its own clock
+even when the change lands a little early or late. The last ``CLOCK_CHANGE_MARGIN_S`` of the
+instruction before the boundary therefore runs at the next instruction's clock; the solver's
+replay and the frontier's stated times and energies include that tail."""
+
+BASELINE_ITERATIONS = 10
+"""Iterations a rank runs at default clocks, reported as the baseline, before it follows its
+first plan (the realized saving is measured against them)."""

@@ -49,6 +49,7 @@ __all__ = [
     "FrontierView",
     "Health",
     "IterationAccepted",
+    "IterationPhase",
     "IterationReport",
     "JobCounts",
     "JobCreate",
@@ -408,6 +409,10 @@ class ProfileAccepted(_Model):
     )
 
 
+IterationPhase = Literal["baseline", "profiling", "plan", "default"]
+"""What a rank's GPU ran during one reported iteration (see :class:`IterationReport`)."""
+
+
 class IterationReport(_Model):
     """``POST /v1/jobs/{id}/iterations``: one rank's measured iteration.
 
@@ -423,6 +428,13 @@ class IterationReport(_Model):
         default=None,
         description="The plan version the iteration ran; samples of other versions are kept "
         "out of the comparison with the current plan.",
+    )
+    phase: IterationPhase | None = Field(
+        default=None,
+        description="What the GPU ran: 'baseline' (default clocks, a sample of the baseline "
+        "the realized saving is measured against), 'profiling' (clocks being swept), 'plan' "
+        "(following plan_version) or 'default' (default clocks, not a baseline sample: the "
+        "plan was stopped). Null from older ranks.",
     )
 
 
@@ -504,6 +516,11 @@ class PlanInstruction(_Model):
     microbatch: int
     chunk: int | None = None
     frequency_mhz: int
+    time_s: float | None = Field(
+        default=None,
+        description="The instruction's expected duration at its clock, from the profile: the "
+        "rank predicts the next boundary from it to issue the next clock change early.",
+    )
 
 
 class PlanResponse(_Model):
@@ -519,6 +536,11 @@ class PlanResponse(_Model):
     time_s: float
     energy_j: float
     instructions: list[PlanInstruction]
+    clock_change_margin_s: float = Field(
+        default=0.0,
+        description="How long before each boundary the plan assumes a clock change takes "
+        "effect (the stated time and energy include it); the rank aims its changes at it.",
+    )
 
 
 class Health(_Model):
