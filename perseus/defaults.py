@@ -6,7 +6,13 @@ help without importing the solver.
 
 from __future__ import annotations
 
-__all__ = ["BASELINE_ITERATIONS", "CLOCK_CHANGE_MARGIN_S", "EXACT_TIME_LIMIT_S", "POLISH_S", "RESOLUTION_S"]
+__all__ = [
+    "BASELINE_ITERATIONS",
+    "CLOCK_CHANGE_MARGIN_S",
+    "EXACT_TIME_LIMIT_S",
+    "POLISH_S",
+    "RESOLUTION_S",
+]
 
 RESOLUTION_S = 1e-3
 """The default and coarsest spacing of frontier deadlines, in seconds."""
