@@ -29,7 +29,7 @@ from perseus.solver.schedules import (
     Schedule,
     make_schedule,
 )
-from perseus.solver.simulate import Replay, replay
+from perseus.solver.simulate import Replay, instruction_times_s, replay
 
 __all__ = [
     "FRONTIER_FORMAT",
@@ -59,6 +59,7 @@ __all__ = [
     "deadline_count",
     "default_time",
     "effective_options",
+    "instruction_times_s",
     "load_profile",
     "make_schedule",
     "profile_from_rows",

@@ -16,6 +16,7 @@ from perseus.baselines import BaselineKey
 from perseus.solver.dag import PipelineDag, build_dag
 from perseus.solver.profiles import Profile
 from perseus.solver.schedules import BACKWARD, FORWARD, Schedule, per_gpu
+from perseus.solver.transitions import check_margin, clock_tables, evaluate_plans
 
 __all__ = ["Baseline", "BaselineKey", "baselines_at", "default_time"]
 
@@ -53,6 +54,7 @@ def baselines_at(
     deadline_s: float,
     *,
     dag: PipelineDag | None = None,
+    clock_change_margin_s: float = 0.0,
 ) -> dict[str, Baseline]:
     """Plans that today's tools reach, on the same profile and deadline.
 
@@ -68,8 +70,17 @@ def baselines_at(
       clock (each round tries every clock of every stage and keeps the best move) until no
       single-stage change improves it.
 
+    Every time and energy, and every choice above, is with the clock-change transitions of
+    ``clock_change_margin_s`` (see :mod:`perseus.solver.transitions`): a plan with one clock
+    per GPU has none, but a stage whose forward and backward run at different clocks (one of
+    them lacking the other's) changes clock between them.
+
+    Raises:
+        PlanError: The margin is not a number of seconds in [0, 1).
     """
+    margin_s = check_margin(clock_change_margin_s)
     dag = dag or build_dag(schedule)
+    clocks_of = clock_tables(profile, schedule) if margin_s > 0 else None
     scale = 1.0 / schedule.virtual_stages
     stages = profile.stages
     n = dag.size
@@ -86,6 +97,10 @@ def baselines_at(
 
     def evaluate(clock_of_class: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
         """Time and energy of plans given one clock per cost class, ``(classes, P)``."""
+        if clocks_of is not None:
+            return evaluate_plans(
+                clocks_of, dag, p_block_w, clock_of_class[dag.cost_class], margin_s
+            )
         width = clock_of_class.shape[1]
         times = np.empty((n, width))
         energy = np.zeros(width)

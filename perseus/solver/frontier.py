@@ -27,6 +27,10 @@ How the fast mode works, for a DAG of ``n`` instructions and ``G`` grid deadline
    gaps are still large (on large DAGs, where a gap over 1 % lies among the anchors, every
    anchor searches again from the plan its search stopped at instead: there searches stop
    for want of work).
+5. With a clock-change margin (:mod:`perseus.solver.transitions`), the search above stays as
+   it is; then every point is restated with its transitions, joined by a copy repaired to keep
+   the point's time (:func:`~perseus.solver.transitions.repair_tails`) and by the default and
+   all-fastest plans, and the Pareto-optimal ones are kept.
 
 The exact mode starts from the fast frontier and replaces it with one MILP per frontier point,
 sweeping deadlines downwards, within a time limit it checks (and refuses) up front.
@@ -49,10 +53,11 @@ from perseus.solver.dag import build_dag
 from perseus.solver.deadlines import MAX_CELLS, deadline_count
 from perseus.solver.exact import exact_frontier, small_exact
 from perseus.solver.fast import ANCHOR_SLOWDOWNS, anchor_slowdowns, fast_frontier
-from perseus.solver.planner import FloatArray, Planner, Progress
+from perseus.solver.planner import FloatArray, Planner, Progress, pareto
 from perseus.solver.profiles import Profile
 from perseus.solver.schedules import Schedule, per_gpu
 from perseus.solver.search import DEFAULT_SEARCH_WORK
+from perseus.solver.transitions import check_margin, clock_tables, evaluate_plans, repair_tails
 
 __all__ = [
     "ANCHOR_SLOWDOWNS",
@@ -104,6 +109,9 @@ class Frontier:
             strings index it too): ``default`` (every instruction at the highest clock: the
             reference), ``all_fastest``, ``global_clock`` and ``per_stage_clock`` at no
             slowdown.
+        clock_change_margin_s: How long before each instruction boundary the plans assume a
+            clock change takes effect; every stated time and energy includes those
+            transitions (see :mod:`perseus.solver.transitions`). 0: none.
     """
 
     schedule: Schedule
@@ -113,6 +121,7 @@ class Frontier:
     gaps: FloatArray
     frequencies_mhz: npt.NDArray[np.uint16]
     baselines: dict[str, Baseline] = field(default_factory=dict)
+    clock_change_margin_s: float = 0.0
 
     def __len__(self) -> int:
         return int(self.times_s.shape[0])
@@ -167,6 +176,7 @@ def compute_frontier(
     polish_s: float = POLISH_S,
     progress: Progress | None = None,
     max_cells: int | None = MAX_CELLS,
+    clock_change_margin_s: float = 0.0,
 ) -> Frontier:
     """Compute the time-energy frontier of ``schedule`` on ``profile``.
 
@@ -194,6 +204,12 @@ def compute_frontier(
         max_cells: Refuse (:class:`PlanError`) a problem whose deadline grid, from the
             fastest to the slowest plan's time, times its instructions exceeds this (the
             frontier's arrays take about 12 bytes a cell); None: no limit.
+        clock_change_margin_s: Plans' clock changes take effect this long before each
+            instruction boundary (the rank aims them there), so the last that many seconds of
+            an instruction run at the next one's clock. The search is the same at every margin;
+            at a margin > 0 every point and baseline is stated with its transitions, each point
+            also has a copy with the clocks raised that transitions would make late, and the
+            dominated points are dropped. 0 (the default): no transitions.
 
     Returns:
         The frontier. Fast mode: a few LP solves plus O(n * G) vectorised work for ``n``
@@ -202,7 +218,9 @@ def compute_frontier(
     Raises:
         ProfileError: No blocking power, or the profile does not fit the schedule.
         ScheduleError: The schedule's DAG is invalid.
+        PlanError: A bad resolution, polish, time limit, search work, cell limit or margin.
     """
+    margin_s = check_margin(clock_change_margin_s)
     power = profile.p_block_w if p_block_w is None else p_block_w
     if power is None:
         raise ProfileError(f"{profile.source}: p_block_w: the blocking power is required")
@@ -252,6 +270,13 @@ def compute_frontier(
             solved = fast_frontier(planner, resolution_s, report, t_default, search_work, polish_s)
         times, energies, gaps, choices = solved
     freqs = costs.frequency_mhz[planner.flat(choices)].astype(np.uint16)
+    baselines = baselines_at(
+        profile, schedule, power, t_default, dag=dag, clock_change_margin_s=margin_s
+    )
+    if margin_s > 0:
+        times, energies, gaps, freqs = _with_transitions(
+            profile, schedule, power, margin_s, (times, energies, gaps, freqs), baselines
+        )
     return Frontier(
         schedule=schedule,
         p_block_w=power,
@@ -259,5 +284,46 @@ def compute_frontier(
         energies_j=energies,
         gaps=gaps,
         frequencies_mhz=freqs,
-        baselines=baselines_at(profile, schedule, power, t_default, dag=dag),
+        baselines=baselines,
+        clock_change_margin_s=margin_s,
     )
+
+
+def _with_transitions(
+    profile: Profile,
+    schedule: Schedule,
+    p_block_w: float,
+    margin_s: float,
+    found: tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[np.uint16]],
+    baselines: dict[str, Baseline],
+) -> tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[np.uint16]]:
+    """The frontier of the searched plans stated with their transitions.
+
+    Candidates: every point as found, every point repaired to keep its time, and the default
+    and all-fastest plans (whose times are the references, and which have transitions only
+    where a stage's forward and backward differ in clock). Each point's gap is against the
+    bound of the margin-free frontier's point that served the largest deadline it now serves:
+    a tail mixes two measured options, which the relaxation's bound covers (an exact MILP's
+    bound is of whole options, so a gap is clamped at 0). O(rounds * n * P).
+    """
+    times, energies, gaps, freqs = found
+    dag = build_dag(schedule)
+    tables = clock_tables(profile, schedule)
+    plans = freqs.T.astype(np.int64)  # (n, P)
+    extra = [
+        np.asarray([f for row in baselines[key].frequencies_mhz for f in row], dtype=np.int64)
+        for key in (BaselineKey.DEFAULT, BaselineKey.ALL_FASTEST)
+    ]
+    candidates = np.concatenate(
+        [plans, repair_tails(tables, dag, plans, times, margin_s), np.stack(extra, axis=1)],
+        axis=1,
+    )
+    new_times, new_energies = evaluate_plans(tables, dag, p_block_w, candidates, margin_s)
+    keep = pareto(new_times, new_energies)
+    kept_times = new_times[keep]
+    # The bound of the margin-free point serving the deadlines just below the next point.
+    bounds = energies / (1.0 + gaps)
+    upto = np.append(kept_times[1:], math.inf)
+    served = np.clip(np.searchsorted(times, upto, side="left") - 1, 0, len(times) - 1)
+    new_gaps = np.maximum(new_energies[keep] / bounds[served] - 1.0, 0.0)
+    return kept_times, new_energies[keep], new_gaps, candidates[:, keep].T.astype(np.uint16)

@@ -1,4 +1,8 @@
-"""Replay a plan on the profile values: the independent check of every stated time and energy."""
+"""Replay a plan on the profile values: the independent check of every stated time and energy.
+
+With a clock-change margin, every instruction's tail runs at the next instruction's clock on
+its GPU (see :mod:`perseus.solver.transitions` for the model).
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,9 @@ from perseus.errors import PlanError
 from perseus.solver.dag import build_dag
 from perseus.solver.profiles import Profile
 from perseus.solver.schedules import Schedule
+from perseus.solver.transitions import FloatArray, check_margin, nearest_option, with_tails
 
-__all__ = ["Replay", "replay"]
+__all__ = ["Replay", "instruction_times_s", "replay"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,8 @@ class Replay:
     """Timeline of one iteration under a plan.
 
     Per-GPU tuples follow ``schedule.order``; ``critical`` marks instructions on a longest path.
+    ``durations_s`` are the instructions' durations with their transitions (``finish_s -
+    start_s``), ``clock_change_margin_s`` the margin they were computed with.
     """
 
     time_s: float
@@ -29,6 +36,8 @@ class Replay:
     start_s: tuple[tuple[float, ...], ...]
     finish_s: tuple[tuple[float, ...], ...]
     critical: tuple[tuple[bool, ...], ...]
+    durations_s: tuple[tuple[float, ...], ...]
+    clock_change_margin_s: float
 
 
 def replay(
@@ -36,40 +45,38 @@ def replay(
     schedule: Schedule,
     p_block_w: float,
     frequencies_mhz: Sequence[Sequence[int]],
+    *,
+    clock_change_margin_s: float = 0.0,
 ) -> Replay:
     """Run ``schedule`` with the given clocks on the profile values, as soon as possible.
 
-    Energy follows BACKGROUND.md: ``sum_i e_i + p_block_w * (S * T - sum_i t_i)``.
+    Energy follows BACKGROUND.md: ``sum_i e_i + p_block_w * (S * T - sum_i t_i)``, where with
+    a clock-change margin ``m`` every instruction ``k`` whose next instruction on its GPU (the
+    first of the next iteration after the last) runs at another clock takes
+    ``t' = t + w * (t_n - t)`` and ``e' = e + w * (e_n - e)``, ``w = min(1, m / t_n)``:
+    its last ``m`` seconds run at the next clock, where it takes ``t_n`` and ``e_n`` (its
+    nearest measured clock where that one was not measured). See
+    :mod:`perseus.solver.transitions`. A margin of 0 or one clock per GPU: no transitions.
+
+    Args:
+        profile: Per-stage measurements.
+        schedule: The pipeline schedule.
+        p_block_w: Blocking power in watts.
+        frequencies_mhz: ``frequencies_mhz[g][k]``: the clock of ``schedule.order[g][k]``.
+        clock_change_margin_s: How long before each boundary a clock change takes effect.
+
+    Returns:
+        The timeline. O(n) for ``n`` instructions.
 
     Raises:
-        PlanError: Shapes do not match the schedule, or a clock was not measured.
+        PlanError: Shapes do not match the schedule, a clock was not measured, or the margin
+            is not a number of seconds in [0, 1).
     """
-    if profile.num_stages != schedule.stages:
-        raise PlanError(
-            f"the plan has {schedule.stages} stages but the profile has {profile.num_stages}"
-        )
-    if len(frequencies_mhz) != schedule.stages:
-        raise PlanError(
-            f"frequencies_mhz: expected {schedule.stages} rows, got {len(frequencies_mhz)}"
-        )
-    scale = 1.0 / schedule.virtual_stages
-    durations: list[float] = []
+    times, energies = _costs(profile, schedule, frequencies_mhz, clock_change_margin_s)
     energy = 0.0
-    for g, (seq, clocks) in enumerate(zip(schedule.order, frequencies_mhz, strict=True)):
-        if len(clocks) != len(seq):
-            raise PlanError(f"frequencies_mhz[{g}]: expected {len(seq)} clocks, got {len(clocks)}")
-        for k, (inst, clock) in enumerate(zip(seq, clocks, strict=True)):
-            try:
-                option = profile.option(g, inst.kind, int(clock))
-            except (KeyError, TypeError, ValueError):
-                raise PlanError(
-                    f"frequencies_mhz[{g}][{k}]: {clock!r} MHz is not measured for stage {g} "
-                    f"{inst.kind}"
-                ) from None
-            durations.append(option.time_s * scale)
-            energy += option.energy_j * scale
+    for e in energies.tolist():  # in order, as a plain sum: bit-identical to the margin-free
+        energy += e
     dag = build_dag(schedule)
-    times = np.asarray(durations)
     finish = dag.finish_times(times)
     total = float(finish.max())
     critical = dag.critical(times)
@@ -91,4 +98,68 @@ def replay(
         start_s=per_gpu(finish - times),
         finish_s=per_gpu(finish),
         critical=per_gpu(critical),
+        durations_s=per_gpu(times),
+        clock_change_margin_s=float(clock_change_margin_s),
     )
+
+
+def instruction_times_s(
+    profile: Profile,
+    schedule: Schedule,
+    frequencies_mhz: Sequence[Sequence[int]],
+    *,
+    clock_change_margin_s: float,
+) -> tuple[tuple[float, ...], ...]:
+    """Each instruction's expected duration under a plan, with its clock-change tail.
+
+    ``result[g][k]`` is how long ``schedule.order[g][k]`` runs (the same as
+    :func:`replay`'s ``durations_s``, without building the timeline): what a rank adds up to
+    predict its next boundary. O(n).
+
+    Raises:
+        PlanError: As :func:`replay`.
+    """
+    times, _energies = _costs(profile, schedule, frequencies_mhz, clock_change_margin_s)
+    offsets = np.cumsum([0] + [len(seq) for seq in schedule.order])
+    return tuple(tuple(times[offsets[g] : offsets[g + 1]].tolist()) for g in range(schedule.stages))
+
+
+def _costs(
+    profile: Profile,
+    schedule: Schedule,
+    frequencies_mhz: Sequence[Sequence[int]],
+    margin_s: float,
+) -> tuple[FloatArray, FloatArray]:
+    """Every instruction's (duration, energy) with its tail, GPU by GPU in order."""
+    margin_s = check_margin(margin_s)
+    if profile.num_stages != schedule.stages:
+        raise PlanError(
+            f"the plan has {schedule.stages} stages but the profile has {profile.num_stages}"
+        )
+    if len(frequencies_mhz) != schedule.stages:
+        raise PlanError(
+            f"frequencies_mhz: expected {schedule.stages} rows, got {len(frequencies_mhz)}"
+        )
+    scale = 1.0 / schedule.virtual_stages
+    own: list[tuple[float, float]] = []
+    following: list[tuple[float, float]] = []
+    for g, (seq, clocks) in enumerate(zip(schedule.order, frequencies_mhz, strict=True)):
+        if len(clocks) != len(seq):
+            raise PlanError(f"frequencies_mhz[{g}]: expected {len(seq)} clocks, got {len(clocks)}")
+        for k, (inst, clock) in enumerate(zip(seq, clocks, strict=True)):
+            try:
+                option = profile.option(g, inst.kind, int(clock))
+            except (KeyError, TypeError, ValueError):
+                raise PlanError(
+                    f"frequencies_mhz[{g}][{k}]: {clock!r} MHz is not measured for stage {g} "
+                    f"{inst.kind}"
+                ) from None
+            own.append((option.time_s * scale, option.energy_j * scale))
+        for k, inst in enumerate(seq):
+            # the next instruction's clock (the first's of the next iteration after the last),
+            # at this instruction's nearest measured clock
+            near = nearest_option(profile.stages[g][inst.kind], int(clocks[(k + 1) % len(seq)]))
+            following.append((near.time_s * scale, near.energy_j * scale))
+    mine = np.asarray(own, dtype=np.float64).reshape(-1, 2)
+    after = np.asarray(following, dtype=np.float64).reshape(-1, 2)
+    return with_tails(mine[:, 0], mine[:, 1], after[:, 0], after[:, 1], margin_s)

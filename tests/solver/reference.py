@@ -9,6 +9,12 @@ of the rules.
   ``B(u+1, j) -> B(u, j)``; ``F(U-1, j) -> B(U-1, j)``, where ``u = chunk * S + gpu`` is the
   virtual stage (Megatron's placement) and ``U = S * V``.
 - Replay: longest path by a plain topological pass; ``E = sum e_i + P_block * (S*T - sum t_i)``.
+- Replay with a clock-change margin ``m``: where the next instruction on a GPU (its first, after
+  its last) runs at another clock, the last ``m`` seconds of an instruction run at that clock
+  (its own kind's measurement there, else at its nearest measured clock, the higher of two):
+  it runs ``x`` seconds at its own pace and ``m`` at the next, ``x / t + m / t_next = 1``,
+  drawing ``e / t`` then ``e_next / t_next`` watts; if no ``x >= 0`` fits, all of it runs
+  at the next clock.
 - Brute force over every plan of a tiny case, and an independent MILP for small ones.
 
 An order is a list (per GPU) of ``(kind, microbatch, chunk)`` tuples. A table maps
@@ -232,6 +238,42 @@ def replay(
     busy = math.fsum(t for t, _e in te.values())
     energy = math.fsum(e for _t, e in te.values()) + p_block_w * (len(dag.order) * time - busy)
     return time, energy
+
+
+def with_margin(
+    table: Table, dag: Dag, frequencies: Sequence[Sequence[int]], margin: float
+) -> dict[tuple[int, int], tuple[float, float]]:
+    """Time and energy of every node when clock changes take effect ``margin`` seconds early."""
+    own = durations(table, dag, frequencies)
+    out = {}
+    for g, seq in enumerate(dag.order):
+        for k, (kind, _mb, _c) in enumerate(seq):
+            t, e = own[(g, k)]
+            here, there = int(frequencies[g][k]), int(frequencies[g][(k + 1) % len(seq)])
+            if here == there or margin == 0:
+                out[(g, k)] = (t, e)
+                continue
+            measured = [f for (s, kd, f) in table if s == g and kd == kind]
+            near = sorted(measured, key=lambda f: (abs(f - there), -f))[0]
+            t_next, e_next = (v / dag.chunks for v in table[(g, kind, near)])
+            x = t * (1 - margin / t_next)  # seconds at its own clock
+            if x <= 0:
+                out[(g, k)] = (t_next, e_next)
+            else:
+                out[(g, k)] = (x + margin, x * e / t + margin * e_next / t_next)
+    return out
+
+
+def replay_with_margin(
+    table: Table, dag: Dag, p_block_w: float, frequencies: Sequence[Sequence[int]], margin: float
+) -> tuple[float, float, dict[tuple[int, int], float]]:
+    """(iteration time, energy, every node's duration) with clock changes ``margin`` early."""
+    te = with_margin(table, dag, frequencies, margin)
+    time_of = {n: t for n, (t, _e) in te.items()}
+    time = longest_path(dag, time_of)
+    busy = math.fsum(time_of.values())
+    energy = math.fsum(e for _t, e in te.values()) + p_block_w * (len(dag.order) * time - busy)
+    return time, energy, time_of
 
 
 def options_of(table: Table, stage: int, kind: str) -> list[tuple[int, float, float]]:
