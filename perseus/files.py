@@ -60,6 +60,7 @@ _REQUIRED_BASELINES = (
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Margin = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=1)]
 ClockMhz = Annotated[int, Field(ge=1, lt=65536)]
 Clocks = list[list[ClockMhz]]
@@ -138,6 +139,9 @@ class FrontierFile(_Model):
         baselines: The run's baselines by key (see :data:`perseus.baselines.BASELINE_LABELS`).
         baselines_deadline_s: The deadline the global and per-stage baselines were fitted to.
         points: Time strictly ascending, energy strictly descending.
+        clock_change_margin_s: How long before each instruction boundary the plans assume a
+            clock change takes effect; the stated times and energies include it (0 in files
+            written before it existed).
     """
 
     format: Literal["perseus.frontier/1"]
@@ -151,6 +155,7 @@ class FrontierFile(_Model):
     baselines: dict[str, FileBaseline]
     baselines_deadline_s: Positive | None = None
     points: Annotated[list[FilePoint], Field(min_length=1)]
+    clock_change_margin_s: Margin = 0.0
 
     @classmethod
     def of_run(
@@ -225,6 +230,7 @@ class FrontierFile(_Model):
             gaps=np.asarray([p.gap for p in self.points], dtype=np.float64),
             frequencies_mhz=np.asarray(flat, dtype=np.uint16),
             baselines=baselines,
+            clock_change_margin_s=self.clock_change_margin_s,
         )
 
 
@@ -237,6 +243,8 @@ class PlanFile(_Model):
         profile: Fingerprint of the profile it was planned on (absent in older files).
         time_s, energy_j: What the plan takes on that profile (absent in older files).
         frequencies_mhz: ``frequencies_mhz[g][k]``: clock of GPU ``g``'s ``k``-th instruction.
+        clock_change_margin_s: The clock-change margin ``time_s`` and ``energy_j`` include (0
+            in files written before it existed).
     """
 
     format: Literal["perseus.plan/1"]
@@ -249,6 +257,7 @@ class PlanFile(_Model):
     time_s: Finite | None = None
     energy_j: Finite | None = None
     frequencies_mhz: Clocks
+    clock_change_margin_s: Margin = 0.0
 
     @classmethod
     def of_point(
@@ -425,7 +434,8 @@ def _schedule_text(schedule: Schedule) -> str:
 
 
 def _run_fields(frontier: Frontier, profile: ProfileFingerprint | None) -> dict[str, Any]:
-    """The fields a frontier file and a plan file share: the schedule, P_block, the profile."""
+    """The fields a frontier file and a plan file share: the schedule, P_block, the profile,
+    the clock-change margin."""
     schedule = frontier.schedule
     return {
         "schedule": schedule.name,
@@ -434,4 +444,5 @@ def _run_fields(frontier: Frontier, profile: ProfileFingerprint | None) -> dict[
         "virtual_stages": schedule.virtual_stages,
         "p_block_w": float(frontier.p_block_w),
         "profile": profile,
+        "clock_change_margin_s": float(frontier.clock_change_margin_s),
     }

@@ -150,3 +150,58 @@ def test_points_and_baselines_are_rendered_from_the_solvers(frontier: Frontier) 
         assert tuple(tuple(row) for row in rendered.frequencies_mhz) == point.frequencies_mhz
     for baseline in frontier.baselines.values():
         assert FileBaseline.from_baseline(baseline).to_baseline() == baseline
+
+
+@pytest.fixture(scope="module")
+def timed(profile: Profile) -> Frontier:
+    """A frontier whose stated times and energies include clock-change transitions."""
+    schedule = make_schedule("1f1b", profile.num_stages, 4)
+    return compute_frontier(profile, schedule, p_block_w=100.0, clock_change_margin_s=0.005)
+
+
+def test_the_clock_change_margin_travels_with_frontier_and_plan_files(
+    profile: Profile, timed: Frontier, tmp_path: Path
+) -> None:
+    from perseus.files import frontier_from_json, frontier_to_json
+
+    fingerprint = profile_fingerprint(profile)
+    document = FrontierFile.of_run(
+        timed, timed.baselines, profile=fingerprint, baselines_deadline_s=None
+    )
+    assert json.loads(document.render())["clock_change_margin_s"] == 0.005
+    again = read_plan_or_frontier(_write(tmp_path, document.render()))
+    assert isinstance(again, FrontierFile)
+    assert again.to_frontier().clock_change_margin_s == 0.005
+    assert frontier_from_json(frontier_to_json(timed)).clock_change_margin_s == 0.005
+    plan = PlanFile.of_point(timed, 0, profile=fingerprint)
+    read = read_plan_or_frontier(_write(tmp_path, plan.render()))
+    assert isinstance(read, PlanFile)
+    assert read.clock_change_margin_s == 0.005 and read.time_s == timed.point(0).time_s
+
+
+def test_files_without_a_margin_read_as_zero(timed: Frontier, tmp_path: Path) -> None:
+    """Files written before the margin existed planned without transitions: margin 0."""
+    data = json.loads(
+        FrontierFile.of_run(
+            timed, timed.baselines, profile=None, baselines_deadline_s=None
+        ).render()
+    )
+    del data["clock_change_margin_s"]
+    read = read_plan_or_frontier(_write(tmp_path, data))
+    assert isinstance(read, FrontierFile) and read.to_frontier().clock_change_margin_s == 0.0
+    plan = json.loads(PlanFile.of_point(timed, 0, profile=None).render())
+    del plan["clock_change_margin_s"]
+    read_plan = read_plan_or_frontier(_write(tmp_path, plan))
+    assert isinstance(read_plan, PlanFile) and read_plan.clock_change_margin_s == 0.0
+
+
+@pytest.mark.parametrize("margin", [-0.001, 1.0, "0.005", None])
+def test_a_bad_margin_names_the_field(timed: Frontier, tmp_path: Path, margin: object) -> None:
+    for document in (
+        FrontierFile.of_run(timed, timed.baselines, profile=None, baselines_deadline_s=None),
+        PlanFile.of_point(timed, 0, profile=None),
+    ):
+        data = json.loads(document.render())
+        data["clock_change_margin_s"] = margin
+        with pytest.raises(PlanError, match="clock_change_margin_s"):
+            read_plan_or_frontier(_write(tmp_path, data))
