@@ -34,7 +34,8 @@ from perseus.server.edge import AuthBeforeBody, bounded_accept_errors
 from perseus.server.jobs import RequestFieldError
 from perseus.server.metrics import BodyLimitMiddleware, Metrics, MetricsMiddleware
 from perseus.server.routes import PlanFastPath, ServerState, error_response, router
-from perseus.server.runtime import JobHeads, PlanningRunner, TelemetryBuffer
+from perseus.server.runner import PlanningRunner
+from perseus.server.runtime import JobHeads, TelemetryBuffer
 from perseus.server.service import JobService
 from perseus.server.settings import Settings
 from perseus.server.store import Store

@@ -223,16 +223,8 @@ class Plans:
         frontier = self._frontiers.get(job.id, job.frontier_rev)
         return FrontierView(
             version=job.version,
-            points=[
-                FrontierPoint(time_s=float(t), energy_j=float(e), gap=float(g))
-                for t, e, g in zip(
-                    frontier.times_s, frontier.energies_j, frontier.gaps, strict=True
-                )
-            ],
-            baselines={
-                name: Baseline(time_s=b.time_s, energy_j=b.energy_j)
-                for name, b in frontier.baselines.items()
-            },
+            points=[FrontierPoint.from_point(frontier.point(i)) for i in range(len(frontier))],
+            baselines={name: Baseline.from_baseline(b) for name, b in frontier.baselines.items()},
             policy_index=choice.policy_index,
             chosen_index=choice.chosen_index,
         )

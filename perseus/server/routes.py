@@ -74,7 +74,8 @@ from perseus.server.jobs import RequestFieldError
 from perseus.server.metrics import Metrics
 from perseus.server.planning import PlanningInput, merged_profile, unprofiled_stages
 from perseus.server.plans import has_plan
-from perseus.server.runtime import Coalescer, JobHeads, PlanningRunner, RankPlace, TelemetryBuffer
+from perseus.server.runner import PlanningRunner
+from perseus.server.runtime import Coalescer, JobHeads, RankPlace, TelemetryBuffer
 from perseus.server.service import JobService
 from perseus.server.settings import Settings
 from perseus.server.store import JobRow

@@ -29,7 +29,7 @@ from perseus.server.planning import (
     instruction_times,
     plan_frontier,
 )
-from perseus.server.runtime import PlanningRunner
+from perseus.server.runner import PlanningRunner
 from perseus.server.settings import Settings
 from perseus.solver import compute_frontier, make_schedule, profile_from_rows
 from perseus.solver.synthetic import EXAMPLE_P_BLOCK_W, synthetic_profile
