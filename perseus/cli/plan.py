@@ -29,13 +29,21 @@ from perseus.cli.arguments import policy as policy_argument
 from perseus.cli.outputs import Outputs
 from perseus.cli.progress import ProgressBar
 from perseus.cli.tables import format_table, schedule_text
-from perseus.defaults import EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
+from perseus.defaults import CLOCK_CHANGE_MARGIN_S, EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
 from perseus.errors import InfeasibleDeadline, PlanError, ProfileError, SolverTimeout
 
 if TYPE_CHECKING:
     from perseus.solver import Baseline, Frontier, Policy, Profile, Schedule
 
-__all__ = ["PlanRequest", "PlanResult", "build_parser", "plan", "print_result", "run"]
+__all__ = [
+    "PlanRequest",
+    "PlanResult",
+    "build_parser",
+    "margin_text",
+    "plan",
+    "print_result",
+    "run",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {POLISH_S:g}: off; timed, so the result then depends on the machine's speed)",
     )
     parser.add_argument(
+        "--clock-change-margin",
+        metavar="SECONDS",
+        type=_margin,
+        default=CLOCK_CHANGE_MARGIN_S,
+        help="clock changes take effect this long before each instruction boundary, so an "
+        "instruction's last SECONDS run at the next one's clock; stated times and energies "
+        f"include it (default {CLOCK_CHANGE_MARGIN_S:g}; 0: no transitions; less than 1)",
+    )
+    parser.add_argument(
         "--straggler",
         metavar="SECONDS",
         type=positive_float,
@@ -110,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeline", metavar="TIMELINE.png", help="plot the chosen plan's timeline"
     )
     return parser
+
+
+def _margin(text: str) -> float:
+    value = nonnegative_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0 and < 1, got {text!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +150,7 @@ class PlanRequest:
     exact: bool
     exact_time_limit_s: float = EXACT_TIME_LIMIT_S
     polish_s: float = POLISH_S
+    clock_change_margin_s: float = CLOCK_CHANGE_MARGIN_S
     straggler_s: float | None = None
     output: str | None = None
     plan_output: str | None = None
@@ -178,6 +203,7 @@ def run(argv: list[str]) -> int:
             exact=args.exact,
             exact_time_limit_s=args.exact_time_limit,
             polish_s=args.polish,
+            clock_change_margin_s=args.clock_change_margin,
             straggler_s=args.straggler,
             output=args.output,
             plan_output=args.plan_output,
@@ -241,6 +267,7 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
             exact_time_limit_s=request.exact_time_limit_s,
             polish_s=request.polish_s,
             progress=progress,
+            clock_change_margin_s=request.clock_change_margin_s,
         )
     except SolverTimeout as err:
         raise SolverTimeout(f"{err} (--exact-time-limit SECONDS)") from err
@@ -271,7 +298,13 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
     # the policy's own limit where it has one (max-slowdown, deadline), else at the chosen
     # point's time.
     deadline_s = _baselines_deadline(frontier, policy, chosen)
-    baselines = baselines_at(profile, schedule, frontier.p_block_w, deadline_s)
+    baselines = baselines_at(
+        profile,
+        schedule,
+        frontier.p_block_w,
+        deadline_s,
+        clock_change_margin_s=frontier.clock_change_margin_s,
+    )
 
     # Everything that can fail on bad input has run; render the files in memory, then write.
     for path, data in request.extra_files.items():
@@ -308,7 +341,13 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
         if request.timeline:
             progress.phase(f"drawing {request.timeline}")
             point = frontier.point(chosen)
-            replayed = replay(profile, schedule, frontier.p_block_w, point.frequencies_mhz)
+            replayed = replay(
+                profile,
+                schedule,
+                frontier.p_block_w,
+                point.frequencies_mhz,
+                clock_change_margin_s=frontier.clock_change_margin_s,
+            )
             outputs.put(
                 request.timeline,
                 plots.timeline_png(
@@ -346,7 +385,13 @@ def _check_feasible(
         for gpu, seq in enumerate(schedule.order)
     ]
     try:
-        fastest_s = replay(profile, schedule, p_block_w, fastest).time_s
+        fastest_s = replay(
+            profile,
+            schedule,
+            p_block_w,
+            fastest,
+            clock_change_margin_s=request.clock_change_margin_s,
+        ).time_s
     except PlanError:  # the profile does not fit the schedule: compute_frontier says how
         return
     for option, limit_s in limits:
@@ -386,10 +431,15 @@ def _describe(profile: Profile, schedule: Schedule, frontier: Frontier, solved_s
     return (
         f"profile   {profile.source}: {profile.num_stages} stages, {len(clocks)} clocks\n"
         f"schedule  {schedule_text(schedule)} ({schedule.num_instructions} instructions), "
-        f"P_block {frontier.p_block_w:g} W\n"
+        f"P_block {frontier.p_block_w:g} W{margin_text(frontier.clock_change_margin_s)}\n"
         f"frontier  {len(frontier)} points, {times[0]:.4f} s to {times[-1]:.4f} s, "
         f"solved in {solved_s:.2f} s\n"
     )
+
+
+def margin_text(margin_s: float) -> str:
+    """How early clock changes take effect, as the summary shows it (nothing at 0)."""
+    return f", clock changes {1000 * margin_s:g} ms early" if margin_s > 0 else ""
 
 
 def _plan_table(

@@ -1,4 +1,8 @@
-"""``perseus simulate``: replay a plan on a profile: time, energy, per-stage busy and idle."""
+"""``perseus simulate``: replay a plan on a profile: time, energy, per-stage busy and idle.
+
+The replay uses the clock-change margin the file records (0 for files written before it
+existed), so a plan replayed on its own profile gives back exactly what it states.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from pathlib import Path
 
 from perseus.cli.arguments import Parser, UsageError, index, positive_float
 from perseus.cli.arguments import policy as policy_argument
+from perseus.cli.plan import margin_text
 from perseus.cli.tables import format_table, schedule_text
 from perseus.errors import PlanError
 
@@ -86,7 +91,13 @@ def run(argv: list[str]) -> int:
         )
     p_block_w = args.p_block if args.p_block is not None else document.p_block_w
     try:
-        result = replay(profile, schedule, p_block_w, frequencies)
+        result = replay(
+            profile,
+            schedule,
+            p_block_w,
+            frequencies,
+            clock_change_margin_s=document.clock_change_margin_s,
+        )
     except PlanError as err:
         why = mismatch or f"it does not fit profile {profile.source}"
         raise PlanError(f"{args.plan}: {err}; {why}") from err
@@ -99,7 +110,8 @@ def run(argv: list[str]) -> int:
     out = sys.stdout
     out.write(f"plan      {what}\n")
     out.write(f"profile   {profile.source}: {profile.num_stages} stages\n")
-    out.write(f"schedule  {schedule_text(schedule)}, P_block {p_block_w:g} W\n\n")
+    margin = margin_text(document.clock_change_margin_s)
+    out.write(f"schedule  {schedule_text(schedule)}, P_block {p_block_w:g} W{margin}\n\n")
     out.write(f"iteration time  {result.time_s:.6f} s\n")
     out.write(f"energy          {result.energy_j:.3f} J\n")
     if stated is not None and p_block_w == document.p_block_w and not mismatch:

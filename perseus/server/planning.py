@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
-from perseus.defaults import RESOLUTION_S
+from perseus.defaults import CLOCK_CHANGE_MARGIN_S, RESOLUTION_S
 from perseus.errors import PerseusError, PlanningTooLarge, ProfileError
 from perseus.solver.deadlines import MAX_CELLS, deadline_count
 
@@ -509,6 +509,8 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
         resolution_s=RESOLUTION_S if inp.resolution_s is None else inp.resolution_s,
         polish_s=inp.polish_s,
         max_cells=inp.max_cells,  # the server's own limit (checked above), or none
+        # ranks aim every clock change this far ahead of its boundary: plan with its tails
+        clock_change_margin_s=CLOCK_CHANGE_MARGIN_S,
     )
     from perseus.files import frontier_to_json
 

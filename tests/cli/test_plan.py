@@ -141,6 +141,9 @@ def _csv(tmp_path: Path, example: Path, edit: tuple[int, str, str] | None = None
         (None, ["--schedule", "zigzag"], ["--schedule"]),
         (None, ["--resolution", "inf"], ["--resolution"]),
         (None, ["--polish", "-1"], ["--polish"]),
+        (None, ["--clock-change-margin", "-0.001"], ["--clock-change-margin", "'-0.001'"]),
+        (None, ["--clock-change-margin", "1"], ["--clock-change-margin", "< 1"]),
+        (None, ["--clock-change-margin", "nan"], ["--clock-change-margin"]),
         (None, ["--schedule", "interleaved-1f1b", "--microbatches", "6"], ["multiple"]),
         (None, ["--schedule", "gpipe", "--virtual-stages", "2"], ["virtual"]),
         (None, ["--policy", "deadline:0.001"], ["--policy deadline:0.001", "fastest"]),
@@ -294,3 +297,43 @@ def test_a_straggler_faster_than_the_chosen_plan_is_warned_about(
     assert "warning: --straggler 1.75 s is shorter than the chosen plan's" in captured.err
     assert main([*argv[:-2], "--straggler", "2.0"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("given", "shown", "margin"), [([], "5 ms", 0.005),
+                         (["--clock-change-margin", "0.02"], "20 ms", 0.02),
+                         (["--clock-change-margin", "0"], None, 0.0)])  # fmt: skip
+def test_the_clock_change_margin_is_planned_with_shown_and_recorded(
+    example: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    given: list[str],
+    shown: str | None,
+    margin: float,
+) -> None:
+    """The default margin is perseus.defaults'; the summary says it, both files record it, and
+    the stated times and energies are the replay with it."""
+    from perseus.solver import load_profile, replay
+
+    frontier_path, plan_path = tmp_path / "f.json", tmp_path / "p.json"
+    args = ["plan", str(example), "--microbatches", MICROBATCHES, "--p-block", "100", *given]
+    assert main([*args, "--output", str(frontier_path), "--plan-output", str(plan_path)]) == 0
+    out = capsys.readouterr().out
+    schedule_line = next(line for line in out.splitlines() if line.startswith("schedule"))
+    if shown is None:
+        assert "clock changes" not in schedule_line
+    else:
+        assert schedule_line.endswith(f"P_block 100 W, clock changes {shown} early")
+    frontier = frontier_of(frontier_path)
+    assert frontier.clock_change_margin_s == margin
+    plan = json.loads(plan_path.read_text())
+    assert plan["clock_change_margin_s"] == margin
+    replayed = replay(
+        load_profile(example),
+        frontier.schedule,
+        100.0,
+        plan["frequencies_mhz"],
+        clock_change_margin_s=margin,
+    )
+    assert (replayed.time_s, replayed.energy_j) == pytest.approx(
+        (plan["time_s"], plan["energy_j"]), rel=1e-12
+    )

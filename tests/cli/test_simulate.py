@@ -157,3 +157,29 @@ def test_older_plan_files_without_a_fingerprint_still_replay(
     old.write_text(json.dumps(plan))
     assert main(["simulate", str(example), str(old)]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_simulate_replays_with_the_files_clock_change_margin(
+    example: Path,
+    planned: tuple[Path, Path, Path, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``perseus plan`` records its margin (the default, 5 ms); simulate replays with it and
+    gets back what the plan states; a plan without one (an older file) replays without
+    transitions."""
+    _, plan_path, _, _ = planned
+    plan = json.loads(plan_path.read_text())
+    assert plan["clock_change_margin_s"] == 0.005
+    assert main(["simulate", str(example), str(plan_path)]) == 0
+    out = capsys.readouterr().out
+    assert "P_block 100 W, clock changes 5 ms early" in out
+    assert f"(the plan states {plan['time_s']:.6f} s and {plan['energy_j']:.3f} J)" in out
+    assert number_after(out, "iteration time") == pytest.approx(plan["time_s"], abs=1e-6)
+    del plan["clock_change_margin_s"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(plan))
+    assert main(["simulate", str(example), str(old)]) == 0
+    out = capsys.readouterr().out
+    assert "clock changes" not in out
+    assert number_after(out, "energy") != pytest.approx(plan["energy_j"], abs=1e-3)
