@@ -11,12 +11,15 @@ setting, so the profiler measures at the clock the GPU runs by itself, and every
 printed with the SM clock and power seen while it was taken. ``--gpu fake`` runs the same
 code on the CPU with the modelled GPU (to check the script; its numbers mean nothing).
 
-accuracy   A bf16 GPT-style stage (two sizes: one at the H200's 700 W limit, one lighter),
-           forward and forward+backward. Truth: CUDA events around >= 2 s loops for time;
-           >= 10 s steady loops with the energy counter read at both ends for energy. The
-           profiler: perseus's ClockSweep at the current clock (steady loops too, so the duty
-           cycle is the same). Also the blocking power the profiler estimates against the
-           GPU's power while a stream waits on an event behind a spinning kernel.
+accuracy   A bf16 GPT-style stage in four sizes (two at the H200's 700 W limit, two under
+           it; ``-eager`` after a size runs it without CUDA graphs), forward and
+           forward+backward. Truth: steady loops of ``--truth-s`` seconds, time from CUDA
+           events around the whole loop, energy from counter updates caught while the GPU is
+           idle just before and just after it (less the idle energy between those updates
+           and the loop), so nothing reads the counter while the loop runs. The profiler:
+           perseus's ClockSweep at the current clock (steady loops too, so the duty cycle is
+           the same). Also the blocking power the profiler estimates against the GPU's power
+           while a stream waits on an event behind a spinning kernel.
 overhead   Training steps of a stage with and without the client (dry-run controller, a plan
            alternating two clocks so every instruction is a clock change, profiler off),
            interleaved runs, medians; and the synchronize calls the training thread made.
@@ -53,17 +56,18 @@ from perseus.client.settings import ProfileBudget  # noqa: E402
 
 
 class Sampler:
-    """Reads the SM clock and power every 50 ms in a thread (NVML reads, nothing set)."""
+    """Reads the SM clock and power every 0.2 s in a thread (NVML reads, nothing set)."""
 
-    def __init__(self, gpu: GpuControl) -> None:
+    def __init__(self, gpu: GpuControl, period_s: float = 0.2) -> None:
         self.gpu = gpu
+        self.period_s = period_s
         self.clocks: list[int] = []
         self.powers: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(0.05):
+        while not self._stop.wait(self.period_s):
             self.clocks.append(self.gpu.current_clock_mhz())
             self.powers.append(self.gpu.power_w())
 
@@ -86,79 +90,98 @@ class Sampler:
         }
 
 
+SIZES = ("heavy", "light", "small", "narrow")
+
+
 def stage_args(size: str, fake: bool) -> argparse.Namespace:
     # On the GPU: "heavy" has a forward of ~13 ms at the 700 W limit; "light" has smaller
     # matrices (hidden 1024) but still reaches the limit; "small" (hidden 512) and "narrow"
-    # (hidden 256) are meant to stay under it. On the CPU (fake) a tiny stage checks the script.
+    # (hidden 256) are meant to stay under it. "<size>-eager" runs without CUDA graphs. On
+    # the CPU (fake) a tiny stage checks the script.
+    base, _, mode = size.partition("-")
+    graphs = mode != "eager"
+    if base not in SIZES or mode not in ("", "eager"):
+        raise SystemExit(f"unknown size {size!r}: one of {', '.join(SIZES)}, optionally -eager")
     if fake:
         return argparse.Namespace(
-            gpu="fake", gpu_index=0, layers=1, hidden=64, heads=4, sequence=32, microbatch_size=2
-        )
-    if size == "heavy":
-        return argparse.Namespace(
-            gpu="dry-run", gpu_index=0, layers=4, hidden=4096, heads=32, sequence=2048,
-            microbatch_size=2,
+            gpu="fake", gpu_index=0, layers=1, hidden=64, heads=4, sequence=32, microbatch_size=2,
+            cuda_graphs=graphs,
         )  # fmt: skip
-    if size == "small":
-        return argparse.Namespace(
-            gpu="dry-run", gpu_index=0, layers=16, hidden=512, heads=8, sequence=1024,
-            microbatch_size=4,
-        )  # fmt: skip
-    if size == "narrow":
-        return argparse.Namespace(
-            gpu="dry-run", gpu_index=0, layers=24, hidden=256, heads=4, sequence=1024,
-            microbatch_size=8,
-        )  # fmt: skip
+    shape = {
+        "heavy": (4, 4096, 32, 2048, 2),
+        "light": (8, 1024, 16, 2048, 4),
+        "small": (16, 512, 8, 1024, 4),
+        "narrow": (24, 256, 4, 1024, 8),
+    }[base]
+    layers, hidden, heads, sequence, micro = shape
     return argparse.Namespace(
-        gpu="dry-run", gpu_index=0, layers=8, hidden=1024, heads=16, sequence=2048,
-        microbatch_size=4,
+        gpu="dry-run", gpu_index=0, layers=layers, hidden=hidden, heads=heads, sequence=sequence,
+        microbatch_size=micro, cuda_graphs=graphs,
     )  # fmt: skip
 
 
-def event_time_s(stage: Any, body: Any, seconds: float, fake: bool) -> tuple[float, int]:
-    """Seconds per ``body`` from CUDA events around a loop of about ``seconds``."""
+def catch_idle_update(gpu: GpuControl, limit_s: float = 1.0) -> tuple[float, float]:
+    """``(time, counter)`` of the next counter update, read back to back (the GPU idle)."""
+    first = gpu.energy_j()
+    start = time.perf_counter()
+    while True:
+        before = time.perf_counter()
+        value = gpu.energy_j()
+        after = time.perf_counter()
+        if value != first or after - start > limit_s:
+            return 0.5 * (before + after), value
+
+
+def truth_loop(
+    gpu: GpuControl, stage: Any, body: Any, seconds: float, idle_w: float, fake: bool
+) -> dict[str, Any]:
+    """Seconds and joules per ``body`` over a steady loop of about ``seconds``.
+
+    Time: CUDA events around the whole loop. Energy: counter updates caught with the GPU
+    idle just before the loop and just after it (so no read competes with the loop's
+    launches); the counter's lag is the same at both ends and cancels, and the idle time
+    between the updates and the loop is charged at ``idle_w``.
+    """
     import torch
 
     body()
     stage.synchronize()
-    n = 0
-    if fake:
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            body()
-            n += 1
-        return (time.perf_counter() - start) / n, n
-    # Calibrate the count, then time exactly that many between two events.
     t0 = time.perf_counter()
     body()
     stage.synchronize()
-    one = max(time.perf_counter() - t0, 1e-4)
-    n = max(10, int(seconds / one))
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(n):
-        body()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) / 1e3 / n, n
-
-
-def steady_energy_j(
-    gpu: GpuControl, stage: Any, body: Any, seconds: float
-) -> tuple[float, int, dict[str, float]]:
-    """Joules per ``body`` over a steady loop of >= ``seconds``, counter read at both ends."""
-    body()
-    stage.synchronize()
+    n = max(10, int(seconds / max(time.perf_counter() - t0, 1e-4)))
     with Sampler(gpu) as sampler:
-        e0 = gpu.energy_j()
+        u0, e0 = catch_idle_update(gpu)
         start = time.perf_counter()
-        n = 0
-        while time.perf_counter() - start < seconds:
-            body()
-            n += 1
-        stage.synchronize()
-        e1 = gpu.energy_j()
-    return (e1 - e0) / n, n, sampler.summary()
+        if fake:
+            for _ in range(n):
+                body()
+            stage.synchronize()
+            end = time.perf_counter()
+            per_body = (end - start) / n
+        else:
+            begin, finish = (
+                torch.cuda.Event(enable_timing=True),
+                torch.cuda.Event(enable_timing=True),
+            )
+            begin.record()
+            for _ in range(n):
+                body()
+            finish.record()
+            stage.synchronize()
+            end = time.perf_counter()
+            per_body = begin.elapsed_time(finish) / 1e3 / n
+        u1, e1 = catch_idle_update(gpu)
+    idle_s = (u1 - u0) - (end - start)
+    energy = (e1 - e0) - idle_w * idle_s
+    return {
+        "time_s": per_body,
+        "energy_j": energy / n,
+        "runs": n,
+        "loop_s": end - start,
+        "idle_s_between_updates": idle_s,
+        "during": sampler.summary(),
+    }
 
 
 def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
@@ -170,8 +193,9 @@ def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
     meter.start()
     work = device_work(gpu)
     results: dict[str, Any] = {"gpu": gpu.name, "cases": []}
-    steady_s = 3.0 if fake else 12.0
-    event_s = 1.0 if fake else 2.0
+    truth_s = args.truth_s
+    idle_w = measure_idle_power(meter, time.sleep, 1.5, time.perf_counter) or 0.0
+    results["idle_w_for_truth"] = idle_w
     for size in args.sizes.split(","):
         stage = SyntheticStage.build(stage_args(size, fake))
         stage.warm_up()
@@ -186,19 +210,19 @@ def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
             with work("backward"):
                 stage.backward(h)
 
-        t_f, _ = event_time_s(stage, forward, event_s, fake)
-        t_fb, _ = event_time_s(stage, forward_backward, event_s, fake)
-        e_f, n_f, during_f = steady_energy_j(gpu, stage, forward, steady_s)
-        e_fb, n_fb, during_fb = steady_energy_j(gpu, stage, forward_backward, steady_s)
+        # The meter is quiet during the truth loops too: no NVML energy read beside them.
+        with meter.quiet():
+            truth_f = truth_loop(gpu, stage, forward, truth_s, idle_w, fake)
+            truth_fb = truth_loop(gpu, stage, forward_backward, truth_s, idle_w, fake)
         budget = ProfileBudget(window_s=1.0, settle_s=0.5)
         with Sampler(gpu) as sampler:
             sweep = ClockSweep(gpu, meter, stage, budget, work, lock=False)
             measured = sweep.run().measurements[0]
         truth = {
-            "forward_time_s": t_f,
-            "backward_time_s": t_fb - t_f,
-            "forward_energy_j": e_f,
-            "backward_energy_j": e_fb - e_f,
+            "forward_time_s": truth_f["time_s"],
+            "backward_time_s": truth_fb["time_s"] - truth_f["time_s"],
+            "forward_energy_j": truth_f["energy_j"],
+            "backward_energy_j": truth_fb["energy_j"] - truth_f["energy_j"],
         }
         got = {
             "forward_time_s": measured.forward_time_s,
@@ -213,21 +237,27 @@ def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
             "truth": truth,
             "profiler": got,
             "error_pct": {k: 100.0 * (got[k] - truth[k]) / truth[k] for k in truth},
-            "truth_loops": {
-                "forward_runs": n_f,
-                "forward_backward_runs": n_fb,
-                "seconds": steady_s,
+            "truth_loops": {"forward": truth_f, "forward_backward": truth_fb},
+            "truth_loop_power_w": {
+                "forward": truth_f["energy_j"] / truth_f["time_s"],
+                "forward_backward": truth_fb["energy_j"] / truth_fb["time_s"],
             },
-            "during_truth_forward": during_f,
-            "during_truth_forward_backward": during_fb,
+            "during_truth_forward": truth_f["during"],
+            "during_truth_forward_backward": truth_fb["during"],
             "during_profiler": sampler.summary(),
             "profiler_loop_power_w": {
                 "forward": measured.forward_loop_power_w,
                 "forward_backward": measured.forward_backward_loop_power_w,
             },
+            "meter_update_period_s": meter.update_period_s,
         }
         results["cases"].append(case)
-        del stage
+        print_case(case)
+        del stage, forward, forward_backward
+        if not fake:
+            import torch
+
+            torch.cuda.empty_cache()
 
     # Blocking power: what the profiler estimates (the rank waiting, no process group: the
     # GPU idle) against the power while a stream waits on an event that a spinning kernel on
@@ -266,13 +296,15 @@ def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
 def run_overhead(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from perseus.client.online import ProfilingState
     from perseus.client.rank import ActivePlan, Rank
     from perseus.client.settings import ClientSettings
     from perseus.client.standalone import SyntheticStage
 
     fake = args.gpu == "fake"
     logging.getLogger("perseus.client").setLevel(logging.WARNING)
-    stage = SyntheticStage.build(stage_args("heavy", fake))
+    # Eager, like training (the graphed module would replay one graph per instruction).
+    stage = SyntheticStage.build(stage_args("heavy-eager", fake))
     stage.warm_up()
     microbatches = 8
     steps = 3 if fake else 20
@@ -296,8 +328,21 @@ def run_overhead(args: argparse.Namespace) -> dict[str, Any]:
 
     gpu = open_gpu(args.gpu, 0)
     clocks = gpu.supported_clocks_mhz()
+    # Profiling off: a saved profile (PERSEUS_PROFILE) makes the rank upload it instead of
+    # measuring, so this measures the hooks alone. The planner address is unreachable: the
+    # session thread retries in the background and never hands over a plan of its own.
+    saved = Path(args.work) / "overhead_profile.csv"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(
+        "stage,instruction,frequency,time,energy\n0,forward,1980,0.01,5\n0,backward,1980,0.02,10\n"
+    )
     settings = ClientSettings(
-        server="http://127.0.0.1:9", job="overhead", token="t", stage=0, gpu=args.gpu
+        server="http://127.0.0.1:9",
+        job="overhead",
+        token="t",
+        stage=0,
+        gpu=args.gpu,
+        profile_path=str(saved),
     )
 
     def record() -> Any:
@@ -306,26 +351,29 @@ def run_overhead(args: argparse.Namespace) -> dict[str, Any]:
         return event
 
     rank = Rank(settings, gpu=gpu, record_event=None if fake else record)
-    rank._profile_state = "off"  # profiler off: this measures the hooks alone
+    if rank.profiling_state is not ProfilingState.SAVED:
+        raise SystemExit(f"profiling should be off (saved profile): {rank.profiling_state}")
     keys = []
     for j in range(microbatches):
-        keys += [("forward", j, None), ("backward", j, None)]
-    rank._pending = ActivePlan(
+        keys += [("forward", j, 0), ("backward", j, 0)]
+    # The plan as the session thread would hand it over (Rank has no public way to adopt a
+    # plan without a planner); checked below, so a renamed attribute fails loudly.
+    rank._session.pending = ActivePlan(
         version=1,
         keys=tuple(keys),
         frequencies_mhz=tuple(
             clocks[0] if k % 2 else clocks[len(clocks) // 2] for k in range(len(keys))
         ),
     )
-    optimizer = torch.optim.SGD(stage._module.parameters(), lr=1e-6)
+    optimizer = torch.optim.SGD(stage.module.parameters(), lr=1e-6)
 
     def step(hooked: bool) -> None:
         ctx = rank.iteration() if hooked else nullcontext()
         with ctx:
             for j in range(microbatches):
-                with rank.instruction("forward", j) if hooked else nullcontext():
-                    out = stage._module(stage._batch)
-                with rank.instruction("backward", j) if hooked else nullcontext():
+                with rank.instruction("forward", j, 0) if hooked else nullcontext():
+                    out = stage.module(stage.batch)
+                with rank.instruction("backward", j, 0) if hooked else nullcontext():
                     out.backward(torch.ones_like(out))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -340,6 +388,13 @@ def run_overhead(args: argparse.Namespace) -> dict[str, Any]:
 
     timed(False)
     timed(True)
+    # The rank adopts a plan at an iteration boundary, after its baseline iterations.
+    for _ in range(200):
+        if rank.plan_version == 1:
+            break
+        step(True)
+    if rank.plan_version != 1:
+        raise SystemExit(f"the hooked steps did not follow the plan (version {rank.plan_version})")
     before = dict(counts)
     bare, hooked = [], []
     syncs_bare, syncs_hooked = 0, 0
@@ -350,6 +405,8 @@ def run_overhead(args: argparse.Namespace) -> dict[str, Any]:
         c0 = sum(counts.values())
         hooked.append(timed(True))
         syncs_hooked += sum(counts.values()) - c0
+    controller = rank.controller
+    controller_applied = None if controller is None else controller.applied
     rank.close()
     m_bare, m_hooked = statistics.median(bare), statistics.median(hooked)
     return {
@@ -362,7 +419,8 @@ def run_overhead(args: argparse.Namespace) -> dict[str, Any]:
         "median_step_s_bare": m_bare,
         "median_step_s_hooked": m_hooked,
         "slowdown_pct": 100.0 * (m_hooked / m_bare - 1.0),
-        "clock_changes_handed_to_controller": rank._controller.applied,
+        "plan_version_followed": rank.plan_version,
+        "clock_changes_handed_to_controller": controller_applied,
         "training_thread_synchronize_calls_bare_runs": syncs_bare,
         "training_thread_synchronize_calls_hooked_runs": syncs_hooked,
         "counts_before_timing": before,
@@ -513,21 +571,26 @@ def summarize_trace(directory: Path, profile_csv: str, microbatches: int) -> dic
     return out
 
 
+def print_case(case: dict[str, Any]) -> None:
+    cond = case["during_truth_forward_backward"]
+    prof = case["during_profiler"]
+    for k in case["truth"]:
+        print(
+            f"{case['size']:<13} {k:<18} {case['truth'][k]:10.5f} {case['profiler'][k]:10.5f} "
+            f"{case['error_pct'][k]:8.2f}  truth {cond['sm_clock_mhz_median']:.0f} MHz "
+            f"{cond['power_w_median']:.0f} W; profiler {prof['sm_clock_mhz_median']:.0f} MHz "
+            f"{prof['power_w_median']:.0f} W"
+        )
+    sys.stdout.flush()
+
+
 def print_accuracy(r: dict[str, Any]) -> None:
     print(f"# profiler accuracy, {r['gpu']} (dry-run: measured at the clock the GPU chose)")
     print(
-        f"{'stage':<9} {'quantity':<18} {'truth':>10} {'profiler':>10} {'error %':>8}  conditions"
+        f"{'stage':<13} {'quantity':<18} {'truth':>10} {'profiler':>10} {'error %':>8}  conditions"
     )
     for case in r["cases"]:
-        cond = case["during_truth_forward_backward"]
-        prof = case["during_profiler"]
-        for k in case["truth"]:
-            print(
-                f"{case['size']:<9} {k:<18} {case['truth'][k]:10.5f} {case['profiler'][k]:10.5f} "
-                f"{case['error_pct'][k]:8.2f}  truth {cond['sm_clock_mhz_median']:.0f} MHz "
-                f"{cond['power_w_median']:.0f} W; profiler {prof['sm_clock_mhz_median']:.0f} MHz "
-                f"{prof['power_w_median']:.0f} W"
-            )
+        print_case(case)
     b = r["blocking"]
     print(f"blocking power: profiler estimate {b['profiler_estimate_w']} W, "
           f"stream waiting on an event {b['stream_waiting_on_event_w']} W")  # fmt: skip
@@ -540,7 +603,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", choices=["dry-run", "fake"], default="dry-run")
     parser.add_argument("--work", default="/tmp/perseus-pipeline", help="pipeline scratch")
     parser.add_argument(
-        "--sizes", default="heavy,light,small", help="accuracy stages: heavy, light, small, narrow"
+        "--sizes",
+        default="heavy,light,small,narrow",
+        help="accuracy stages: heavy, light, small, narrow (CUDA graphs), or <size>-eager",
+    )
+    parser.add_argument(
+        "--truth-s", type=float, default=10.0, help="seconds of each accuracy truth loop"
     )
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)

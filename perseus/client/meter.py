@@ -2,21 +2,31 @@
 
 NVML's total-energy counter advances only about every 100 ms and one read costs about
 3.6 ms (BACKGROUND.md), so a read per instruction would be both meaningless and slow. A
-:class:`EnergyMeter` thread reads it instead: every ``period_s`` normally (enough to
-attribute energy to iterations), back to back while someone asks for precision
-(:meth:`EnergyMeter.precise`). Back-to-back reads see each counter update within one read's
-time; once the update period is known, precise mode sleeps until shortly before the next
-update is due (NVML energy reads are slow driver calls, and back to back they slowed a
-launch-bound stage on an H200 by tens of percent); the time of an update is estimated as
-the middle of the read that first saw it. That estimate is late by a roughly constant
-amount, which cancels in the difference of two updates, so the average power between updates
-is exact up to the read time divided by the window (3.6 ms over 1 s: 0.4 %).
+:class:`EnergyMeter` thread reads it instead, in one of three ways:
+
+- normally every ``period_s`` (enough to attribute energy to iterations);
+- precise (:meth:`EnergyMeter.precise`): every update is caught, its time known within one
+  read: back-to-back reads until the update period is known, then a sleep until shortly
+  before each predicted update and back-to-back reads from there;
+- quiet (:meth:`EnergyMeter.quiet`): no reads at all except around the few updates asked
+  for (:meth:`EnergyMeter.catch_update`). The profiler measures a loop between two caught
+  updates, so nothing reads the counter while the loop runs: NVML energy reads are slow
+  driver calls, and beside a launch-bound stage on an H200 they slowed its kernel launches
+  by tens of percent (read back to back: +70 %; around every update: still +42 % on one
+  stage, which drew 218 W where the same loop undisturbed drew 299 W).
+
+An update is timed only when the read before it ended just before the read that saw it
+began; its time is the middle of that read. The estimate is late by a roughly constant
+amount, which cancels in the difference of two updates, so the average power between two
+timed updates is exact up to the read time divided by the window (3.6 ms over 1 s: 0.4 %).
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import math
+import statistics
 import threading
 import time
 from collections import deque
@@ -27,12 +37,42 @@ from dataclasses import dataclass
 from perseus.client.gpu import GpuControl
 from perseus.errors import GpuControlError
 
-__all__ = ["EnergyMeter", "PowerReading"]
+__all__ = ["CounterEdge", "EnergyMeter", "PowerReading"]
 
 _log = logging.getLogger("perseus.client")
 
 _GUARD_S = 0.015
-"""How long before a predicted counter update precise mode starts reading back to back."""
+"""How long before a predicted counter update the meter starts reading back to back."""
+
+_TIMED_GAP_S = 0.005
+"""Two reads at most this far apart are back to back: an update between them is timed."""
+
+
+class CounterEdge:
+    """A counter update the meter was asked to catch (:meth:`EnergyMeter.catch_update`).
+
+    Attributes:
+        after_s: The update caught is the first one seen at or after this time.
+        at_s: When it was seen (meter clock; the middle of the read), None until caught.
+        energy_j: The counter's value then, None until caught.
+    """
+
+    __slots__ = ("_done", "after_s", "at_s", "energy_j")
+
+    def __init__(self, after_s: float) -> None:
+        self.after_s = after_s
+        self.at_s: float | None = None
+        self.energy_j: float | None = None
+        self._done = threading.Event()
+
+    def caught(self) -> bool:
+        """Whether the update was caught (cheap: the profiling loop asks after every body)."""
+        return self._done.is_set()
+
+    def _resolve(self, at_s: float, energy_j: float) -> None:
+        self.at_s = at_s
+        self.energy_j = energy_j
+        self._done.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +120,12 @@ class EnergyMeter:
         self._update_times: deque[float] = deque(maxlen=keep)
         self._update_values: deque[float] = deque(maxlen=keep)
         self._precise = 0
+        self._quiet = 0
+        self._edges: deque[CounterEdge] = deque()
+        # The update period, learnt from timed updates (median of recent estimates).
+        self._intervals: deque[float] = deque(maxlen=9)
+        self._period_s_estimate: float | None = None
+        self._last_timed: float | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -100,7 +146,8 @@ class EnergyMeter:
 
     @contextmanager
     def precise(self) -> Iterator[None]:
-        """Read back to back while inside (nestable)."""
+        """Catch every counter update while inside (nestable): reads back to back until the
+        update period is known, then only around each predicted update."""
         with self._lock:
             self._precise += 1
         self._wake.set()
@@ -110,14 +157,99 @@ class EnergyMeter:
             with self._lock:
                 self._precise -= 1
 
+    @contextmanager
+    def quiet(self) -> Iterator[None]:
+        """No reads while inside (nestable), except to catch the updates asked for with
+        :meth:`catch_update` and, once, to learn the update period.
+
+        For measurements of launch-bound work: an NVML energy read is a slow driver call,
+        and reads beside a loop of short kernels slowed it by tens of percent on an H200.
+        """
+        with self._lock:
+            self._quiet += 1
+        self._wake.set()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._quiet -= 1
+
+    def catch_update(self, after_s: float) -> CounterEdge:
+        """Ask for the first counter update seen at or after ``after_s`` (meter clock).
+
+        Once the update period is known the thread sleeps until shortly before the update
+        is due and reads back to back only then, so a window between two caught updates
+        costs a few reads at each end and none inside.
+        """
+        edge = CounterEdge(after_s)
+        with self._lock:
+            self._edges.append(edge)
+        self._wake.set()
+        return edge
+
+    @property
+    def update_period_s(self) -> float | None:
+        """The counter's update period as measured (None until two updates were timed)."""
+        return self._period_s_estimate
+
+    def _next_update_after(self, at_s: float) -> float | None:
+        period, last = self._period_s_estimate, self._last_timed
+        if period is None or last is None:
+            return None
+        periods = max(0, math.ceil((at_s - last) / period))
+        return last + periods * period
+
+    def _learn(self, at_s: float, consecutive: bool) -> None:
+        """Note a timed update at ``at_s``; ``consecutive``: no update can have been missed
+        since the last timed one (the reads in between ran back to back)."""
+        last = self._last_timed
+        self._last_timed = at_s
+        if last is None:
+            return
+        interval = at_s - last
+        if consecutive:
+            self._intervals.append(interval)
+        elif self._period_s_estimate is not None:
+            # A gap of several periods refines the period (the prediction drifts less).
+            n = round(interval / self._period_s_estimate)
+            if (
+                n >= 1
+                and abs(interval / n - self._period_s_estimate) < 0.1 * self._period_s_estimate
+            ):
+                self._intervals.append(interval / n)
+        if len(self._intervals) >= 2:
+            self._period_s_estimate = statistics.median(self._intervals)
+
     def _run(self) -> None:
         last: float | None = None
-        # Update times seen in precise mode, to predict the next one: NVML energy reads are
-        # slow driver calls (3.6 ms on an H200) and, back to back, they slowed a
-        # launch-bound stage's kernels; between updates the meter sleeps instead.
-        last_update: float | None = None
-        intervals: deque[float] = deque(maxlen=5)
+        prev_end: float | None = None  # end of the previous read
+        run_start: float | None = None  # first read of the current back-to-back run
+        chasing = False  # reading back to back until a timed update
+        next_normal = 0.0
         while not self._stop.is_set():
+            now = self._clock()
+            with self._lock:
+                precise = self._precise > 0
+                quiet = self._quiet > 0 and not precise
+                edge = self._edges[0] if self._edges else None
+            learning = quiet and self._period_s_estimate is None
+            if not chasing:
+                delay: float | None
+                if precise or edge is not None or learning:
+                    target = now if edge is None or precise or learning else max(now, edge.after_s)
+                    predicted = None if learning else self._next_update_after(target)
+                    delay = target - now if predicted is None else predicted - _GUARD_S - now
+                    # Sleep until then and read back to back from there on (no re-check: the
+                    # clock may be one that only the reads move).
+                    chasing = True
+                elif quiet:
+                    delay = None  # no reads at all until asked
+                else:
+                    delay = next_normal - now
+                if delay is None or delay > 0:
+                    self._wake.wait(0.5 if delay is None else delay)
+                    self._wake.clear()
+                    continue
             before = self._clock()
             try:
                 value = self._gpu.energy_j()
@@ -128,29 +260,32 @@ class EnergyMeter:
                 return
             after = self._clock()
             middle = 0.5 * (before + after)
+            # An update is timed when the read before it ended just before this one began:
+            # then it happened within about one read's time of ``middle``.
+            back_to_back = prev_end is not None and before - prev_end <= _TIMED_GAP_S
+            if not back_to_back:
+                run_start = before
+            updated = last is not None and value != last
+            timed = updated and back_to_back
             with self._lock:
                 self._times.append(middle)
                 self._values.append(value)
-                updated = last is not None and value != last
-                if updated:
+                if timed:
                     self._update_times.append(middle)
                     self._update_values.append(value)
-                precise = self._precise > 0
+                    while self._edges and self._edges[0].after_s <= middle:
+                        self._edges.popleft()._resolve(middle, value)
             last = value
-            if not precise:
-                last_update = None
-                self._wake.wait(self._period_s)
-                self._wake.clear()
-                continue
-            if not updated:
-                continue
-            if last_update is not None:
-                intervals.append(middle - last_update)
-            last_update = middle
-            if len(intervals) >= 3:
-                # Sleep until shortly before the next update is due, then read back to back.
-                period = sorted(intervals)[len(intervals) // 2]
-                self._stop.wait(max(0.0, middle + period - _GUARD_S - self._clock()))
+            prev_end = after
+            next_normal = before + self._period_s
+            if timed:
+                consecutive = (
+                    self._last_timed is not None
+                    and run_start is not None
+                    and self._last_timed >= run_start
+                )
+                self._learn(middle, consecutive)
+                chasing = False
 
     def energy_between(self, start_s: float, end_s: float) -> float | None:
         """Energy in ``[start_s, end_s]`` by linear interpolation of the reads, or None.

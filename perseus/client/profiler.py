@@ -6,10 +6,11 @@ real pipeline stream on the time spent in forwards, backwards and waits was 10-1
 H200, partly because an unlocked GPU near its power limit runs faster and hotter when its work
 has gaps (BACKGROUND.md). Steady back-to-back loops of one kind of work are additive within
 0.14 % on the same GPU. So, at each clock, the profiler runs the stage's own forward on a
-real microbatch back to back for ``settle_s + window_s`` seconds, then forward+backward the
-same way, and reads the average power of each loop from the counter updates inside its
-window (:class:`~perseus.client.meter.EnergyMeter` in precise mode, off the training thread).
-Then, per instruction::
+real microbatch back to back for ``settle_s`` and then a window of at least ``window_s``
+seconds and :data:`MIN_WINDOW_INSTRUCTIONS` runs, then forward+backward the same way, and
+reads the average power of each loop between two counter updates caught inside its window
+(:class:`~perseus.client.meter.EnergyMeter` in quiet mode, off the training thread: no NVML
+read competes with the loop's kernel launches in between). Then, per instruction::
 
     t_F = loop time / forwards             e_F = P_F-loop * t_F
     t_B = t_FB - t_F                        e_B = P_FB-loop * t_FB - e_F
@@ -36,12 +37,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from perseus.client.gpu import GpuControl, work_observer
-from perseus.client.meter import EnergyMeter
+from perseus.client.meter import CounterEdge, EnergyMeter
 from perseus.client.settings import ProfileBudget
 from perseus.errors import ProfileError
 from perseus.schemas import ProfileRow
 
 __all__ = [
+    "MAX_WINDOW_FACTOR",
+    "MIN_WINDOW_INSTRUCTIONS",
     "ClockMeasurement",
     "ClockSweep",
     "DeviceWork",
@@ -56,6 +59,15 @@ __all__ = [
 _log = logging.getLogger("perseus.client")
 
 _MIN_RUNS = 10
+"""Whole bodies a window holds at least (an average over few long bodies depends on where
+the counter's updates cut them)."""
+
+MIN_WINDOW_INSTRUCTIONS = 100
+"""Bodies a window holds unless that would make it longer than ``MAX_WINDOW_FACTOR`` times
+``window_s``: a window sized by instruction count, so that short instructions are averaged
+over many launches and many counter updates."""
+
+MAX_WINDOW_FACTOR = 4.0
 
 DeviceWork = Callable[[str], AbstractContextManager[object]]
 """Brackets one unit of device work of a kind (``"forward"``, ``"backward"``); a simulated GPU
@@ -194,6 +206,7 @@ class ClockSweep:
         clock: Time base shared with ``meter``.
         lock: When False (a GPU whose clocks may not be changed), only the current clock
             is measured.
+        min_instructions: Bodies each window holds (see :data:`MIN_WINDOW_INSTRUCTIONS`).
     """
 
     def __init__(
@@ -206,8 +219,10 @@ class ClockSweep:
         *,
         clock: Callable[[], float] = time.perf_counter,
         lock: bool = True,
+        min_instructions: int = MIN_WINDOW_INSTRUCTIONS,
     ) -> None:
         self._gpu = gpu
+        self._min_instructions = min_instructions
         self._meter = meter
         self._workload = workload
         self._budget = budget
@@ -306,7 +321,7 @@ class ClockSweep:
             with self._work("backward"):
                 self._workload.backward(handle)
 
-        with self._meter.precise():
+        with self._meter.quiet():
             t_f, p_f = self._loop(forward, frequency_mhz, "forward")
             t_fb, p_fb = self._loop(forward_backward, frequency_mhz, "forward+backward")
         e_f = p_f * t_f
@@ -329,58 +344,83 @@ class ClockSweep:
         )
 
     def _loop(self, body: Callable[[], None], frequency_mhz: int, what: str) -> tuple[float, float]:
-        """``(seconds per body, average watts)`` of ``body`` run back to back."""
+        """``(seconds per body, average watts)`` of ``body`` run back to back.
+
+        The window starts after ``settle_s`` (a synchronization), and ends once it has
+        lasted ``window_s`` and held :data:`MIN_WINDOW_INSTRUCTIONS` bodies (or, for long
+        bodies, lasted ``MAX_WINDOW_FACTOR * window_s`` with ``_MIN_RUNS``). Its energy is
+        the counter's difference between two updates the meter catches inside it, one just
+        after it starts and one just after its end condition holds, and nothing else reads
+        the counter meanwhile (the meter is quiet). Between bodies the loop only reads the
+        clock and two flags: on a launch-bound stage every host-side instruction beside the
+        launches slows the work measured.
+        """
         budget = self._budget
         workload = self._workload
+        meter = self._meter
+        clock = self._clock
+        min_runs = max(_MIN_RUNS, self._min_instructions)
+        long_s = MAX_WINDOW_FACTOR * budget.window_s
         workload.synchronize()
-        start = self._clock()
+        start = clock()
         mark_s: float | None = None
         mark_n = 0
         n = 0
+        first: CounterEdge | None = None
+        last: CounterEdge | None = None
         # Give up waiting for counter updates after a generous grace (a dead counter).
-        deadline = start + budget.settle_s + budget.window_s + 5.0
+        deadline = start + budget.settle_s + long_s + 5.0
         while True:
             body()
             n += 1
-            now = self._clock()
+            now = clock()
             if mark_s is None:
                 if now - start >= budget.settle_s:
                     workload.synchronize()
-                    mark_s = self._clock()
+                    mark_s = clock()
                     mark_n = n
-                continue
-            # Enough time, counter updates and whole bodies (an average over a window that
-            # holds few long bodies depends on where the window cuts them).
-            if (
-                now - mark_s >= budget.window_s
-                and n - mark_n >= _MIN_RUNS
-                and self._meter.updates_between(mark_s, now) >= 3
-            ):
+                    first = meter.catch_update(mark_s)
+            elif last is None:
+                elapsed = now - mark_s
+                runs = n - mark_n
+                if (
+                    elapsed >= budget.window_s
+                    and (runs >= min_runs or (elapsed >= long_s and runs >= _MIN_RUNS))
+                    and first is not None
+                    and first.caught()
+                ):
+                    last = meter.catch_update(now)
+            elif last.caught():
                 break
             if now > deadline:
                 break
         workload.synchronize()
-        end = self._clock()
-        assert mark_s is not None  # the loop sets it before it can break
+        end = clock()
+        assert mark_s is not None and first is not None  # the loop sets them before it can break
         runs = n - mark_n
         if runs < 1:
             raise ProfileError(
                 f"{frequency_mhz} MHz {what}: one instruction took longer than the whole "
                 f"window of {budget.window_s:g} s; raise PERSEUS_PROFILE_WINDOW_S"
             )
-        reading = self._meter.power(mark_s, end)
-        if reading is None:
-            failed = self._meter.failed
+        if (
+            last is None
+            or first.at_s is None
+            or last.at_s is None
+            or first.energy_j is None
+            or last.energy_j is None
+            or last.at_s <= first.at_s
+        ):
+            failed = meter.failed
             raise ProfileError(
                 f"{frequency_mhz} MHz {what}: the energy counter did not move within "
                 f"{end - mark_s:.2f} s" + (f" ({failed})" if failed else "")
             )
+        power_w = (last.energy_j - first.energy_j) / (last.at_s - first.at_s)
         seconds = (end - mark_s) / runs
-        if not math.isfinite(reading.power_w) or reading.power_w <= 0:
-            raise ProfileError(
-                f"{frequency_mhz} MHz {what}: the energy counter gave {reading.power_w} W"
-            )
-        return seconds, reading.power_w
+        if not math.isfinite(power_w) or power_w <= 0:
+            raise ProfileError(f"{frequency_mhz} MHz {what}: the energy counter gave {power_w} W")
+        return seconds, power_w
 
 
 def calibrated(profile: StageProfile, ratios: dict[str, float]) -> StageProfile:

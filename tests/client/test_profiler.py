@@ -25,8 +25,10 @@ import numpy as np
 import pytest
 
 from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork, SweepProbe
-from perseus.client.meter import EnergyMeter, PowerReading
+from perseus.client.meter import CounterEdge, EnergyMeter
 from perseus.client.profiler import (
+    MAX_WINDOW_FACTOR,
+    MIN_WINDOW_INSTRUCTIONS,
     ClockMeasurement,
     ClockSweep,
     DeviceWork,
@@ -98,16 +100,28 @@ class RecordingFake(FakeGpu):
 
 
 class RecordingMeter(EnergyMeter):
-    """An EnergyMeter that records every ``power`` query and its answer."""
+    """An EnergyMeter that records every counter update it is asked to catch."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.queries: list[tuple[float, float, PowerReading | None]] = []
+        self.edges: list[CounterEdge] = []
 
-    def power(self, start_s: float, end_s: float, *, min_updates: int = 3) -> PowerReading | None:
-        reading = super().power(start_s, end_s, min_updates=min_updates)
-        self.queries.append((start_s, end_s, reading))
-        return reading
+    def catch_update(self, after_s: float) -> CounterEdge:
+        edge = super().catch_update(after_s)
+        self.edges.append(edge)
+        return edge
+
+
+class ReadLog(FakeGpu):
+    """A FakeGpu that notes when each energy read began."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.reads: list[float] = []
+
+    def energy_j(self) -> float:
+        self.reads.append(time.perf_counter())
+        return super().energy_j()
 
 
 # A fast fake: the counter ticks every 10 ms, reads take 0.5 ms and locks act at once, so a
@@ -176,16 +190,17 @@ def test_each_loop_settles_then_measures_a_full_window_of_counter_updates(
     assert [m.frequency_mhz for m in profile.measurements] == [1980, 1500, 1005]
     assert profile.stopped == "all 3 clocks measured"
     assert sweep.step() is None  # nothing left
-    # Two loops per clock (forward, forward+backward), three synchronizations per loop.
-    assert len(meter.queries) == 6
+    # Two loops per clock (forward, forward+backward), three synchronizations and two caught
+    # counter updates per loop: one after the window starts, one after its end condition.
+    assert len(meter.edges) == 12
     assert len(work.syncs) == 18
-    for i, (start_s, end_s, reading) in enumerate(meter.queries):
+    for i in range(6):
+        first, last = meter.edges[2 * i : 2 * i + 2]
         loop_start, mark, end = work.syncs[3 * i : 3 * i + 3]
-        assert start_s - loop_start >= FAST_BUDGET.settle_s
-        assert mark <= start_s <= end_s and end <= end_s
-        assert end_s - start_s >= FAST_BUDGET.window_s
-        assert reading is not None and reading.updates >= 3
-        assert start_s <= reading.start_s < reading.end_s <= end_s
+        assert mark - loop_start >= FAST_BUDGET.settle_s
+        assert first.after_s >= mark and last.after_s - mark >= FAST_BUDGET.window_s
+        assert first.at_s is not None and last.at_s is not None
+        assert mark <= first.at_s < last.at_s <= end
     for m in profile.measurements:
         assert 0 < m.forward_time_s < m.backward_time_s
         assert 0 < m.forward_energy_j < m.backward_energy_j
@@ -193,6 +208,75 @@ def test_each_loop_settles_then_measures_a_full_window_of_counter_updates(
     # Slower clocks take longer (the fake's instructions are far from each other in time).
     times = [m.forward_time_s + m.backward_time_s for m in profile.measurements]
     assert times == sorted(times)
+
+
+class CountingWork(IdleWork):
+    """IdleWork that notes, at each synchronization, how many forwards had run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forwards_at_sync: list[int] = []
+
+    def synchronize(self) -> None:
+        super().synchronize()
+        self.forwards_at_sync.append(self.forwards)
+
+
+@pytest.mark.parametrize(
+    ("min_instructions", "short"), [(MIN_WINDOW_INSTRUCTIONS, False), (1, True)]
+)
+def test_windows_hold_a_count_of_instructions(
+    fast: tuple[RecordingFake, RecordingMeter], min_instructions: int, short: bool
+) -> None:
+    # 2 ms forwards: a 60 ms window holds 30 of them, so the count sets the forward loop's
+    # window (100 forwards, 0.2 s); 6 ms forward+backwards would need 0.6 s for 100, so that
+    # window ends at MAX_WINDOW_FACTOR x 60 ms instead. With a count of 1 both end at 60 ms.
+    gpu, meter = fast
+    work = CountingWork()
+    budget = replace(FAST_BUDGET, clocks="1980")
+    ClockSweep(gpu, meter, work, budget, bracket(gpu), min_instructions=min_instructions).run()
+    _, mark_n, end_n, _, fb_mark_n, fb_end_n = work.forwards_at_sync
+    _, mark, end, _, fb_mark, fb_end = work.syncs
+    forwards, forward_backwards = end_n - mark_n, fb_end_n - fb_mark_n
+    if short:
+        assert 10 <= forwards < MIN_WINDOW_INSTRUCTIONS / 2
+        assert end - mark < 2 * budget.window_s
+    else:
+        assert forwards >= MIN_WINDOW_INSTRUCTIONS
+        assert end - mark >= MIN_WINDOW_INSTRUCTIONS * FAST_WORK["forward"].time_at_max_s
+        assert 10 <= forward_backwards < MIN_WINDOW_INSTRUCTIONS
+        assert fb_end - fb_mark >= MAX_WINDOW_FACTOR * budget.window_s
+
+
+def test_nothing_reads_the_counter_inside_a_window() -> None:
+    # The H200's counter period (100 ms ticks, 3 ms reads): once the meter knows the period,
+    # a window's only reads are the few just before each of its two caught updates.
+    model = replace(H200, clock_change_delay_s=0.0)
+    gpu = ReadLog(model, {"forward": FakeWork(0.005, 400.0), "backward": FakeWork(0.01, 450.0)})
+    meter = RecordingMeter(gpu)
+    meter.start()
+    try:
+        with meter.quiet():
+            deadline = time.perf_counter() + 5.0
+            while meter.update_period_s is None and time.perf_counter() < deadline:
+                time.sleep(0.01)
+            assert meter.update_period_s == pytest.approx(0.1, rel=0.05)
+            budget = ProfileBudget(window_s=0.5, settle_s=0.1, clocks="1980")
+            m = ClockSweep(gpu, meter, IdleWork(), budget, bracket(gpu)).run().measurements[0]
+    finally:
+        meter.stop()
+    assert len(meter.edges) == 4
+    for first, last in (meter.edges[0:2], meter.edges[2:4]):
+        assert first.at_s is not None and last.at_s is not None
+        inside = [t for t in gpu.reads if first.at_s + 0.01 < t < last.after_s]
+        assert inside == [], (
+            f"{len(inside)} reads inside a window of {last.after_s - first.at_s:.2f} s"
+        )
+        # and the reads that caught the last update began within the guard before it
+        chase = [t for t in gpu.reads if last.after_s <= t <= last.at_s]
+        assert len(chase) <= 12
+    truth_f = model.energy_j(FakeWork(0.005, 400.0), 1980)
+    assert m.forward_energy_j == pytest.approx(truth_f, rel=0.05)
 
 
 def test_each_step_locks_its_clock_and_resets_the_gpu_after(
