@@ -15,11 +15,14 @@ and the measurement repeatable.
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any
 
 from perseus.client.settings import SettingsError
 
 __all__ = ["SyntheticStage"]
+
+_log = logging.getLogger("perseus.client")
 
 
 class SyntheticStage:
@@ -90,16 +93,21 @@ class SyntheticStage:
         )
         batch = torch.randn(micro, sequence, hidden, device=device, dtype=dtype)
         graphed = cuda and getattr(args, "cuda_graphs", True) is not False
+        note = ", CUDA graphs" if graphed else ""
         if graphed:
             # One graph for the forward, one for the backward; the module's forward now
             # replays them (the sample's requires_grad must match every later input's).
-            module = torch.cuda.make_graphed_callables(
-                module, (batch.detach().requires_grad_(True),)
-            )
+            try:
+                module = torch.cuda.make_graphed_callables(
+                    module, (batch.detach().requires_grad_(True),)
+                )
+            except Exception as err:  # a build that cannot capture still profiles, eagerly
+                torch.cuda.synchronize(device)
+                note = f", eager (CUDA graph capture failed: {type(err).__name__}: {err})"
+                _log.warning("perseus: stage runs eagerly%s", note)
         text = (
             f"{layers} blocks, hidden {hidden}, {heads} heads, {micro} x {sequence} tokens, "
-            f"{str(dtype).removeprefix('torch.')} on {device}"
-            + (", CUDA graphs" if graphed else "")
+            f"{str(dtype).removeprefix('torch.')} on {device}{note}"
         )
         return cls(module, batch, device, text)
 
