@@ -44,6 +44,10 @@ field                      default                          why
 ``clock_change_delay_s``   0.02                             a lock takes effect this much later
 =========================  ===============================  =====================================
 
+``PERSEUS_FAKE_CLOCK_DELAY_S`` sets ``clock_change_delay_s`` for ``PERSEUS_GPU=fake`` (a rank's
+:func:`~perseus.client.gpu.open_gpu`); the default stays a realistic 20 ms, so the fake shows
+what a clock change that is requested too late costs.
+
 :class:`FakeGpu` implements :class:`~perseus.client.gpu.GpuControl` over that model, and is its
 own :class:`~perseus.client.gpu.WorkObserver` (``work_observer``): the rank brackets each
 instruction with :meth:`FakeGpu.begin` and :meth:`FakeGpu.end`, never knowing it drives a
@@ -356,6 +360,12 @@ class FakeGpu:
                 return self._busy_clock_mhz
             return self._locked_mhz if self._locked_mhz is not None else self._model.max_clock_mhz
 
+    def applied_clock_mhz(self) -> int:
+        """The lock in effect now, else the default (top) clock; what the controller polls."""
+        with self._lock:
+            self._apply_pending(self._clock())
+            return self._locked_mhz if self._locked_mhz is not None else self._model.max_clock_mhz
+
     def lock_clock(self, frequency_mhz: int) -> None:
         """Request a lock at ``frequency_mhz``; it takes effect after the model's delay.
 
@@ -391,11 +401,15 @@ class FakeGpu:
 
     # Work -------------------------------------------------------------------------------------
 
-    def begin(self, kind: str, scale: float = 1.0) -> None:
+    def begin(self, kind: str, scale: float = 1.0) -> int:
         """Start one unit of ``kind`` (``scale`` times its modelled time) on the calling thread.
 
-        The work runs at the clock in effect now: the lock, or else the unlocked (possibly
-        throttled) clock.
+        The work runs at the clock in effect now, for its whole length: the lock, or else the
+        unlocked (possibly throttled) clock. A change that takes effect later applies from the
+        next unit on.
+
+        Returns:
+            The clock the unit runs at, in MHz.
 
         Raises:
             GpuControlError: ``kind`` is unknown, ``scale`` is not positive, or work is running.
@@ -420,6 +434,7 @@ class FakeGpu:
             self._busy_clock_mhz = f
             self._busy = _Busy(now, scale * self._model.time_s(work, f))
             self._power_now_w = self._model.power_w(work, f)
+            return f
 
     def end(self) -> None:
         """Finish the running work: sleep until its modelled time has passed since :meth:`begin`.

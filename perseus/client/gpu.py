@@ -24,6 +24,7 @@ renumber.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 from collections.abc import Mapping, Sequence
@@ -84,6 +85,14 @@ class GpuControl(Protocol):
         """The SM clock now."""
         ...
 
+    def applied_clock_mhz(self) -> int:
+        """The SM clock in effect now, cheaply (the controller polls it after each change).
+
+        Through NVML the SM clock reading (about 1 us); on the fake, its lock in effect, else
+        its default clock.
+        """
+        ...
+
     def lock_clock(self, frequency_mhz: int) -> None:
         """Lock the SM clock to exactly ``frequency_mhz`` (minimum = maximum)."""
         ...
@@ -108,11 +117,16 @@ class WorkObserver(Protocol):
     A GPU object may offer one as an optional ``work_observer`` attribute (the fake GPU does,
     NVML does not); the client looks it up with :func:`work_observer`, never by the GPU's
     type. The simulated work runs on the thread that calls :meth:`end`, so the rank sets
-    such a GPU's clocks inline, at the host boundary (there is no device stream to mark).
+    the start of an instruction on such a GPU at the host call (there is no device stream to
+    mark).
     """
 
-    def begin(self, kind: str, scale: float = 1.0) -> None:
-        """One unit of ``kind`` (``"forward"``, ``"backward"``) starts, ``scale`` times its size."""
+    def begin(self, kind: str, scale: float = 1.0) -> int | None:
+        """One unit of ``kind`` (``"forward"``, ``"backward"``) starts, ``scale`` times its size.
+
+        Returns the clock the unit runs at, in MHz, if the simulation knows it (the clock log
+        records it as the clock the instruction really ran at).
+        """
         ...
 
     def end(self) -> None:
@@ -404,6 +418,10 @@ class NvmlGpu:
         """The SM clock now (``nvmlDeviceGetClockInfo``, ``NVML_CLOCK_SM``)."""
         return int(self._call("nvmlDeviceGetClockInfo", self._handle, self._nvml.NVML_CLOCK_SM))
 
+    def applied_clock_mhz(self) -> int:
+        """The SM clock in effect: the same reading as :meth:`current_clock_mhz` (~1 us)."""
+        return self.current_clock_mhz()
+
     def lock_clock(self, frequency_mhz: int) -> None:
         """Lock the SM clock to ``frequency_mhz`` (``nvmlDeviceSetGpuLockedClocks(f, f)``).
 
@@ -516,6 +534,10 @@ class DryRunGpu:
         """The real GPU's SM clock now (not the requested one)."""
         return self._gpu.current_clock_mhz()
 
+    def applied_clock_mhz(self) -> int:
+        """The real GPU's SM clock now: a dry run changes nothing, so no change ever shows."""
+        return self._gpu.current_clock_mhz()
+
     def lock_clock(self, frequency_mhz: int) -> None:
         """Validate ``frequency_mhz``, remember it and log the lock it would set.
 
@@ -546,7 +568,11 @@ class DryRunGpu:
 
 
 def open_gpu(
-    mode: GpuMode, index: int, *, fake_work: Mapping[str, FakeWork] | None = None
+    mode: GpuMode,
+    index: int,
+    *,
+    fake_work: Mapping[str, FakeWork] | None = None,
+    fake_clock_delay_s: float | None = None,
 ) -> GpuControl:
     """Open GPU ``index`` in the given mode (the value of ``PERSEUS_GPU``).
 
@@ -555,6 +581,8 @@ def open_gpu(
             (:class:`~perseus.client.fake.FakeGpu` with the default model).
         index: NVML index of the GPU (reported as is by the fake).
         fake_work: The fake's work kinds; defaults to ``default_work(0, 1)``. Ignored otherwise.
+        fake_clock_delay_s: The fake's clock-change delay (``PERSEUS_FAKE_CLOCK_DELAY_S``);
+            None keeps the model's default (20 ms). Ignored otherwise.
 
     Returns:
         The GPU.
@@ -570,7 +598,10 @@ def open_gpu(
         from perseus.client.fake import FakeGpu, FakeGpuModel, default_work
 
         work = fake_work if fake_work is not None else default_work(0, 1)
-        return FakeGpu(FakeGpuModel(), work, index=index)
+        model = FakeGpuModel()
+        if fake_clock_delay_s is not None:
+            model = dataclasses.replace(model, clock_change_delay_s=fake_clock_delay_s)
+        return FakeGpu(model, work, index=index)
     raise GpuControlError(f"unknown GPU mode {mode!r}: use 'nvml', 'dry-run' or 'fake'")
 
 

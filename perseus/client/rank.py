@@ -1,9 +1,10 @@
 """One training rank: the hooks the training thread calls.
 
 The training thread only ever does cheap things: at each instruction boundary it compares
-the instruction with the plan, hands a clock to the :class:`ClockController` (skipped when
-unchanged) and appends one log entry; at each iteration boundary it adopts a newer plan if
-the session thread has one, steps online profiling and queues its telemetry. Everything
+the instruction with the plan and hands the controller the instruction's clock, the next
+instruction's clock and its expected time (one queued item, no wait), and appends one log
+entry; at each iteration boundary it adopts the plan chosen at the boundary before, steps
+online profiling and queues its telemetry, marked with the iteration's phase. Everything
 slow runs elsewhere, one small class per thread or concern:
 
 - :class:`Rank` (this module), **training thread**: the iteration and instruction hooks,
@@ -15,13 +16,22 @@ slow runs elsewhere, one small class per thread or concern:
 - :class:`~perseus.client.reporter.Reporter`, thread ``perseus-report``: iteration telemetry
   and the clock log;
 - :class:`~perseus.client.meter.EnergyMeter`, its own thread: reads the energy counter;
-- :class:`~perseus.client.controller.ClockController`, thread ``perseus-clocks`` (CUDA) or
-  inline: sets clocks when the device reaches each boundary.
+- :class:`~perseus.client.controller.ClockController`, thread ``perseus-clocks``: requests
+  each instruction's clock ahead, so that it is in effect when the instruction starts, and
+  reads the clock it really started at.
 
 They share one :class:`~perseus.client.state.RankState` (position, failure);
 :func:`~perseus.client.lifecycle.connect`
 builds a rank and puts the exit and signal hooks in place. Until the plan arrives, and
 whenever anything fails, the GPU runs at its default clock.
+
+Phases (each iteration report carries one): ``profiling`` while online profiling runs;
+then ``baseline``: at least ``PERSEUS_BASELINE_ITERATIONS`` iterations at default clocks
+(iterations waiting for a plan count too; a saved profile starts here), the baseline the
+realized saving is measured against; ``plan`` while following a plan; ``default`` otherwise
+(the plan stopped after a mismatch, profiling failed). A plan received is followed from the
+iteration after the one that saw it, so that the change to its first clock can be aimed
+from that iteration's last instruction like every other change.
 """
 
 from __future__ import annotations
@@ -34,16 +44,19 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
 
-from perseus.client.controller import BoundaryEvent, ClockController, Stamp
+from perseus.client.controller import BoundaryEvent, ClockController, LogEntry, Stamp
 from perseus.client.gpu import GpuControl, open_gpu, work_observer
 from perseus.client.meter import EnergyMeter
 from perseus.client.online import OnlineProfiling, ProfilingState, StreamSampler, WorkloadSource
 from perseus.client.planner import PlannerClient
 from perseus.client.profiler import StageProfile
-from perseus.client.reporter import LogEntry, Reporter
+from perseus.client.reporter import Reporter
 from perseus.client.session import Session, read_saved_profile
 from perseus.client.settings import ClientSettings
 from perseus.client.state import ActivePlan, Expectation, RankState
+from perseus.defaults import CLOCK_CHANGE_MARGIN_S
+from perseus.schemas import IterationPhase
+from perseus.solver import InstructionKind
 
 __all__ = ["ActivePlan", "Expectation", "Rank"]
 
@@ -57,9 +70,9 @@ class _Instruction:
 
     def __init__(self, rank: Rank) -> None:
         self.rank = rank
-        self.kind = "forward"
+        self.kind: str = InstructionKind.FORWARD
         self.microbatch = 0
-        self.chunk: int | None = None
+        self.chunk = 0
 
     def __enter__(self) -> None:
         self.rank._enter_instruction(self.kind, self.microbatch, self.chunk)
@@ -129,19 +142,32 @@ class Rank:
         self.iteration_index = 0
         # Training-thread state.
         self._plan: ActivePlan | None = None
+        self._upcoming: ActivePlan | None = None  # the plan the next iteration follows
         self._k = 0
+        self._count = 0  # instructions the last iteration ran
+        self._phase: IterationPhase = "default"
+        self._baseline_done = 0
+        self._planned_before = False
         self._entries: list[LogEntry] | None = None
         self._t_first: Stamp | None = None
         self._sampler: StreamSampler | None = None
         if not self.active:
             return
         saved = read_saved_profile(settings)
-        self._gpu = gpu if gpu is not None else open_gpu(settings.gpu, settings.gpu_index)
+        self._gpu = (
+            gpu
+            if gpu is not None
+            else open_gpu(
+                settings.gpu, settings.gpu_index, fake_clock_delay_s=settings.fake_clock_delay_s
+            )
+        )
         self._observer = work_observer(self._gpu)
         if self._observer is not None:
             record_event = None  # its work runs on this thread: no device stream to mark
         self._meter = EnergyMeter(self._gpu, clock=clock)
-        self._controller = ClockController(self._gpu, record_event, clock=clock)
+        self._controller = ClockController(
+            self._gpu, record_event, clock=clock, latency_s=settings.clock_latency_s
+        )
         self._planner = planner or PlannerClient.open(
             settings.server or "", settings.job or "", settings.token or ""
         )
@@ -229,20 +255,35 @@ class Rank:
         """The plan version the training thread follows now (None before a plan)."""
         return None if self._plan is None else self._plan.version
 
+    @property
+    def phase(self) -> IterationPhase:
+        """What the current (or last) iteration runs: ``"baseline"`` (default clocks, before
+        the first plan), ``"profiling"``, ``"plan"`` or ``"default"`` (anything else)."""
+        return self._phase
+
+    @property
+    def baseline_iterations(self) -> int:
+        """Baseline iterations run so far."""
+        return self._baseline_done
+
     def iteration(self) -> AbstractContextManager[None]:
         """Bracket one training iteration (not re-entrant)."""
         return self._iteration_cm if self.active else _NOTHING
 
     def instruction(
-        self, kind: str, microbatch: int, chunk: int | None = None
+        self, kind: InstructionKind | str, microbatch: int, chunk: int | None = None
     ) -> AbstractContextManager[None]:
-        """Bracket one forward or backward of one microbatch (and model chunk)."""
+        """Bracket one forward or backward of one microbatch (and model chunk).
+
+        ``kind`` is an :class:`~perseus.solver.InstructionKind` (or its value); ``chunk`` None
+        means chunk 0 (a schedule without model chunks).
+        """
         if not self.active:
             return _NOTHING
         cm = self._instruction_cm
         cm.kind = kind
         cm.microbatch = microbatch
-        cm.chunk = chunk
+        cm.chunk = chunk or 0
         return cm
 
     def bind(
@@ -334,11 +375,39 @@ class Rank:
         if self.iteration_index >= 1:
             self._profiling.step()
             self._sampler = self._profiling.sampler
+        state = self._state
+        if state.stopped:
+            self._plan = self._upcoming = None
+        else:
+            # A plan is followed from the iteration after the one it was chosen in: that
+            # iteration's last instruction aims the change to the plan's first clock.
+            if self._upcoming is not None and self._plan is None:
+                _log.info("perseus: following plan version %d", self._upcoming.version)
+            self._plan = self._upcoming
+        if self._plan is not None:
+            self._phase = "plan"
+            self._planned_before = True
+        elif self._profiling.state in (ProfilingState.PENDING, ProfilingState.SWEEPING):
+            self._phase = "profiling"
+        elif (
+            self._profiling.state in (ProfilingState.DONE, ProfilingState.SAVED)
+            and not self._planned_before
+            and not state.stopped
+        ):
+            self._phase = "baseline"
+        else:
+            self._phase = "default"
         pending = self._session.pending
-        if pending is not None and pending is not self._plan and not self._state.stopped:
-            if self._plan is None:
-                _log.info("perseus: following plan version %d", pending.version)
-            self._plan = pending
+        upcoming = self._plan
+        baseline_done = self._baseline_done + 1 >= state.settings.baseline_iterations
+        if (
+            pending is not None
+            and pending is not self._plan
+            and not state.stopped
+            and (self._phase == "plan" or (self._phase == "baseline" and baseline_done))
+        ):
+            upcoming = pending
+        self._upcoming = upcoming
         self._k = 0
         self._t_first = None
         self._entries = [] if self._reporter.logs_clocks else None
@@ -357,44 +426,87 @@ class Rank:
                 f"the iteration ran {self._k} instructions, plan version {plan.version} has "
                 f"{len(plan.keys)}"
             )
+        self._count = self._k
+        phase = self._phase
+        if phase == "plan" and self._state.stopped:
+            phase = self._phase = "default"
+        elif phase == "baseline":
+            self._baseline_done += 1
         reporter = self._reporter
         if self._t_first is not None:
             end = self._controller.mark()
-            reporter.queue_iteration(self.iteration_index, self._t_first, end, self.plan_version)
+            reporter.queue_iteration(
+                self.iteration_index, self._t_first, end, self.plan_version, phase
+            )
         if self._sampler is not None:
             self._sampler.iteration_done()
         if self._entries is not None:
             version = None if self._state.stopped else self.plan_version
-            reporter.queue_log(self.iteration_index, version, self._entries)
+            reporter.queue_log(
+                self.iteration_index, version, phase, self._entries, self._controller.fence()
+            )
         reporter.wake()
         self.iteration_index += 1
 
-    def _enter_instruction(self, kind: str, microbatch: int, chunk: int | None) -> None:
+    def _enter_instruction(self, kind: str, microbatch: int, chunk: int) -> None:
         controller = self._controller
         if self._t_first is None:
             self._t_first = controller.mark()
+        # The simulated work starts first: the change to the next clock, which the controller
+        # may issue as soon as this instruction has started, must not reach this one.
+        ran = None if self._observer is None else self._observer.begin(kind, self._state.scale)
+        k = self._k
         frequency: int | None = None
+        next_mhz: int | None = None
+        expected: float | None = None
+        margin = CLOCK_CHANGE_MARGIN_S
         plan = self._plan
         if plan is not None and not self._state.stopped:
-            k = self._k
-            key = (kind, microbatch, chunk)
-            if k < len(plan.keys) and plan.keys[k] == key:
+            keys = plan.keys
+            n = len(keys)
+            if k < n and keys[k] == (kind, microbatch, chunk):
                 frequency = plan.frequencies_mhz[k]
+                expected = plan.times_s[k] if plan.times_s else None
+                margin = plan.margin_s
+                if k + 1 < n:
+                    next_mhz = plan.frequencies_mhz[k + 1]
+                elif self._upcoming is not None:
+                    next_mhz = self._upcoming.frequencies_mhz[0]
+                last = k + 1 >= n
             else:
-                expected = plan.keys[k] if k < len(plan.keys) else "nothing more"
+                expected_key = keys[k] if k < n else "nothing more"
                 self._plan_mismatch(
-                    f"instruction {k} of the iteration is {key}, plan version {plan.version} "
-                    f"expects {expected}"
+                    f"instruction {k} of the iteration is {(kind, microbatch, chunk)}, plan "
+                    f"version {plan.version} expects {expected_key}"
                 )
-        controller.apply(frequency)
+                last = False
+        else:
+            upcoming = self._upcoming
+            if upcoming is not None and not self._state.stopped:
+                last = k + 1 == len(upcoming.keys)
+                if last:
+                    next_mhz = upcoming.frequencies_mhz[0]
+                    margin = upcoming.margin_s
+            else:
+                last = k + 1 == self._count
         entries = self._entries
+        entry = None
         if entries is not None:
-            entries.append((kind, microbatch, chunk, frequency))
-        self._k += 1
+            entry = LogEntry(kind, microbatch, chunk, frequency, ran)
+            entries.append(entry)
+        controller.step(
+            k,
+            frequency,
+            next_mhz,
+            expected,
+            wrap=last,
+            version=self.plan_version,
+            margin_s=margin,
+            entry=entry,
+        )
+        self._k = k + 1
         if self._sampler is not None:
             self._sampler.begin(kind)
-        if self._observer is not None:
-            self._observer.begin(kind, self._state.scale)
 
     def _exit_instruction(self) -> None:
         if self._observer is not None:

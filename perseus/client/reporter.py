@@ -3,9 +3,17 @@
 The training thread only appends to two queues and wakes the thread; everything slow is
 here. Telemetry waits until the planner knows the rank, the device has passed the
 iteration's end and the meter has read past it; the queue is bounded, so while the planner
-is down old reports are dropped, never the training thread blocked. The clock log (one JSON
-line per instruction: the clock the plan asked for) goes to ``rank<N>.jsonl`` under
-``PERSEUS_CLOCK_LOG``; a write error stops the log, not the thread.
+is down old reports are dropped, never the training thread blocked. The clock log goes to
+``rank<N>.jsonl`` under ``PERSEUS_CLOCK_LOG``, one JSON line per instruction::
+
+    {"iteration": 12, "instruction": "forward", "microbatch": 3, "chunk": 0,
+     "frequency_mhz": 1200, "ran_mhz": 1200, "plan_version": 1, "phase": "plan"}
+
+``frequency_mhz`` is the clock the plan asked for (null: the default), ``ran_mhz`` the clock
+the instruction really started at (the fake GPU's latched clock, or the GPU's SM clock read
+once the instruction started; null where not read). An iteration's lines are written once
+the clock controller has passed them (its fence), so ``ran_mhz`` is known. A write error
+stops the log, not the thread.
 """
 
 from __future__ import annotations
@@ -21,22 +29,18 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO
 
-from perseus.client.controller import Stamp
+from perseus.client.controller import LogEntry, Stamp
 from perseus.client.meter import EnergyMeter
 from perseus.client.planner import PlannerClient
 from perseus.client.retry import Backoff
 from perseus.client.session import Outage
 from perseus.client.settings import ClientSettings
 from perseus.errors import PerseusError, PlannerUnavailable
-from perseus.schemas import IterationReport
+from perseus.schemas import IterationPhase, IterationReport
 
-__all__ = ["LogEntry", "Reporter"]
+__all__ = ["Reporter"]
 
 _log = logging.getLogger("perseus.client")
-
-LogEntry = tuple[str, int, int | None, int | None]
-"""One instruction in the clock log: kind, microbatch, chunk, the clock asked for (None:
-default)."""
 
 
 class Reporter:
@@ -67,10 +71,10 @@ class Reporter:
         self._registered = registered
         self._stop = stop
         self._clock = clock
-        self._reports: deque[tuple[int, Stamp, Stamp, int | None]] = deque(
+        self._reports: deque[tuple[int, Stamp, Stamp, int | None, IterationPhase]] = deque(
             maxlen=settings.telemetry_queue
         )
-        self._logs: deque[tuple[int, int | None, list[LogEntry]]] = deque()
+        self._logs: deque[tuple[int, int | None, IterationPhase, list[LogEntry], Stamp]] = deque()
         self._log_lock = threading.Lock()
         self._log_file: IO[str] | None = None
         if settings.clock_log_dir:
@@ -97,14 +101,26 @@ class Reporter:
     # ------------------------------------------------------------------ training thread
 
     def queue_iteration(
-        self, iteration: int, start: Stamp, end: Stamp, plan_version: int | None
+        self,
+        iteration: int,
+        start: Stamp,
+        end: Stamp,
+        plan_version: int | None,
+        phase: IterationPhase,
     ) -> None:
         """Queue one iteration's telemetry (the oldest is dropped when the queue is full)."""
-        self._reports.append((iteration, start, end, plan_version))
+        self._reports.append((iteration, start, end, plan_version, phase))
 
-    def queue_log(self, iteration: int, plan_version: int | None, entries: list[LogEntry]) -> None:
-        """Queue one iteration's clock log entries."""
-        self._logs.append((iteration, plan_version, entries))
+    def queue_log(
+        self,
+        iteration: int,
+        plan_version: int | None,
+        phase: IterationPhase,
+        entries: list[LogEntry],
+        fence: Stamp,
+    ) -> None:
+        """Queue one iteration's clock log entries, written once ``fence`` is reached."""
+        self._logs.append((iteration, plan_version, phase, entries, fence))
 
     def wake(self) -> None:
         """Let the thread look at its queues now."""
@@ -112,7 +128,7 @@ class Reporter:
 
     def close(self) -> None:
         """Write what is queued and close the clock log (after the thread was joined)."""
-        self._drain_logs()
+        self._drain_logs(final=True)
         with self._log_lock:
             if self._log_file is not None:
                 with contextlib.suppress(OSError):  # reported by _write_logs already
@@ -135,7 +151,7 @@ class Reporter:
             if not self._registered.is_set() or time.monotonic() < retry_at:
                 continue
             while self._reports and not self._stop.is_set():
-                iteration, start_stamp, end_stamp, version = self._reports[0]
+                iteration, start_stamp, end_stamp, version, phase = self._reports[0]
                 start, end = start_stamp.at_s, end_stamp.at_s
                 if start is None or end is None:
                     break  # the device has not reached the iteration's end yet
@@ -151,6 +167,7 @@ class Reporter:
                     time_s=max(end - start, 1e-6),
                     energy_j=max(energy, 0.0),
                     plan_version=version,
+                    phase=phase,
                 )
                 try:
                     self._planner.report_iteration(report)
@@ -165,29 +182,34 @@ class Reporter:
                 outage.ok()
                 attempt = 0
 
-    def _drain_logs(self) -> None:
+    def _drain_logs(self, *, final: bool = False) -> None:
         with self._log_lock:
-            self._write_logs()
+            self._write_logs(final)
 
-    def _write_logs(self) -> None:
+    def _write_logs(self, final: bool) -> None:
         if self._log_file is None or self._log_file.closed:
             self._logs.clear()
             return
         wrote = False
         while self._logs:
-            iteration, version, entries = self._logs.popleft()
+            iteration, version, phase, entries, fence = self._logs[0]
+            if fence.at_s is None and not final:
+                break  # the controller has not read every clock of it yet
+            self._logs.popleft()
             lines = [
                 json.dumps(
                     {
                         "iteration": iteration,
-                        "instruction": kind,
-                        "microbatch": microbatch,
-                        "chunk": chunk,
-                        "frequency_mhz": frequency,
+                        "instruction": str(e.kind),
+                        "microbatch": e.microbatch,
+                        "chunk": e.chunk,
+                        "frequency_mhz": e.frequency_mhz,
+                        "ran_mhz": e.ran_mhz,
                         "plan_version": version,
+                        "phase": phase,
                     }
                 )
-                for kind, microbatch, chunk, frequency in entries
+                for e in entries
             ]
             try:
                 self._log_file.write("\n".join(lines) + "\n")

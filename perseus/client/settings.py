@@ -23,6 +23,12 @@ variable                      meaning                             default
 ``PERSEUS_PROFILE_CLOCKS``    ``all``, ``every:N`` or ``1980,1900``  ``all``
 ``PERSEUS_PROFILE_MAX_S``     stop the sweep after this long       600
 ``PERSEUS_CLOCK_LOG``         directory for ``rank{R}.jsonl``      unset
+``PERSEUS_CLOCK_LATENCY_S``   clock-change latency assumed until   0.03
+                              measured (seconds, 0-1)
+``PERSEUS_BASELINE_ITERATIONS``  iterations at default clocks      10
+                              before the first plan (>= 0)
+``PERSEUS_FAKE_CLOCK_DELAY_S``  the fake GPU's clock-change        0.02
+                              delay (seconds, >= 0)
 ============================  ==================================  ====================
 """
 
@@ -35,6 +41,7 @@ from typing import get_args
 from urllib.parse import urlsplit
 
 from perseus.client.gpu import GpuMode
+from perseus.defaults import BASELINE_ITERATIONS
 from perseus.errors import PerseusError
 
 __all__ = ["GPU_MODES", "ClientSettings", "ProfileBudget", "SettingsError", "load_settings"]
@@ -132,6 +139,12 @@ class ClientSettings:
     clock_log_dir: str | None = None
     poll_wait_s: float = 30.0
     telemetry_queue: int = 1024
+    clock_latency_s: float = 0.03
+    """The clock-change latency assumed until the controller has measured it."""
+    baseline_iterations: int = BASELINE_ITERATIONS
+    """Iterations at default clocks, reported as the baseline, before the first plan."""
+    fake_clock_delay_s: float | None = None
+    """The fake GPU's clock-change delay (None: the model's 20 ms)."""
 
     def with_position(
         self,
@@ -194,13 +207,23 @@ def load_settings(environ: Mapping[str, str] | None = None, **arguments: object)
                 return _int(text, var, minimum=0)
         return None
 
-    def number(variable: str, default: float, *, minimum: float, name: str = "") -> float:
+    def number(
+        variable: str,
+        default: float,
+        *,
+        minimum: float,
+        maximum: float = float("inf"),
+        name: str = "",
+    ) -> float:
+        top = "" if maximum == float("inf") else f" and <= {maximum:g}"
         given = arguments.get(name) if name else None
         if given is not None:
             if isinstance(given, bool) or not isinstance(given, int | float):
                 raise SettingsError(f"{name}: must be a number, got {given!r}")
-            if not (given >= minimum and given < float("inf")):
-                raise SettingsError(f"{name}: must be a finite number >= {minimum}, got {given}")
+            if not (given >= minimum and given < float("inf") and given <= maximum):
+                raise SettingsError(
+                    f"{name}: must be a finite number >= {minimum:g}{top}, got {given}"
+                )
             return float(given)
         text = env.get(variable, "").strip()
         if not text:
@@ -209,8 +232,10 @@ def load_settings(environ: Mapping[str, str] | None = None, **arguments: object)
             value = float(text)
         except ValueError:
             raise SettingsError(f"{variable}: not a number: {text!r}") from None
-        if not (value >= minimum and value < float("inf")):
-            raise SettingsError(f"{variable}: must be a finite number >= {minimum}, got {text}")
+        if not (value >= minimum and value < float("inf") and value <= maximum):
+            raise SettingsError(
+                f"{variable}: must be a finite number >= {minimum:g}{top}, got {text}"
+            )
         return value
 
     server = pick("server", "PERSEUS_SERVER")
@@ -257,7 +282,23 @@ def load_settings(environ: Mapping[str, str] | None = None, **arguments: object)
         clock_log_dir=pick("clock_log_dir", "PERSEUS_CLOCK_LOG"),
         poll_wait_s=number("PERSEUS_POLL_WAIT_S", 30.0, minimum=0.1, name="poll_wait_s"),
         telemetry_queue=_whole(arguments.get("telemetry_queue"), "telemetry_queue", 1024),
+        clock_latency_s=number(
+            "PERSEUS_CLOCK_LATENCY_S", 0.03, minimum=0.0, maximum=1.0, name="clock_latency_s"
+        ),
+        baseline_iterations=_baseline(
+            integer("baseline_iterations", "PERSEUS_BASELINE_ITERATIONS")
+        ),
+        fake_clock_delay_s=(
+            number("PERSEUS_FAKE_CLOCK_DELAY_S", -1.0, minimum=0.0, name="fake_clock_delay_s")
+            if arguments.get("fake_clock_delay_s") is not None
+            or env.get("PERSEUS_FAKE_CLOCK_DELAY_S", "").strip()
+            else None
+        ),
     )
+
+
+def _baseline(given: int | None) -> int:
+    return BASELINE_ITERATIONS if given is None else given
 
 
 def _whole(given: object, name: str, default: int) -> int:

@@ -14,31 +14,47 @@ import threading
 from dataclasses import dataclass
 
 from perseus.client.settings import ClientSettings
+from perseus.defaults import CLOCK_CHANGE_MARGIN_S
 from perseus.schemas import JobCreate, JobView, PlanResponse
+from perseus.solver import InstructionKind
 
 __all__ = ["ActivePlan", "Expectation", "Key", "RankState", "job_mismatches"]
 
 _log = logging.getLogger("perseus.client")
 
-Key = tuple[str, int, int | None]
-"""An instruction as the training thread names it: kind, microbatch, chunk (None: one chunk)."""
+Key = tuple[InstructionKind, int, int]
+"""An instruction as the training thread names it: kind, microbatch, model chunk (0 for
+schedules without chunks; the wire's ``chunk: null``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class ActivePlan:
-    """A plan as the training thread uses it: keys and clocks in execution order."""
+    """A plan as the training thread uses it: keys, clocks and expected times in execution
+    order, and how long before a boundary a clock change should land."""
 
     version: int
     keys: tuple[Key, ...]
     frequencies_mhz: tuple[int, ...]
+    times_s: tuple[float | None, ...] = ()
+    margin_s: float = CLOCK_CHANGE_MARGIN_S
 
     @classmethod
     def from_response(cls, plan: PlanResponse) -> ActivePlan:
-        """The plan the server sent, as keys and clocks."""
+        """The plan the server sent, as keys and clocks; ``chunk: null`` becomes chunk 0.
+
+        A margin of 0 (a server that does not send one) becomes ``CLOCK_CHANGE_MARGIN_S``:
+        a change aimed exactly at the boundary lands late half the time.
+        """
+        margin = plan.clock_change_margin_s
         return cls(
             version=plan.version,
-            keys=tuple((i.instruction, i.microbatch, i.chunk) for i in plan.instructions),
+            keys=tuple(
+                (InstructionKind(i.instruction), i.microbatch, i.chunk or 0)
+                for i in plan.instructions
+            ),
             frequencies_mhz=tuple(i.frequency_mhz for i in plan.instructions),
+            times_s=tuple(i.time_s for i in plan.instructions),
+            margin_s=margin if margin > 0 else CLOCK_CHANGE_MARGIN_S,
         )
 
 

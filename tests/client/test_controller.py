@@ -1,16 +1,18 @@
-"""The clock controller, inline and event mode, against scripted GPUs and boundary events."""
+"""The clock controller, host and event mode, against scripted GPUs, boundary events and the
+fake GPU: changes aimed ahead, never before the instruction before starts; latency measured."""
 
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from perseus.client.controller import ClockController
-from perseus.client.fake import FakeGpuModel
+from perseus.client.controller import ClockController, LatencyEstimate, LogEntry
+from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork
 from perseus.errors import GpuControlError, NvmlPermissionError
 
 # Helpers ----------------------------------------------------------------------------------------
@@ -38,6 +40,9 @@ class SetterGpu:
     def current_clock_mhz(self) -> int:
         return self.locked or 1980
 
+    def applied_clock_mhz(self) -> int:
+        return self.locked or 1980
+
     def lock_clock(self, frequency_mhz: int) -> None:
         self.calls.append(("lock", frequency_mhz))
         if self.lock_error is not None:
@@ -57,16 +62,26 @@ class SetterGpu:
         return 0.0
 
 
-def test_inline_controller_skips_unchanged_clocks() -> None:
+def settle(controller: ClockController) -> None:
+    """Wait until the controller thread has handled everything queued so far."""
+    fence = controller.fence()
+    deadline = time.monotonic() + 5.0
+    while fence.at_s is None:
+        assert time.monotonic() < deadline, "the controller thread is stuck"
+        time.sleep(0.001)
+
+
+def test_requests_skip_unchanged_clocks_and_run_off_the_calling_thread() -> None:
     gpu = SetterGpu()
     controller = ClockController(gpu)
     for frequency in (None, 1500, 1500, 1200, 1200, None, None, 1200):
         controller.apply(frequency)
+    settle(controller)
     assert gpu.calls == [("lock", 1500), ("lock", 1200), ("reset", None), ("lock", 1200)]
     assert controller.applied == 4
     assert gpu.locked == 1200
     controller.close()
-    assert gpu.locked is None and controller.enabled
+    assert gpu.locked is None and controller.enabled and controller.thread is None
 
 
 @pytest.mark.parametrize(
@@ -84,11 +99,13 @@ def test_failing_lock_disables_the_controller_once(
     controller = ClockController(gpu)
     with caplog.at_level(logging.WARNING, logger="perseus.client"):
         controller.apply(1500)  # must not raise into training
+        settle(controller)
         assert not controller.enabled
         assert controller.failure is not None and str(error) in controller.failure
         assert gpu.calls == [("lock", 1500), ("reset", None)]  # reset to the default
         for frequency in (1200, None, 900, 1500):
             controller.apply(frequency)  # training calls go on, nothing reaches the GPU
+        settle(controller)
     assert gpu.calls == [("lock", 1500), ("reset", None)]
     assert controller.applied == 0
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -118,8 +135,8 @@ def test_an_unexpected_setter_error_resets_the_gpu_and_spares_training_and_threa
     gpu = BrokenSetterGpu()
     controller = ClockController(gpu, DoneEvent if event_mode else None)
     try:
-        controller.apply(900)
-        controller.apply(1200)  # inline: must not raise into the training thread
+        controller.step(0, 900, 1200, None)
+        controller.step(1, 1200, 1200, None)  # must not raise into the training thread
         deadline = time.monotonic() + 5.0
         while controller.enabled and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -167,21 +184,20 @@ def test_event_mode_sets_the_clock_only_once_the_boundary_is_reached(
     gated: tuple[SetterGpu, ClockController, list[GateEvent]],
 ) -> None:
     gpu, controller, events = gated
-    # apply() returns while the boundary's event is still pending: the training thread never
+    # step() returns while the boundary's event is still pending: the training thread never
     # waits for the device (if it did, this line would block until the event gave up).
-    controller.apply(1500)
-    controller.apply(1200)
-    controller.apply(1200)  # unchanged: no event recorded
+    controller.step(0, 1500, 1200, None)
+    controller.step(1, 1200, 1200, None)
     assert len(events) == 2
     assert events[0].waiting.wait(5.0)  # the controller thread waits on the first boundary
     assert gpu.calls == [] and controller.applied == 0
     events[0].released.set()
-    assert events[1].waiting.wait(5.0)  # ... set 1500, and waits on the second
-    assert gpu.calls == [("lock", 1500)]
+    # 1500 at once (nothing aimed it ahead), then 1200 ahead of the second boundary (no
+    # expected time: at once), never before the first boundary is reached.
+    assert events[1].waiting.wait(5.0)
+    assert gpu.calls == [("lock", 1500), ("lock", 1200)]
     events[1].released.set()
-    deadline = time.monotonic() + 5.0
-    while controller.applied < 2 and time.monotonic() < deadline:
-        time.sleep(0.001)
+    time.sleep(0.05)  # nothing more to request: 1200 is in effect
     assert gpu.calls == [("lock", 1500), ("lock", 1200)]
     assert gpu.locked == 1200
 
@@ -190,7 +206,7 @@ def test_event_mode_close_resets_after_pending_boundaries(
     gated: tuple[SetterGpu, ClockController, list[GateEvent]],
 ) -> None:
     gpu, controller, events = gated
-    controller.apply(900)
+    controller.step(0, 900, 900, None)
     events[0].released.set()
     controller.close("exit")
     assert gpu.calls == [("lock", 900), ("reset", None)]
@@ -201,7 +217,7 @@ def test_event_mode_reset_is_not_undone_by_a_queued_boundary(
     gated: tuple[SetterGpu, ClockController, list[GateEvent]],
 ) -> None:
     gpu, controller, events = gated
-    controller.apply(600)
+    controller.step(0, 600, 600, None)
     assert events[0].waiting.wait(5.0)
     controller.reset("exception in training")  # whatever runs next must not run at 600 MHz
     assert gpu.locked is None
@@ -209,3 +225,119 @@ def test_event_mode_reset_is_not_undone_by_a_queued_boundary(
     events[0].released.set()
     gpu.changed.wait(0.5)  # give a wrongly queued lock its chance
     assert gpu.locked is None
+
+
+# Aiming ahead ----------------------------------------------------------------------------------
+
+
+class TimedGpu(SetterGpu):
+    """Records when each clock request arrives, on the test's clock; never probed (as in a
+    dry run), so the controller aims with the latency it was given."""
+
+    can_set_clocks = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: list[tuple[float, int | None]] = []
+
+    def lock_clock(self, frequency_mhz: int) -> None:
+        self.at.append((time.perf_counter(), frequency_mhz))
+        super().lock_clock(frequency_mhz)
+
+    def reset_clock(self) -> None:
+        self.at.append((time.perf_counter(), None))
+        super().reset_clock()
+
+
+@pytest.mark.parametrize(
+    ("expected_s", "latency_s"),
+    [(0.040, 0.010), (0.030, 0.050), (None, 0.010)],
+    ids=["ahead", "longer-than-the-instruction", "unknown-time"],
+)
+def test_a_change_is_never_requested_before_the_instruction_before_starts(
+    expected_s: float | None, latency_s: float
+) -> None:
+    """(d): the request for instruction k + 1 comes after k started, aimed at its end."""
+    gpu = TimedGpu()
+    controller = ClockController(gpu, latency_s=latency_s)
+    clocks = [1500, 1200, 1500, 1200, 1500, 1200]
+    margin = 0.005
+    starts = []
+    try:
+        for k, f in enumerate(clocks):
+            starts.append(time.perf_counter())
+            controller.step(
+                k, f, clocks[(k + 1) % 6], expected_s, wrap=k == 5, version=1, margin_s=margin
+            )
+            time.sleep(0.040)
+        settle(controller)
+    finally:
+        controller.close()
+    requests = gpu.at[1:-1]  # the first is the plan's first clock; the last the close
+    assert [f for _, f in requests] == [*clocks[1:], 1500]
+    for k, (at, _f) in enumerate(requests):
+        assert at >= starts[k]
+        if k + 1 < len(starts):
+            assert at <= starts[k + 1] + 0.002  # at the latest when k + 1 starts
+        if expected_s is not None and expected_s > latency_s + margin and k < 5:
+            aimed = starts[k] + expected_s - latency_s - margin
+            assert aimed - 0.001 <= at <= aimed + 0.005
+
+
+@pytest.mark.parametrize("delay_s", [0.02, 0.04])
+def test_the_latency_is_measured_on_the_fake(delay_s: float) -> None:
+    """(b): polled until the new clock shows; the estimate comes to the fake's delay."""
+    gpu = FakeGpu(FakeGpuModel(clock_change_delay_s=delay_s), {})
+    controller = ClockController(gpu, latency_s=0.03)
+    try:
+        for f in (1500, 1200, 1500, 1200, 1500):
+            controller.apply(f)
+            time.sleep(delay_s + 0.02)
+        settle(controller)
+        samples = controller.latency.samples
+        assert len(samples) == 5
+        assert all(s >= delay_s for s in samples), samples
+        # polled every 0.75 ms; a loaded host may delay a read now and then
+        assert statistics.median(samples) <= delay_s + 0.004, samples
+        assert delay_s <= controller.latency_s <= delay_s + 0.010
+    finally:
+        controller.close()
+
+
+def test_a_dry_run_keeps_the_configured_latency() -> None:
+    gpu = SetterGpu()
+    gpu.can_set_clocks = False  # type: ignore[misc]
+    controller = ClockController(gpu, latency_s=0.025)
+    controller.apply(1500)
+    settle(controller)
+    time.sleep(0.01)
+    assert controller.latency.samples == () and controller.latency_s == 0.025
+    controller.close()
+
+
+def test_latency_estimate_is_a_high_quantile_and_starts_cautious() -> None:
+    estimate = LatencyEstimate(0.03)
+    estimate.add(0.01)
+    assert estimate.value_s == 0.03  # one sample below the setting: keep the setting
+    estimate.add(0.05)
+    assert estimate.value_s == 0.05  # ... one above it: take it
+    for _ in range(20):
+        estimate.add(0.02)
+    assert estimate.value_s == 0.02  # 22 samples: the 90th percentile
+    for _ in range(3):
+        estimate.add(0.04)
+    assert estimate.value_s == 0.04
+
+
+def test_the_controller_reads_the_clock_that_ran_where_nobody_told_it() -> None:
+    gpu = FakeGpu(FakeGpuModel(clock_change_delay_s=0.0), {"w": FakeWork(0.01, 300.0)})
+    controller = ClockController(gpu)
+    told = LogEntry("forward", 0, 0, 1500, 1980)
+    read = LogEntry("forward", 1, 0, 1500, None)
+    controller.step(0, 1500, 1500, None, entry=told)
+    settle(controller)
+    controller.step(1, 1500, 1500, None, entry=read)
+    settle(controller)
+    controller.close()
+    assert told.ran_mhz == 1980  # as the training thread recorded it
+    assert read.ran_mhz == 1500

@@ -30,6 +30,7 @@ from perseus.client.online import ProfilingState
 from perseus.client.planner import PlannerClient
 from perseus.client.rank import Rank
 from perseus.client.settings import ClientSettings, ProfileBudget, SettingsError
+from perseus.defaults import BASELINE_ITERATIONS
 from perseus.server.app import create_app
 from perseus.server.settings import Settings
 
@@ -136,7 +137,7 @@ def test_profile_plan_and_clock_log(app: TestClient, tmp_path: Path) -> None:
         f"/v1/jobs/{job}/plan", params={"rank": 0}, headers={"Authorization": f"Bearer {token}"}
     ).json()
     expected = [
-        (i["instruction"], i["microbatch"], None, i["frequency_mhz"]) for i in plan["instructions"]
+        (i["instruction"], i["microbatch"], 0, i["frequency_mhz"]) for i in plan["instructions"]
     ]
     lines = log_lines(tmp_path)
     planned = [e for e in lines if e["plan_version"] == 1]
@@ -147,7 +148,15 @@ def test_profile_plan_and_clock_log(app: TestClient, tmp_path: Path) -> None:
             for e in planned[start : start + len(expected)]
         ]
         assert ran == expected
-    assert all(e["frequency_mhz"] is None for e in lines if e["plan_version"] is None)
+    assert all(e["phase"] == "plan" for e in planned)
+    unplanned = [e for e in lines if e["plan_version"] is None]
+    assert all(e["frequency_mhz"] is None and e["ran_mhz"] is not None for e in unplanned)
+    # profiling first, then at least the default number of baseline iterations
+    phases = [e["phase"] for e in unplanned if e["instruction"] == "forward"]
+    phases = [p for i, p in enumerate(phases) if i % 2 == 0]  # one per iteration
+    assert phases[0] == "profiling" and set(phases) == {"profiling", "baseline"}
+    assert phases.count("baseline") >= BASELINE_ITERATIONS
+    assert phases == sorted(phases, key=lambda p: p == "baseline")
     view = app.get(f"/v1/jobs/{job}", headers={"Authorization": f"Bearer {token}"}).json()
     assert view["counts"]["iterations_reported"] > 0
 
@@ -336,6 +345,7 @@ class Gpu:
     def supported_clocks_mhz(self): return (1980, 1200)
     def default_clock_mhz(self): return 1980
     def current_clock_mhz(self): return 1980
+    def applied_clock_mhz(self): return 1980
     def lock_clock(self, frequency_mhz): pass
     def reset_clock(self): print("reset", self.name, flush=True)
     def energy_j(self): return 0.0
@@ -347,7 +357,8 @@ def connect(name):
     rank = perseus.client.connect(server="http://planner", job="j", token="t", stage=0,
                                   gpu=Gpu(name), planner=PlannerClient(http, "j", "t"),
                                   profile_path=sys.argv[1])
-    rank.controller.apply(1200)  # a plan's clock, inline
+    rank.controller.apply(1200)  # a plan's clock
+    rank.controller.fence()
     return rank
 
 def child():

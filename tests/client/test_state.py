@@ -8,7 +8,9 @@ import pytest
 
 from perseus.client.settings import ClientSettings
 from perseus.client.state import ActivePlan, Expectation, RankState, job_mismatches
+from perseus.defaults import CLOCK_CHANGE_MARGIN_S
 from perseus.schemas import JobCreate, PlanInstruction, PlanResponse
+from perseus.solver import InstructionKind
 
 SPEC = JobCreate(schedule="1f1b", stages=4, microbatches=8, data_parallel=1, tensor_parallel=1)
 
@@ -52,11 +54,19 @@ def test_an_active_plan_keeps_the_plans_order() -> None:
         time_s=1.0,
         energy_j=1.0,
         instructions=[
-            PlanInstruction(instruction="forward", microbatch=0, frequency_mhz=1980),
+            PlanInstruction(instruction="forward", microbatch=0, frequency_mhz=1980, time_s=0.02),
             PlanInstruction(instruction="backward", microbatch=0, chunk=1, frequency_mhz=1200),
         ],
     )
     active = ActivePlan.from_response(plan)
     assert active.version == 3
-    assert active.keys == (("forward", 0, None), ("backward", 0, 1))
+    # chunk null on the wire is chunk 0 in the rank; kinds are the solver's InstructionKind
+    assert active.keys == ((InstructionKind.FORWARD, 0, 0), (InstructionKind.BACKWARD, 0, 1))
+    assert all(type(key[0]) is InstructionKind for key in active.keys)
     assert active.frequencies_mhz == (1980, 1200)
+    assert active.times_s == (0.02, None)
+    # an old server sends no margin (0): the rank aims with the default one
+    assert active.margin_s == CLOCK_CHANGE_MARGIN_S
+    assert ActivePlan.from_response(
+        plan.model_copy(update={"clock_change_margin_s": 0.002})
+    ).margin_s == pytest.approx(0.002)
