@@ -73,6 +73,8 @@ __all__ = [
     "RankRegistered",
     "RankRegistration",
     "ReplicaTelemetry",
+    "SampleStats",
+    "SavingsView",
     "StragglerSpec",
     "StragglerView",
     "Telemetry",
@@ -311,6 +313,52 @@ class Telemetry(_Model):
     replicas: list[ReplicaTelemetry]
 
 
+class SampleStats(_Model):
+    """Measured iterations of one phase (the baseline, or the current plan), over ranks.
+
+    Each rank's own statistics are over its most recent samples; across ranks, times take
+    the median of the ranks' values (a pipeline iteration's time as its ranks see it) and
+    energies their sum (the energy of one iteration of the whole job, every replica).
+    """
+
+    iterations: int = Field(description="Iterations reported in this phase, every rank.")
+    ranks: int = Field(description="Ranks with samples in this phase.")
+    samples: int = Field(description="Recent samples the statistics are over, every rank.")
+    time_s: float = Field(description="Median over ranks of each rank's median time.")
+    time_p10_s: float
+    time_p90_s: float
+    energy_j: float = Field(description="Sum over ranks of each rank's median energy.")
+    energy_p10_j: float
+    energy_p90_j: float
+
+
+class SavingsView(_Model):
+    """The saving measured (plan against baseline) beside the saving predicted.
+
+    Slowdowns and savings are fractions (0.01: 1 %). Realized ones compare the ranks that
+    have both baseline and plan samples; predicted ones the chosen point with the
+    frontier's default plan (every instruction at the highest clock).
+    """
+
+    baseline: SampleStats | None = Field(description="Iterations at default clocks.")
+    plan: SampleStats | None = Field(description="Iterations under the current plan version.")
+    plan_version: int
+    realized_slowdown: float | None
+    realized_saving: float | None
+    predicted_slowdown: float | None
+    predicted_saving: float | None
+    energy_j: float = Field(description="Energy of every iteration reported, every phase.")
+    energy_saved_j: float = Field(
+        description="Sum over plan iterations (every version) of the rank's baseline median "
+        "energy when the iteration was recorded minus the iteration's energy."
+    )
+    energy_saved_kwh: float
+    warning: str | None = Field(
+        description="Set when realized and predicted slowdown or saving differ by more than "
+        "3 points."
+    )
+
+
 class JobView(_Model):
     """``GET /v1/jobs/{id}``."""
 
@@ -327,6 +375,9 @@ class JobView(_Model):
     planning_s: float | None
     chosen: ChosenPoint | None
     telemetry: Telemetry | None
+    savings: SavingsView | None = Field(
+        default=None, description="Measured against predicted saving; null before any report."
+    )
 
 
 class JobSummary(_Model):

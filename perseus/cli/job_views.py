@@ -12,12 +12,20 @@ from perseus.errors import PolicyError
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-    from perseus.schemas import FrontierPoint, FrontierView, JobView, PlanVersion, PolicySpec
+    from perseus.schemas import (
+        FrontierPoint,
+        FrontierView,
+        JobView,
+        PlanVersion,
+        PolicySpec,
+        SavingsView,
+    )
     from perseus.solver import Policy
 
 __all__ = [
     "format_frontier",
     "format_job",
+    "format_savings",
     "policy_spec",
     "policy_text",
     "validation_text",
@@ -94,7 +102,57 @@ def format_job(view: JobView) -> str:
             ("measured", f"{t.measured_time_s:.4f} s, {t.measured_energy_j:.1f} J per iteration")
         )
     width = max(len(label) for label, _ in lines)
-    return "".join(f"{label.ljust(width)}  {value}\n" for label, value in lines)
+    text = "".join(f"{label.ljust(width)}  {value}\n" for label, value in lines)
+    if view.savings is not None:
+        text += "\n" + format_savings(view.savings)
+    return text
+
+
+def format_savings(savings: SavingsView) -> str:
+    """Measured baseline and plan side by side, then realized against predicted.
+
+    Times are the median over ranks of each rank's median (p10-p90 the same over the
+    ranks' p10 and p90); energies the sum over ranks (one iteration of the whole job).
+    """
+    rows = [["measured", "time (s)", "p10-p90 (s)", "energy (J)", "p10-p90 (J)", "iterations"]]
+    for label, stats in (
+        ("baseline (default clocks)", savings.baseline),
+        (f"plan version {savings.plan_version}", savings.plan),
+    ):
+        if stats is None:
+            rows.append([label, "-", "", "-", "", "0"])
+            continue
+        rows.append(
+            [
+                label,
+                f"{stats.time_s:.4f}",
+                f"{stats.time_p10_s:.4f}-{stats.time_p90_s:.4f}",
+                f"{stats.energy_j:.1f}",
+                f"{stats.energy_p10_j:.1f}-{stats.energy_p90_j:.1f}",
+                f"{stats.iterations} ({stats.ranks} ranks)",
+            ]
+        )
+    compared = [
+        ["", "slowdown", "saving"],
+        ["realized", _percent(savings.realized_slowdown), _percent(savings.realized_saving)],
+        ["predicted", _percent(savings.predicted_slowdown), _percent(savings.predicted_saving)],
+    ]
+    saved = (
+        f"energy saved so far  {savings.energy_saved_j:,.0f} J "
+        f"({savings.energy_saved_kwh:.4g} kWh) of {savings.energy_j:,.0f} J reported\n"
+    )
+    warning = "" if savings.warning is None else f"warning: {savings.warning}\n"
+    return (
+        format_table(rows, right=range(1, 5))
+        + "\n"
+        + format_table(compared, right=(1, 2))
+        + saved
+        + warning
+    )
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:+.1f} %"
 
 
 def _straggler_text(view: JobView) -> str:

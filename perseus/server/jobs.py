@@ -34,6 +34,7 @@ from perseus.schemas import (
 from perseus.server.auth import hash_token, new_token
 from perseus.server.decisions import policy_to_solver
 from perseus.server.plans import FrontierCache, Plans
+from perseus.server.savings import BASELINE, PLAN, savings_view
 from perseus.server.store import JobRow, RankRow, Store, Transaction
 from perseus.server.telemetry import telemetry_view
 from perseus.solver import make_schedule
@@ -163,6 +164,12 @@ class Jobs(JobPart):
         with self._store.read() as tx:
             return tx.count_jobs_by_state()
 
+    def energy_totals(self) -> dict[str, tuple[float, float]]:
+        """``job id -> (energy reported, energy saved)`` in joules, of every job with
+        reports since samples were kept (for ``/metrics``)."""
+        with self._store.read() as tx:
+            return tx.energy_totals()
+
     def delete(self, job_id: str) -> None:
         """Delete a job and everything under it.
 
@@ -176,14 +183,18 @@ class Jobs(JobPart):
         self._plans.forget(job_id)
 
     def view(self, job_id: str) -> JobView:
-        """Everything about a job: state, counts, policy, the chosen point, telemetry.
+        """Everything about a job: state, counts, policy, the chosen point, telemetry, the
+        saving measured against the one predicted.
 
         Raises:
             JobNotFound: no such job.
         """
         with self._store.read() as tx:
             job = existing(tx, job_id)
-            windows = tx.windows(job_id, job.version) if job.iterations_reported else []
+            reported = bool(job.iterations_reported)
+            windows = tx.windows(job_id, job.version) if reported else []
+            samples = tx.compared_samples(job_id, job.version) if reported else []
+            totals = tx.energy_totals([job_id]).get(job_id, (0.0, 0.0)) if reported else None
             coverage = tx.profiled_coverage(job_id)
         spec = job.spec
         frontier = self._frontiers.of(job)
@@ -208,6 +219,16 @@ class Jobs(JobPart):
             planning_s=job.planning_s,
             chosen=chosen,
             telemetry=telemetry_view(job, windows, frontier, chosen),
+            savings=None
+            if totals is None
+            else savings_view(
+                job.version,
+                {rank: b for rank, b in samples if b.phase == BASELINE},
+                {rank: b for rank, b in samples if b.phase == PLAN},
+                totals,
+                frontier,
+                chosen,
+            ),
         )
 
     def register_rank(

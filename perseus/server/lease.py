@@ -11,11 +11,12 @@ version.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
 
-from perseus.errors import InfeasibleDeadline, JobStateError
+from perseus.errors import InfeasibleDeadline, JobStateError, ProfileError
 from perseus.files import frontier_from_json
 from perseus.schemas import ProfileAccepted, ProfileReport
 from perseus.server.decisions import choose
@@ -25,12 +26,22 @@ from perseus.server.planning import (
     StoredProfile,
     check_planning_work,
     instruction_times,
+    merged_profile,
 )
 from perseus.server.plans import FrontierCache
 from perseus.server.store import FrontierRow, JobRow, ProfileRecord, Store
-from perseus.solver import Frontier, profile_from_rows
+from perseus.solver import Frontier, Profile, profile_from_rows, profile_to_json
 
-__all__ = ["PlanningLease"]
+__all__ = ["PlanningLease", "planned_profile"]
+
+
+def planned_profile(planning: PlanningInput) -> Profile | None:
+    """The profile a frontier was computed from (every stage's ranks combined), or None
+    when it cannot be rebuilt (planning read the same input, so this is not expected)."""
+    try:
+        return merged_profile(planning)
+    except ProfileError:
+        return None
 
 
 class PlanningLease:
@@ -226,8 +237,12 @@ class PlanningLease:
         frontier_json: str,
         planning_s: float,
         frontier: Frontier | None = None,
+        planning: PlanningInput | None = None,
     ) -> JobRow | None:
         """Store a computed frontier and choose the plan; a new plan version.
+
+        ``planning``, the input the frontier was computed from, gives the profile stored
+        beside it: plans take their instructions' expected times from it.
 
         Returns:
             The job, or None when this process no longer owns the job's planning (it was
@@ -241,12 +256,14 @@ class PlanningLease:
                 return None
         if frontier is None:
             frontier = frontier_from_json(frontier_json)  # outside the lock
+        profile = None if planning is None else planned_profile(planning)
+        profile_json = None if profile is None else json.dumps(profile_to_json(profile))
         with self._store.write() as tx:
             job = tx.job(job_id)
             if job is None or not self._owns(job):
                 return None
             rev = job.frontier_rev + 1
-            tx.put_frontier(FrontierRow(job_id, rev, frontier_json))
+            tx.put_frontier(FrontierRow(job_id, rev, frontier_json, profile_json))
             job = dataclasses.replace(
                 job,
                 frontier_rev=rev,
@@ -275,7 +292,7 @@ class PlanningLease:
                     chosen_index=choice.chosen_index,
                 )
             tx.save_job(job)
-        self._frontiers.put(job_id, rev, frontier)
+        self._frontiers.put(job_id, rev, frontier, profile)
         return job
 
     def fail_planning(self, job_id: str, reason: str) -> JobRow | None:

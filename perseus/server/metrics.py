@@ -1,6 +1,7 @@
 """Prometheus text metrics and the two ASGI middlewares (request metrics, body size cap).
 
-Counters are per server process: with several workers, each scrape sees the process that
+Job energy comes from the store (every process sees the same totals); request counters are
+per server process: with several workers, each scrape sees the process that
 answered it (label ``instance`` per process in Prometheus, or scrape each worker).
 """
 
@@ -94,8 +95,18 @@ class Metrics:
                 histogram = self._planning[outcome] = _Histogram(_PLANNING_BUCKETS_S)
             histogram.observe(seconds)
 
-    def render(self, jobs_by_state: Mapping[str, int]) -> str:
-        """Prometheus text exposition format 0.0.4."""
+    def render(
+        self,
+        jobs_by_state: Mapping[str, int],
+        job_energy: Mapping[str, tuple[float, float]] | None = None,
+    ) -> str:
+        """Prometheus text exposition format 0.0.4.
+
+        Args:
+            jobs_by_state: job counts by state.
+            job_energy: ``job id -> (energy reported, energy saved)`` in joules, from the
+                store: job labels come from stored job ids only, never from a request.
+        """
         out: list[str] = [
             "# HELP perseus_http_requests_total HTTP requests by method, route and status.",
             "# TYPE perseus_http_requests_total counter",
@@ -125,6 +136,26 @@ class Metrics:
         out += ["# HELP perseus_jobs Jobs by state.", "# TYPE perseus_jobs gauge"]
         for state in JOB_STATES:
             out.append(f'perseus_jobs{{state="{state}"}} {jobs_by_state.get(state, 0)}')
+        energy = sorted((job_energy or {}).items())
+        out += [
+            "# HELP perseus_job_energy_joules_total Energy of the iterations ranks reported, "
+            "every phase.",
+            "# TYPE perseus_job_energy_joules_total counter",
+        ]
+        out += [
+            f'perseus_job_energy_joules_total{{job="{_label(j)}"}} {e!r}' for j, (e, _) in energy
+        ]
+        # A gauge although named as the issue asks: each plan iteration adds its rank's
+        # baseline median minus its energy, which is negative when a plan costs more.
+        out += [
+            "# HELP perseus_job_energy_saved_joules_total Energy saved by the plans against "
+            "each rank's default-clock baseline (negative when a plan costs more).",
+            "# TYPE perseus_job_energy_saved_joules_total gauge",
+        ]
+        out += [
+            f'perseus_job_energy_saved_joules_total{{job="{_label(j)}"}} {s!r}'
+            for j, (_, s) in energy
+        ]
         return "\n".join(out) + "\n"
 
 

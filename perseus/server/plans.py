@@ -2,15 +2,21 @@
 
 A plan is rendered by its wire model, :class:`perseus.schemas.PlanResponse`, once per job
 version, stage and role (the straggler replica keeps the policy point), and served as
-bytes from then on. Frontiers are parsed from the store once per revision.
+bytes from then on. Frontiers are parsed from the store once per revision, with the profile
+they were planned on: each plan instruction carries its expected duration from it
+(:func:`perseus.solver.instruction_times_s`, clock-change tails included), which a rank uses
+to issue the next clock change ahead of the boundary.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from perseus.errors import PlanError, PlanNotReady
+from perseus.errors import PlanError, PlanNotReady, ProfileError
 from perseus.files import frontier_from_json
 from perseus.schemas import (
     Baseline,
@@ -22,9 +28,21 @@ from perseus.schemas import (
 )
 from perseus.server.decisions import Choice, expected
 from perseus.server.store import JobRow, Store
-from perseus.solver import Frontier
+from perseus.solver import Frontier, Profile, instruction_times_s, profile_from_rows
 
-__all__ = ["FrontierCache", "Plans", "choice_of", "has_plan", "not_ready", "render_plan"]
+# Points whose instruction times are kept (each: every instruction of the schedule).
+_POINT_TIMES = 64
+
+__all__ = [
+    "FrontierCache",
+    "Plans",
+    "choice_of",
+    "has_plan",
+    "not_ready",
+    "point_index",
+    "profile_from_text",
+    "render_plan",
+]
 
 
 def has_plan(job: JobRow) -> bool:
@@ -46,7 +64,13 @@ def not_ready(job: JobRow) -> PlanNotReady:
     return PlanNotReady(f"not ready yet: job {job.id} is {job.state}", job.state)
 
 
-def render_plan(job: JobRow, frontier: Frontier, stage: int, straggler_replica: bool) -> bytes:
+def render_plan(
+    job: JobRow,
+    frontier: Frontier,
+    stage: int,
+    straggler_replica: bool,
+    times_s: Sequence[float] | None = None,
+) -> bytes:
     """The plan of one stage at the job's version, as the JSON of :class:`PlanResponse`.
 
     Args:
@@ -55,17 +79,18 @@ def render_plan(job: JobRow, frontier: Frontier, stage: int, straggler_replica: 
         stage: the rank's stage.
         straggler_replica: the rank's replica is the detected straggler; it keeps the
             policy point while the others follow the straggler.
+        times_s: each instruction's expected duration at its clock, in the stage's order
+            (None: the plan carries none).
 
     Raises:
         PlanNotReady: there is no plan at this version.
 
     Complexity: O(instructions of the stage).
     """
-    choice = choice_of(job)
-    if choice is None:
-        raise not_ready(job)
-    point = frontier.point(choice.policy_index if straggler_replica else choice.chosen_index)
+    point = frontier.point(point_index(job, straggler_replica))
     interleaved = frontier.schedule.virtual_stages > 1
+    order = frontier.schedule.order[stage]
+    times = [None] * len(order) if times_s is None else times_s
     plan = PlanResponse.model_validate(
         {
             "job_id": job.id,
@@ -73,25 +98,65 @@ def render_plan(job: JobRow, frontier: Frontier, stage: int, straggler_replica: 
             "stage": stage,
             "time_s": float(point.time_s),
             "energy_j": float(point.energy_j),
+            "clock_change_margin_s": float(frontier.clock_change_margin_s),
             "instructions": [
                 {
                     "instruction": ins.kind,
                     "microbatch": ins.microbatch,
                     "chunk": ins.chunk if interleaved else None,
                     "frequency_mhz": int(freq),
+                    "time_s": time_s,
                 }
-                for ins, freq in zip(
-                    frontier.schedule.order[stage], point.frequencies_mhz[stage], strict=True
+                for ins, freq, time_s in zip(
+                    order, point.frequencies_mhz[stage], times, strict=True
                 )
             ],
         }
     )
-    # chunk is the one optional field: absent for schedules without chunks.
+    # Optional fields are absent rather than null: chunk for schedules without chunks, an
+    # instruction's time_s for frontiers stored without their profile.
     return plan.model_dump_json(exclude_none=True).encode()
 
 
+def point_index(job: JobRow, straggler_replica: bool) -> int:
+    """The frontier point a rank's plan follows: the straggler replica keeps the policy
+    point, the others run the chosen one.
+
+    Raises:
+        PlanNotReady: there is no plan at this version.
+    """
+    choice = choice_of(job)
+    if choice is None:
+        raise not_ready(job)
+    return choice.policy_index if straggler_replica else choice.chosen_index
+
+
+def profile_from_text(text: str) -> Profile:
+    """A profile from its stored ``perseus.profile/1`` JSON text.
+
+    Raises:
+        ProfileError: the text is not a valid profile.
+    """
+    data = json.loads(text)
+    return profile_from_rows(
+        (
+            (r["stage"], r["instruction"], r["frequency_mhz"], r["time_s"], r["energy_j"])
+            for r in data["rows"]
+        ),
+        source="stored frontier",
+        p_block_w=data.get("p_block_w"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    frontier: Frontier
+    profile: Profile | None  # None: stored before frontiers kept their profile
+
+
 class FrontierCache:
-    """Each job's frontier, parsed from the store once per revision (least recently used out).
+    """Each job's frontier and the profile it was planned on, parsed from the store once
+    per revision (least recently used out).
 
     Thread-safe: the web layer reads it from the thread pool.
     """
@@ -100,7 +165,7 @@ class FrontierCache:
         self._store = store
         self._size = size
         self._lock = threading.Lock()
-        self._frontiers: OrderedDict[tuple[str, int], Frontier] = OrderedDict()
+        self._frontiers: OrderedDict[tuple[str, int], _Planned] = OrderedDict()
 
     def get(self, job_id: str, rev: int) -> Frontier:
         """The job's frontier at revision ``rev``.
@@ -108,18 +173,34 @@ class FrontierCache:
         Raises:
             PlanError: the stored frontier is missing, replaced meanwhile, or invalid.
         """
+        return self._planned(job_id, rev).frontier
+
+    def profile(self, job_id: str, rev: int) -> Profile | None:
+        """The profile the job's frontier at ``rev`` was planned on; None for a frontier
+        stored before frontiers kept it.
+
+        Raises:
+            PlanError: as :meth:`get`.
+        """
+        return self._planned(job_id, rev).profile
+
+    def _planned(self, job_id: str, rev: int) -> _Planned:
         with self._lock:
-            frontier = self._frontiers.get((job_id, rev))
-        if frontier is not None:
-            return frontier
+            planned = self._frontiers.get((job_id, rev))
+        if planned is not None:
+            return planned
         with self._store.read() as tx:
             row = tx.frontier(job_id)
         if row is None or row.rev != rev:
             # A newer computation replaced it meanwhile; callers re-read the job.
             raise PlanError(f"job {job_id}: frontier revision {rev} is no longer stored")
         frontier = frontier_from_json(row.data)
-        self.put(job_id, rev, frontier)
-        return frontier
+        try:
+            profile = None if row.profile is None else profile_from_text(row.profile)
+        except (ProfileError, ValueError, KeyError, TypeError) as exc:
+            raise PlanError(f"job {job_id}: the stored profile is invalid: {exc}") from exc
+        self.put(job_id, rev, frontier, profile)
+        return _Planned(frontier, profile)
 
     def of(self, job: JobRow) -> Frontier | None:
         """The job's current frontier, if it has one.
@@ -129,9 +210,11 @@ class FrontierCache:
         """
         return self.get(job.id, job.frontier_rev) if job.frontier_rev else None
 
-    def put(self, job_id: str, rev: int, frontier: Frontier) -> None:
+    def put(
+        self, job_id: str, rev: int, frontier: Frontier, profile: Profile | None = None
+    ) -> None:
         with self._lock:
-            self._frontiers[(job_id, rev)] = frontier
+            self._frontiers[(job_id, rev)] = _Planned(frontier, profile)
             self._frontiers.move_to_end((job_id, rev))
             while len(self._frontiers) > self._size:
                 self._frontiers.popitem(last=False)
@@ -155,6 +238,9 @@ class Plans:
         self._size = cache_size
         self._lock = threading.Lock()
         self._plans: OrderedDict[tuple[str, int, int, bool], bytes] = OrderedDict()
+        self._point_times: OrderedDict[tuple[str, int, int], tuple[tuple[float, ...], ...]] = (
+            OrderedDict()
+        )
 
     def cached(self, job: JobRow, stage: int, straggler_replica: bool) -> bytes | None:
         """The rendered plan if this process has it (no I/O; safe on the event loop)."""
@@ -171,10 +257,11 @@ class Plans:
         body = self._plans.get(key)
         if body is not None:
             return body
-        if choice_of(job) is None:
-            raise not_ready(job)
+        index = point_index(job, straggler_replica)
+        frontier = self._frontiers.get(job.id, job.frontier_rev)
+        times = self._times(job, frontier, index)
         body = render_plan(
-            job, self._frontiers.get(job.id, job.frontier_rev), stage, straggler_replica
+            job, frontier, stage, straggler_replica, None if times is None else times[stage]
         )
         with self._lock:
             self._plans[key] = body
@@ -182,10 +269,41 @@ class Plans:
                 self._plans.popitem(last=False)
         return body
 
+    def _times(
+        self, job: JobRow, frontier: Frontier, index: int
+    ) -> tuple[tuple[float, ...], ...] | None:
+        """Every instruction's expected duration under point ``index``, GPU by GPU (one
+        computation for all of a version's stages); None without the planned profile."""
+        key = (job.id, job.frontier_rev, index)
+        with self._lock:
+            times = self._point_times.get(key)
+        if times is not None:
+            return times
+        profile = self._frontiers.profile(job.id, job.frontier_rev)
+        if profile is None:
+            return None
+        try:
+            times = instruction_times_s(
+                profile,
+                frontier.schedule,
+                frontier.point(index).frequencies_mhz,
+                clock_change_margin_s=frontier.clock_change_margin_s,
+            )
+        except PlanError:
+            # A profile that does not fit the frontier (not expected): plans without times.
+            return None
+        with self._lock:
+            self._point_times[key] = times
+            while len(self._point_times) > _POINT_TIMES:
+                self._point_times.popitem(last=False)
+        return times
+
     def forget(self, job_id: str) -> None:
         with self._lock:
             for key in [k for k in self._plans if k[0] == job_id]:
                 del self._plans[key]
+            for times_key in [k for k in self._point_times if k[0] == job_id]:
+                del self._point_times[times_key]
 
     def chosen(self, job: JobRow, frontier: Frontier | None) -> ChosenPoint | None:
         """The point the plans follow now, with what a straggler makes of it."""

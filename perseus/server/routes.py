@@ -224,9 +224,15 @@ async def healthz() -> Health:
 
 @router.get(METRICS_PATH, tags=["server"], response_class=Response)
 async def metrics(state: State) -> Response:
-    """Prometheus text: requests, latencies, jobs by state, planning seconds."""
-    jobs_by_state = await run_in_threadpool(state.service.jobs.count_by_state)
-    return Response(state.metrics.render(jobs_by_state), media_type="text/plain; version=0.0.4")
+    """Prometheus text: requests, latencies, jobs by state, planning seconds, each job's
+    energy and energy saved."""
+    jobs = state.service.jobs
+    jobs_by_state = await run_in_threadpool(jobs.count_by_state)
+    await state.telemetry.flush()  # every report this process accepted is in the totals
+    energy = await run_in_threadpool(jobs.energy_totals)
+    # Rendering is O(routes + jobs) string formatting: in the pool too, off the event loop.
+    text = await run_in_threadpool(state.metrics.render, jobs_by_state, energy)
+    return Response(text, media_type="text/plain; version=0.0.4")
 
 
 @router.post(

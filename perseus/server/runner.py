@@ -175,6 +175,7 @@ class PlanningRunner:
                     outcome.frontier_json,
                     planning_s,
                     outcome.frontier,
+                    planning,
                 )
                 self._metrics.observe_planning(planning_s, ok=True)
                 log.info("job %s: frontier computed in %.2f s", job_id, planning_s)

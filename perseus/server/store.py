@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -61,6 +61,9 @@ from perseus.server.tables import (
     PROFILES,
     RANK_COLUMNS,
     RANKS,
+    SAMPLE_COLUMNS,
+    SAMPLE_FIELDS,
+    SAMPLES,
     STATE,
     WINDOW_COLUMNS,
     WINDOW_FIELDS,
@@ -70,12 +73,15 @@ from perseus.server.tables import (
     ProfileRecord,
     RankRow,
     RankWindow,
+    SampleBucket,
     job_row,
     job_values,
     metadata,
     profile_record,
     rank_row,
     rank_values,
+    sample_bucket,
+    sample_values,
 )
 
 __all__ = [
@@ -146,7 +152,7 @@ class Transaction:
 
     def delete_job(self, job_id: str) -> bool:
         self.job_version(job_id)  # the job row first, as every write (see job_version)
-        for table in (PROFILES, RANKS, FRONTIERS):
+        for table in (SAMPLES, PROFILES, RANKS, FRONTIERS):
             self._conn.execute(delete(table).where(table.c.job_id == job_id))
         result = self._conn.execute(delete(JOBS).where(JOBS.c.id == job_id))
         return bool(result.rowcount)
@@ -370,9 +376,9 @@ class Transaction:
     # frontiers
 
     def frontier(self, job_id: str) -> FrontierRow | None:
-        query = select(FRONTIERS.c.job_id, FRONTIERS.c.rev, FRONTIERS.c.data).where(
-            FRONTIERS.c.job_id == job_id
-        )
+        query = select(
+            FRONTIERS.c.job_id, FRONTIERS.c.rev, FRONTIERS.c.data, FRONTIERS.c.profile
+        ).where(FRONTIERS.c.job_id == job_id)
         found = self._conn.execute(query).first()
         return None if found is None else FrontierRow(*found)
 
@@ -387,8 +393,82 @@ class Transaction:
             self._conn.execute(
                 update(FRONTIERS)
                 .where(FRONTIERS.c.job_id == row.job_id)
-                .values(rev=row.rev, data=row.data)
+                .values(rev=row.rev, data=row.data, profile=row.profile)
             )
+
+    # measured iterations by phase (the realized saving)
+
+    def sample_buckets(
+        self, job_id: str, ranks: Sequence[int], versions: Sequence[int]
+    ) -> dict[tuple[int, str, int], SampleBucket]:
+        """``(rank, phase, version) -> bucket`` of these ranks: their baseline and
+        totals-only buckets, and their plan buckets of ``versions``."""
+        query = select(SAMPLES.c.rank, *SAMPLE_COLUMNS).where(
+            SAMPLES.c.job_id == job_id,
+            SAMPLES.c.rank.in_(list(ranks)),
+            or_(SAMPLES.c.phase != "plan", SAMPLES.c.version.in_(list(versions))),
+        )
+        found = (
+            (int(values[0]), sample_bucket(values[1:])) for values in self._conn.execute(query)
+        )
+        return {(rank, b.phase, b.version): b for rank, b in found}
+
+    def save_sample_buckets(
+        self,
+        job_id: str,
+        buckets: Mapping[tuple[int, str, int], SampleBucket],
+        new: Collection[tuple[int, str, int]],
+    ) -> None:
+        """Write buckets back: insert those in ``new``, update the others."""
+        inserts = [
+            {"job_id": job_id, "rank": key[0], **sample_values(b)}
+            for key, b in buckets.items()
+            if key in new
+        ]
+        updates = [
+            {"rank_": key[0], "phase_": key[1], "version_": key[2], **sample_values(b)}
+            for key, b in buckets.items()
+            if key not in new
+        ]
+        if inserts:
+            self._conn.execute(insert(SAMPLES), inserts)
+        if updates:
+            names = [n for n in SAMPLE_FIELDS if n not in ("phase", "version")]
+            self._conn.execute(
+                update(SAMPLES)
+                .where(
+                    SAMPLES.c.job_id == job_id,
+                    SAMPLES.c.rank == bindparam("rank_"),
+                    SAMPLES.c.phase == bindparam("phase_"),
+                    SAMPLES.c.version == bindparam("version_"),
+                )
+                .values({name: bindparam(name) for name in names}),
+                [{k: v for k, v in u.items() if k not in ("phase", "version")} for u in updates],
+            )
+
+    def compared_samples(self, job_id: str, version: int) -> list[tuple[int, SampleBucket]]:
+        """``(rank, bucket)`` of every rank's baseline and plan ``version`` buckets."""
+        query = select(SAMPLES.c.rank, *SAMPLE_COLUMNS).where(
+            SAMPLES.c.job_id == job_id,
+            or_(
+                SAMPLES.c.phase == "baseline",
+                and_(SAMPLES.c.phase == "plan", SAMPLES.c.version == version),
+            ),
+        )
+        return [(int(v[0]), sample_bucket(v[1:])) for v in self._conn.execute(query)]
+
+    def energy_totals(self, job_ids: Sequence[str] | None = None) -> dict[str, tuple[float, float]]:
+        """``job id -> (energy of every reported iteration, energy saved)`` in joules, of
+        these jobs (None: every job with samples)."""
+        query = select(
+            SAMPLES.c.job_id, func.sum(SAMPLES.c.energy_j_total), func.sum(SAMPLES.c.saved_j)
+        ).group_by(SAMPLES.c.job_id)
+        if job_ids is not None:
+            query = query.where(SAMPLES.c.job_id.in_(list(job_ids)))
+        return {
+            str(job_id): (float(energy or 0.0), float(saved or 0.0))
+            for job_id, energy, saved in self._conn.execute(query)
+        }
 
 
 # ----------------------------------------------------------------------------- the store

@@ -32,12 +32,14 @@ __all__ = [
     "JOBS",
     "PROFILES",
     "RANKS",
+    "SAMPLES",
     "FrontierRow",
     "IterationWindow",
     "JobRow",
     "ProfileRecord",
     "RankRow",
     "RankWindow",
+    "SampleBucket",
     "metadata",
 ]
 
@@ -76,6 +78,8 @@ FRONTIERS = Table(
     Column("job_id", String(64), ForeignKey("perseus_jobs.id"), primary_key=True),
     Column("rev", Integer, nullable=False),
     Column("data", Text, nullable=False),
+    # The profile the frontier was planned on (perseus.profile/1 JSON; null before 0002).
+    Column("profile", Text),
 )
 
 RANKS = Table(
@@ -108,6 +112,24 @@ PROFILES = Table(
     Column("p_block_w", Float),
     Column("reported_at_s", Float, nullable=False),
 )
+
+SAMPLES = Table(
+    "perseus_samples",
+    metadata,
+    Column("job_id", String(64), ForeignKey("perseus_jobs.id"), primary_key=True),
+    Column("rank", Integer, primary_key=True),
+    Column("phase", String(16), primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("iterations", Integer, nullable=False),
+    Column("time_s_total", Float, nullable=False),
+    Column("energy_j_total", Float, nullable=False),
+    Column("recent_times_s", JSON, nullable=False),
+    Column("recent_energies_j", JSON, nullable=False),
+    Column("saved_j", Float, nullable=False),
+    Column("saved_iterations", Integer, nullable=False),
+)
+"""A rank's measured iterations of one phase (and plan version): exact counts and sums,
+and the most recent samples (see :mod:`perseus.server.savings`)."""
 
 
 # ----------------------------------------------------------------------------- row values
@@ -202,6 +224,29 @@ class FrontierRow:
     job_id: str
     rev: int
     data: str
+    profile: str | None = None
+    """The profile the frontier was planned on, as ``perseus.profile/1`` JSON text."""
+
+
+@dataclass(frozen=True, slots=True)
+class SampleBucket:
+    """A rank's iterations of one phase: ``baseline`` (default clocks), ``plan`` (under plan
+    ``version``), or a phase kept only for its totals (``profiling``, ``default``,
+    ``other``: an older rank's report that the comparison cannot place).
+
+    ``saved_j`` is the energy the plan iterations saved against the rank's baseline median
+    at the time each was recorded, over the ``saved_iterations`` that had a baseline.
+    """
+
+    phase: str
+    version: int
+    iterations: int = 0
+    time_s_total: float = 0.0
+    energy_j_total: float = 0.0
+    recent_times_s: tuple[float, ...] = ()
+    recent_energies_j: tuple[float, ...] = ()
+    saved_j: float = 0.0
+    saved_iterations: int = 0
 
 
 JOB_FIELDS = tuple(f.name for f in dataclasses.fields(JobRow))
@@ -211,6 +256,8 @@ RANK_COLUMNS = [RANKS.c[name] for name in RANK_FIELDS]
 _RANK_TUPLES = ("supported_clocks_mhz", "recent_times_s", "recent_energies_j")
 WINDOW_FIELDS = tuple(f.name for f in dataclasses.fields(IterationWindow))
 WINDOW_COLUMNS = [RANKS.c[name] for name in WINDOW_FIELDS]
+SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(SampleBucket))
+SAMPLE_COLUMNS = [SAMPLES.c[name] for name in SAMPLE_FIELDS]
 PROFILE_COLUMNS = [
     PROFILES.c[name] for name in ("job_id", "rank", "stage", "rows", "p_block_w", "reported_at_s")
 ]
@@ -255,6 +302,20 @@ def rank_values(row: RankRow) -> dict[str, Any]:
     values = {name: getattr(row, name) for name in RANK_FIELDS}
     for name in _RANK_TUPLES:
         values[name] = list(values[name])
+    return values
+
+
+def sample_bucket(values: Sequence[Any]) -> SampleBucket:
+    row = dict(zip(SAMPLE_FIELDS, values, strict=True))
+    row["recent_times_s"] = tuple(row["recent_times_s"])
+    row["recent_energies_j"] = tuple(row["recent_energies_j"])
+    return SampleBucket(**row)
+
+
+def sample_values(bucket: SampleBucket) -> dict[str, Any]:
+    values = {name: getattr(bucket, name) for name in SAMPLE_FIELDS}
+    values["recent_times_s"] = list(bucket.recent_times_s)
+    values["recent_energies_j"] = list(bucket.recent_energies_j)
     return values
 
 

@@ -2,8 +2,9 @@
 
 Every rank reports every iteration; :class:`IterationLog` writes a batch of those reports in
 one transaction and keeps each rank's last few samples under the current plan version (what
-the job view and straggler detection compare with the plan). :func:`telemetry_view` is
-the comparison, a pure function.
+the job view and straggler detection compare with the plan), and each report in its phase's
+samples (baseline, plan by version: what the realized saving is measured on).
+:func:`telemetry_view` is the comparison, a pure function.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from collections.abc import Sequence
 from perseus.schemas import ChosenPoint, IterationReport, ReplicaTelemetry, Telemetry
 from perseus.server.decisions import predicted_time_s, replica_measurements
 from perseus.server.plans import choice_of
+from perseus.server.savings import BASELINE, PLAN, add_sample, bucket_key, median_energy_j
 from perseus.server.store import IterationWindow, JobRow, RankWindow, Store
+from perseus.server.tables import SampleBucket
 from perseus.solver import Frontier
 
 __all__ = ["IterationLog", "telemetry_view"]
@@ -28,14 +31,20 @@ class IterationLog:
 
     def record(self, job_id: str, reports: Sequence[IterationReport], window: int) -> None:
         """Record ranks' measured iterations, keeping each rank's last ``window`` of them
-        under the current plan version. One transaction for the whole batch; reports of
+        under the current plan version, and counting each in its phase's samples
+        (:mod:`perseus.server.savings`). One transaction for the whole batch; reports of
         ranks or jobs deleted meanwhile are dropped, and a report sent twice counts once.
         """
         with self._store.write() as tx:
             version = tx.job_version(job_id)
             if version is None:
                 return
-            windows = tx.iteration_windows(job_id, sorted({r.rank for r in reports}))
+            ranks = sorted({r.rank for r in reports})
+            windows = tx.iteration_windows(job_id, ranks)
+            placed = (bucket_key(report, version) for report in reports)
+            plan_versions = sorted({v for phase, v in placed if phase == PLAN})
+            buckets = tx.sample_buckets(job_id, ranks, plan_versions)
+            new: set[tuple[int, str, int]] = set()
             counted = 0
             for report in reports:
                 state = windows.get(report.rank)
@@ -51,8 +60,17 @@ class IterationLog:
                 windows[report.rank] = IterationWindow(
                     state.iterations + 1, report.iteration, version, times, energies
                 )
+                phase, ran = bucket_key(report, version)
+                key = (report.rank, phase, ran)
+                bucket = buckets.get(key)
+                if bucket is None:
+                    bucket = SampleBucket(phase, ran)
+                    new.add(key)
+                baseline = median_energy_j(buckets.get((report.rank, BASELINE, 0)))
+                buckets[key] = add_sample(bucket, report, baseline)
                 counted += 1
             tx.save_iteration_windows(job_id, windows, counted)
+            tx.save_sample_buckets(job_id, buckets, new)
 
 
 def telemetry_view(

@@ -3,6 +3,7 @@ loopback, in a thread of this process)."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import socket
 import subprocess
@@ -323,3 +324,40 @@ def test_errors_say_what_to_check(
         run(capsys, "job", "status", "--server", "planner:7787")
     )
     assert "COMMAND" in error_line(run(capsys, "job"))
+
+
+def test_status_shows_the_saving_measured_beside_the_predicted(
+    planner: Planner, capsys: pytest.CaptureFixture[str], clean_env: pytest.MonkeyPatch
+) -> None:
+    import httpx
+
+    env = create(capsys, clean_env, planner.url)
+    make_ready(env)
+    auth = {"Authorization": f"Bearer {env['PERSEUS_TOKEN']}"}
+    url = f"{env['PERSEUS_SERVER']}/v1/jobs/{env['PERSEUS_JOB']}/iterations"
+    with httpx.Client(headers=auth, timeout=10) as http:
+        for it in range(4):
+            for rank in range(STAGES):
+                phase, energy_j = ("baseline", 100.0) if it < 2 else ("plan", 50.0)
+                body = {"rank": rank, "iteration": it, "time_s": 1.0, "energy_j": energy_j,
+                        "phase": phase, "plan_version": 1}  # fmt: skip
+                http.post(url, json=body).raise_for_status()
+    r = run(capsys, "job", "status")
+    assert r.status == 0, r.err
+    lines = r.out.splitlines()
+    assert any(
+        line.split()[:5] == ["baseline", "(default", "clocks)", "1.0000", "1.0000-1.0000"]
+        and "400.0" in line
+        for line in lines
+    ), r.out
+    assert any(line.startswith("plan version 1") and "200.0" in line for line in lines), r.out
+    realized = next(line for line in lines if line.startswith("realized"))
+    assert realized.split()[1:] == ["+0.0", "%", "+50.0", "%"]
+    assert any(line.startswith("predicted") for line in lines)
+    assert "energy saved so far  400 J (0.0001111 kWh) of 1,200 J reported" in r.out
+    assert "warning: realized saving +50.0% differs from the predicted" in r.out
+    raw = run(capsys, "job", "status", "--json")
+    savings = json.loads(raw.out)["savings"]
+    assert savings["realized_saving"] == pytest.approx(0.5)
+    assert savings["energy_saved_j"] == pytest.approx(400.0)
+    assert savings["plan"]["iterations"] == 2 * STAGES

@@ -144,3 +144,30 @@ def test_asking_for_the_revision_creates_no_sqlite_file(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="no SQLite database at"):
         current_revision(f"sqlite:///{path}")
     assert not path.exists()
+
+
+def test_a_database_at_0001_with_data_upgrades_to_0002(
+    sqlite_url: str, make_client: Callable[[Settings], TestClient]
+) -> None:
+    from alembic import command
+
+    from perseus.server.alembic import config
+
+    _make_pre_migration_database(sqlite_url)
+    engine = create_engine(sqlite_url)
+    with engine.begin() as connection:
+        command.stamp(config(connection), "0001")
+    engine.dispose()
+    assert current_revision(sqlite_url) == "0001"
+    client = make_client(Settings(database=sqlite_url, warm_planner=False))
+    assert current_revision(sqlite_url) == "0002" == head_revision()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    r = client.get(f"/v1/jobs/{JOB_ID}/plan", params={"rank": 2}, headers=auth)
+    assert r.status_code == 200, r.text
+    # A frontier stored before 0002 has no profile beside it: plans carry no times.
+    assert all("time_s" not in ins for ins in r.json()["instructions"])
+    r = client.post(f"/v1/jobs/{JOB_ID}/iterations", headers=auth,
+                    json={"rank": 2, "iteration": 99, "time_s": 1.0, "energy_j": 3.0})  # fmt: skip
+    assert r.status_code == 200, r.text
+    savings = client.get(f"/v1/jobs/{JOB_ID}", headers=auth).json()["savings"]
+    assert savings["plan"]["iterations"] == 1 and savings["energy_j"] == 3.0

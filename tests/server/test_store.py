@@ -353,6 +353,9 @@ def test_a_database_from_before_rank_hosts_gains_the_column(database_url: str) -
     with store.write() as tx:  # as the first release made it: no host, no schema revision
         tx._conn.exec_driver_sql("ALTER TABLE perseus_ranks DROP COLUMN host")
         tx._conn.exec_driver_sql(f"DROP TABLE {VERSION_TABLE}")
+        # ... nor what revisions after the first added
+        tx._conn.exec_driver_sql("DROP TABLE perseus_samples")
+        tx._conn.exec_driver_sql("ALTER TABLE perseus_frontiers DROP COLUMN profile")
     store.create_schema()  # what a newer server does at start
     service = JobService(store)
     spec = _spec(stages=1, data_parallel=1)
