@@ -7,10 +7,11 @@ Times `with rank.instruction(kind, microbatch): pass` (the call, enter and exit)
 instruction at a time with `time.perf_counter_ns`, in four modes:
 
 - `off`: perseus off, `Rank(ClientSettings())` (no server): the hooks are a shared nullcontext;
-- `plan, inline`: a real `Rank` following a plan whose clock alternates 1980/1200 MHz, so every
-  instruction changes the clock; the controller sets it inline (as for a CPU or fake GPU);
-- `plan, event`: the same with the event-mode controller: the hook records a boundary event (a
-  trivial object here; a `torch.cuda.Event` on a GPU) and a controller thread sets the clock;
+- `plan, host`: a real `Rank` following a plan whose clock alternates 1980/1200 MHz, so every
+  instruction changes the clock; the hook stamps the host time and queues the instruction for
+  the controller thread (as for a CPU or fake GPU), which requests the next clock ahead;
+- `plan, event`: the same with a boundary event: the hook records one (a trivial object here;
+  a `torch.cuda.Event` on a GPU) and the controller thread waits for it;
 - `nullcontext`: a bare `with contextlib.nullcontext(): pass`, the peer baseline (what any
   context manager costs, timer included).
 
@@ -84,6 +85,9 @@ class StoreGpu:
         return 1980
 
     def current_clock_mhz(self) -> int:
+        return self.locked_mhz or 1980
+
+    def applied_clock_mhz(self) -> int:
         return self.locked_mhz or 1980
 
     def lock_clock(self, frequency_mhz: int) -> None:
@@ -300,13 +304,13 @@ def main() -> None:
         )
         off = Rank(ClientSettings())
         planned = {
-            "plan, inline": PlanRank(event_mode=False, profile_path=str(profile)),
+            "plan, host": PlanRank(event_mode=False, profile_path=str(profile)),
             "plan, event": PlanRank(event_mode=True, profile_path=str(profile)),
         }
         for p in planned.values():
             stack.callback(p.close)
             p.wait_for_plan(keys)
-        modes = ("off", "plan, inline", "plan, event", "nullcontext")
+        modes = ("off", "plan, host", "plan, event", "nullcontext")
         medians: dict[str, list[float]] = {m: [] for m in modes}
         p99s: dict[str, list[float]] = {m: [] for m in modes}
         sync_calls = dict.fromkeys(modes, 0)

@@ -24,7 +24,7 @@ def distributed() -> Any:
 
 def cuda_events(settings: ClientSettings) -> Callable[[], BoundaryEvent] | None:
     """A recorder of CUDA events at instruction boundaries, or None (no CUDA, or the fake GPU:
-    clocks are then set inline)."""
+    the host call is then the boundary)."""
     if settings.gpu == "fake":
         return None
     try:

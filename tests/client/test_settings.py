@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from perseus.client.fake import FakeGpu
+from perseus.client.gpu import open_gpu
 from perseus.client.settings import (
     GPU_MODES,
     ClientSettings,
@@ -11,6 +13,7 @@ from perseus.client.settings import (
     SettingsError,
     load_settings,
 )
+from perseus.defaults import BASELINE_ITERATIONS
 
 SERVER = {"PERSEUS_SERVER": "http://planner:7787", "PERSEUS_JOB": "j", "PERSEUS_TOKEN": "t"}
 
@@ -47,6 +50,31 @@ def test_settings_are_validated() -> None:
                       ("telemetry_queue", True)):  # fmt: skip
         with pytest.raises(SettingsError, match=name):
             load_settings({}, **{name: bad})
+
+
+def test_clock_change_settings() -> None:
+    default = load_settings({})
+    assert default.clock_latency_s == 0.03
+    assert default.baseline_iterations == BASELINE_ITERATIONS
+    assert default.fake_clock_delay_s is None  # the fake's model keeps its 20 ms
+    s = load_settings(
+        {
+            "PERSEUS_CLOCK_LATENCY_S": "0.012",
+            "PERSEUS_BASELINE_ITERATIONS": "0",
+            "PERSEUS_FAKE_CLOCK_DELAY_S": "0.04",
+        }
+    )
+    assert (s.clock_latency_s, s.baseline_iterations, s.fake_clock_delay_s) == (0.012, 0, 0.04)
+    assert load_settings({}, fake_clock_delay_s=0).fake_clock_delay_s == 0.0
+    with pytest.raises(SettingsError, match="clock_latency_s: must be a finite number >= 0"):
+        load_settings({}, clock_latency_s=1.5)
+
+
+def test_the_fake_takes_its_delay_from_the_setting() -> None:
+    gpu = open_gpu("fake", 0, fake_clock_delay_s=0.04)
+    assert isinstance(gpu, FakeGpu) and gpu.model.clock_change_delay_s == 0.04
+    gpu = open_gpu("fake", 0)
+    assert isinstance(gpu, FakeGpu) and gpu.model.clock_change_delay_s == 0.02
 
 
 def test_without_variables_perseus_is_off_with_the_defaults() -> None:
@@ -90,6 +118,13 @@ def test_launcher_variables_are_fallbacks_only() -> None:
         ("PERSEUS_PROFILE_CLOCKS", "1980,,1200"),  # the message shows the bad part, ''
         ("PERSEUS_PROFILE_CLOCKS", "every:0"),  # and here '0'
         ("PERSEUS_GPU", "cuda"),
+        ("PERSEUS_CLOCK_LATENCY_S", "-0.01"),
+        ("PERSEUS_CLOCK_LATENCY_S", "2"),  # a second or more is no clock change
+        ("PERSEUS_CLOCK_LATENCY_S", "fast"),
+        ("PERSEUS_BASELINE_ITERATIONS", "-1"),
+        ("PERSEUS_BASELINE_ITERATIONS", "ten"),
+        ("PERSEUS_FAKE_CLOCK_DELAY_S", "-0.02"),
+        ("PERSEUS_FAKE_CLOCK_DELAY_S", "nan"),
     ],
 )
 def test_a_bad_variable_is_named_with_its_value(variable: str, value: str) -> None:

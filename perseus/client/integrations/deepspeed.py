@@ -63,6 +63,7 @@ from deepspeed.runtime.pipe.schedule import BackwardPass, ForwardPass, TrainSche
 from perseus.client.integrations.tensors import StateHook, detached, flatten_tensors, preserved
 from perseus.client.rank import Rank
 from perseus.errors import ProfileError, ScheduleError
+from perseus.solver import InstructionKind
 
 __all__ = ["EngineWorkload", "MicrobatchCounter", "instrument"]
 
@@ -174,7 +175,7 @@ def instruction_map(
         if not counter.training:
             forward(engine, buffer_id=buffer_id)
             return
-        with rank.instruction("forward", counter.next_forward(), None):
+        with rank.instruction(InstructionKind.FORWARD, counter.next_forward(), None):
             forward(engine, buffer_id=buffer_id)
         if capture is not None:
             capture(engine, buffer_id)
@@ -183,7 +184,7 @@ def instruction_map(
         if not counter.training:
             backward(engine, buffer_id=buffer_id)
             return
-        with rank.instruction("backward", counter.next_backward(), None):
+        with rank.instruction(InstructionKind.BACKWARD, counter.next_backward(), None):
             backward(engine, buffer_id=buffer_id)
 
     return {**base, ForwardPass: exec_forward_pass, BackwardPass: exec_backward_pass}

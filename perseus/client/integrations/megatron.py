@@ -78,6 +78,7 @@ from perseus.client.integrations.tensors import (
 )
 from perseus.client.rank import Rank
 from perseus.errors import ScheduleError
+from perseus.solver import InstructionKind
 
 __all__ = [
     "ChunkWorkload",
@@ -491,7 +492,7 @@ class Instrumentation:
                     chunk or 0, model, _argument(args, kwargs, input_at, "input_tensor")
                 )
             try:
-                with rank.instruction("forward", microbatch, chunk):
+                with rank.instruction(InstructionKind.FORWARD, microbatch, chunk):
                     result = original(*args, **kwargs)
             finally:
                 if watch is not None:
@@ -517,7 +518,7 @@ class Instrumentation:
                     "instruction runs unplanned",
                 )
                 return original(*args, **kwargs)
-            with rank.instruction("backward", found[0], found[1]):
+            with rank.instruction(InstructionKind.BACKWARD, found[0], found[1]):
                 return original(*args, **kwargs)
 
         return backward_step

@@ -46,6 +46,7 @@ from torch.distributed.pipelining.schedules import (
 from perseus.client.integrations.tensors import detached, flatten_tensors, preserved, with_grad
 from perseus.client.rank import Rank
 from perseus.errors import ScheduleError
+from perseus.solver import InstructionKind
 
 __all__ = ["StageWorkload", "instrument", "schedule_name"]
 
@@ -134,7 +135,7 @@ def _wrap(rank: Rank, stage: PipelineStage, chunk: int | None) -> None:
         # schedule.eval() runs the training schedule with has_backward off: no instruction.
         if not stage.has_backward:
             return forward(fwd_chunk_id, *args, **kwargs)
-        with rank.instruction("forward", fwd_chunk_id, chunk):
+        with rank.instruction(InstructionKind.FORWARD, fwd_chunk_id, chunk):
             return forward(fwd_chunk_id, *args, **kwargs)
 
     def backward_one_chunk(bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
@@ -152,7 +153,7 @@ def _wrap(rank: Rank, stage: PipelineStage, chunk: int | None) -> None:
                     "does not plan; pass the schedule to instrument() to have it refused"
                 )
             return backward(bwd_chunk_id, *args, **kwargs)
-        with rank.instruction("backward", bwd_chunk_id, chunk):
+        with rank.instruction(InstructionKind.BACKWARD, bwd_chunk_id, chunk):
             return backward(bwd_chunk_id, *args, **kwargs)
 
     forward_one_chunk.__perseus_original__ = forward  # type: ignore[attr-defined]
