@@ -12,10 +12,11 @@ so that it lands ``margin`` before the boundary the controller predicts. ``expec
 instruction's expected duration from the plan (``PlanInstruction.time_s``), or the shortest
 start-to-start interval measured for that position under the same plan; the wrap-around from
 an iteration's last instruction to the next iteration's first is aimed the same way, from the
-measured interval (it includes the optimizer step). ``latency`` is measured: after each change
-it issues, the controller polls the clock in effect (``GpuControl.applied_clock_mhz``, about
-1 us through NVML) every ~0.75 ms, sleeping in between, until the new clock shows or 200 ms
-pass, and keeps a high quantile of the recent samples (:class:`LatencyEstimate`).
+measured interval (it includes the optimizer step). ``latency`` is measured: after a change it
+issues, the controller polls the clock in effect (``GpuControl.applied_clock_mhz``, about 1 us
+through NVML) every ~0.75 ms, sleeping in between, until the new clock shows or 200 ms pass,
+and keeps a high quantile of the recent samples (:class:`LatencyEstimate`); every change
+until 16 samples are in, then one in :data:`PROBE_EVERY`.
 
 Threads: the training thread only enqueues one small item per instruction (:meth:`step`) with
 the instruction's start marker: a CUDA event recorded at the boundary (the device reaches it
@@ -61,6 +62,9 @@ _log = logging.getLogger("perseus.client")
 
 PROBE_INTERVAL_S = 0.00075
 """How often the controller reads the clock in effect while a change is on its way."""
+PROBE_EVERY = 16
+"""Once the estimate has a full window, one change in this many is measured: each
+measurement wakes the thread every ~0.75 ms, CPU that the training thread may need."""
 PROBE_TIMEOUT_S = 0.2
 """A change not seen after this long gives no latency sample."""
 _PROBE_UNSURE_S = 0.005
@@ -136,7 +140,7 @@ class LatencyEstimate:
         self,
         initial_s: float,
         *,
-        window: int = 32,
+        window: int = 16,
         quantile: float = 0.9,
         min_samples: int = 3,
     ) -> None:
@@ -145,6 +149,11 @@ class LatencyEstimate:
         self._quantile = quantile
         self._min = min_samples
         self.value_s = initial_s
+
+    @property
+    def settled(self) -> bool:
+        """Whether the window is full (further samples only track drift)."""
+        return len(self._samples) == self._samples.maxlen
 
     @property
     def samples(self) -> tuple[float, ...]:
@@ -246,6 +255,7 @@ class ClockController:
         self._last_start: tuple[int, float, int | None] | None = None  # position, start, version
         self._intervals: dict[tuple[int, bool], collections.deque[float]] = {}
         self._intervals_version: int | None = None
+        self._changes = 0
         self.applied = 0
         """Clock changes handed to the GPU."""
         self.late = 0
@@ -534,7 +544,12 @@ class ClockController:
             with self._lock:
                 if not self._enabled or generation != self._generation:
                     return False
-                probing = gpu.can_set_clocks and self._read_clock is not None
+                self._changes += 1
+                probing = (
+                    gpu.can_set_clocks
+                    and self._read_clock is not None
+                    and (not self.latency.settled or self._changes % PROBE_EVERY == 0)
+                )
                 target = gpu.default_clock_mhz() if frequency_mhz is None else frequency_mhz
                 before = self._read_clock() if probing and self._read_clock else None
                 issued = self._clock()

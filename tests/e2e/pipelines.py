@@ -3,8 +3,9 @@
 ``tests/e2e/test_torch_pipeline.py``, ``test_deepspeed.py`` and ``test_megatron.py`` each start
 one of ``examples/*_pipeline.py`` under ``torch.distributed.run`` (gloo, fake GPU), with or
 without perseus, against a real planner server, and compare the ranks' clock logs with the
-plans the server hands out. The ``launches`` fixture (in ``conftest.py``) stops whatever a test
-left running.
+plans the server hands out: the planned clock of every instruction, and the clock it really
+started at (``ran_mhz``, the fake's latched clock). The ``launches`` fixture (in
+``conftest.py``) stops whatever a test left running.
 """
 
 from __future__ import annotations
@@ -200,6 +201,7 @@ def check_log_follows(
     ``strict``: every planned iteration ran under one of ``plans`` and none was cut short.
     """
     by_iteration: dict[int, list[dict[str, Any]]] = {}
+    late_total = [0, 0]  # planned instructions that did not start at their clock, all
     for entry in launch.entries(rank):
         by_iteration.setdefault(entry["iteration"], []).append(entry)
     checked = 0
@@ -225,7 +227,21 @@ def check_log_follows(
         if not strict and len(ran) < len(expected) and iteration == max(by_iteration):
             continue  # the last iteration may be cut short by a signal
         assert ran == expected, f"rank {rank} iteration {iteration} differs from plan {version}"
+        # What really ran: the fake's latched clock at each instruction's start.
+        late = [
+            (e["instruction"], e["microbatch"], e["chunk"], e["frequency_mhz"], e["ran_mhz"])
+            for e in entries
+            if e["ran_mhz"] != e["frequency_mhz"]
+        ]
+        late_total[0] += len(late)
+        late_total[1] += len(entries)
         checked += 1
+    # A loaded 2-core host may now and then deschedule the clock thread past a boundary: a
+    # handful in thousands; a change requested too late would miss at every change instead.
+    assert late_total[0] <= max(2, late_total[1] // 200), (
+        f"rank {rank}: {late_total[0]} of {late_total[1]} planned instructions did not start "
+        "at their planned clock"
+    )
     return checked
 
 
@@ -249,3 +265,16 @@ def check_ranks_follow_plans(
             assert any(i["chunk"] == 1 for i in plan["instructions"])
         followed = check_log_follows(launch, rank, {plan["version"]: plan}, strict=strict)
         assert followed >= 3, output[-4000:]
+
+
+def check_realized_slowdown(server: LiveServer, job: str, token: str, limit: float) -> None:
+    """The job view's median plan iteration is at most ``limit`` slower than its baseline
+    (skipped while the server does not show the measured saving)."""
+    view = httpx.get(
+        f"{server.url}/v1/jobs/{job}", headers={"Authorization": f"Bearer {token}"}, timeout=10
+    ).json()
+    savings = view.get("savings")
+    if not savings or savings.get("realized_slowdown") is None:
+        return
+    assert savings["baseline"]["iterations"] > 0 and savings["plan"]["iterations"] > 0
+    assert savings["realized_slowdown"] <= limit, savings

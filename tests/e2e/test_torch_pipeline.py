@@ -2,7 +2,8 @@
 
 Each test starts ``examples/torch_pipeline.py`` under ``torch.distributed.run``: the ranks
 register, profile online, report, receive their plans and follow them. The clock logs are
-then checked instruction by instruction against the plans the server hands out.
+then checked instruction by instruction against the plans the server hands out, the clock
+each instruction really started at included.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .pipelines import (
     Launch,
     check_log_follows,
     check_ranks_follow_plans,
+    check_realized_slowdown,
     create_job,
     job_env,
     plan_of,
@@ -109,3 +111,4 @@ def test_interleaved_two_ranks_two_chunks(
     launches.append(launch)
     launch.finish(240)
     check_ranks_follow_plans(launch, server, job, token, reset="exit", chunks=2)
+    check_realized_slowdown(server, job, token, 0.02)
