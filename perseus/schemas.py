@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from perseus.solver import Point
 
 __all__ = [
+    "ACTIVITY_PATH",
     "API_PREFIX",
+    "FRONTIER_FILE_PATH",
     "FRONTIER_PATH",
     "HEALTHZ_PATH",
     "ITERATIONS_PATH",
@@ -33,13 +35,16 @@ __all__ = [
     "MAX_PROFILE_ROWS",
     "MAX_WORLD_SIZE",
     "METRICS_PATH",
+    "OVERVIEW_PATH",
     "PLAN_COMPUTE_PATH",
     "PLAN_PATH",
     "POLICY_PATH",
     "PROFILES_PATH",
     "PROFILE_CSV_PATH",
+    "PROFILE_JSON_PATH",
     "RANKS_PATH",
     "STRAGGLER_PATH",
+    "ActivityView",
     "Baseline",
     "ChosenPoint",
     "DeadlinePolicy",
@@ -50,6 +55,7 @@ __all__ = [
     "Health",
     "IterationAccepted",
     "IterationPhase",
+    "IterationPoint",
     "IterationReport",
     "JobCounts",
     "JobCreate",
@@ -58,6 +64,7 @@ __all__ = [
     "JobState",
     "JobSummary",
     "JobView",
+    "JobViews",
     "MaxSlowdownPolicy",
     "MinEnergyPolicy",
     "NoSlowdownPolicy",
@@ -72,6 +79,7 @@ __all__ = [
     "ProfileRow",
     "RankRegistered",
     "RankRegistration",
+    "RankStatus",
     "ReplicaTelemetry",
     "SampleStats",
     "SavingsView",
@@ -94,6 +102,10 @@ STRAGGLER_PATH = f"{JOB_PATH}/straggler"
 PLAN_PATH = f"{JOB_PATH}/plan"
 ITERATIONS_PATH = f"{JOB_PATH}/iterations"
 PROFILE_CSV_PATH = f"{JOB_PATH}/profile.csv"
+PROFILE_JSON_PATH = f"{JOB_PATH}/profile.json"
+FRONTIER_FILE_PATH = f"{JOB_PATH}/frontier.json"
+ACTIVITY_PATH = f"{JOB_PATH}/activity"
+OVERVIEW_PATH = f"{API_PREFIX}/overview"
 HEALTHZ_PATH = "/healthz"
 METRICS_PATH = "/metrics"
 
@@ -255,7 +267,11 @@ class JobCounts(_Model):
     ranks_registered: int
     profiles_reported: int
     stages_profiled: int
-    iterations_reported: int
+    iterations_reported: int = Field(description="Iteration reports, every rank's counted.")
+    iterations: int | None = Field(
+        default=None,
+        description="Iterations of the job: the most iteration reports any one rank sent.",
+    )
 
 
 class ChosenPoint(_Model):
@@ -378,6 +394,18 @@ class JobView(_Model):
     savings: SavingsView | None = Field(
         default=None, description="Measured against predicted saving; null before any report."
     )
+    p_block_w: float | None = Field(
+        default=None,
+        description="Blocking power of one stage (W) that planning uses: the frontier's, else "
+        "the job's p_block_w times the tensor-parallel size, else the ranks' reported mean "
+        "times it; null while neither the job nor any profile gives one.",
+    )
+
+
+class JobViews(_Model):
+    """``GET /v1/overview``: every job's view (the admin token, if the server has one)."""
+
+    jobs: list[JobView]
 
 
 class JobSummary(_Model):
@@ -529,6 +557,13 @@ class FrontierView(_Model):
     baselines: dict[str, Baseline]
     policy_index: int
     chosen_index: int
+    policy: PolicySpec | None = Field(
+        default=None, description="The policy that chose policy_index."
+    )
+    straggler_time_s: float | None = Field(
+        default=None,
+        description="The iteration time a straggler imposes (chosen_index is its point), if any.",
+    )
 
 
 class PlanVersion(_Model):
@@ -592,6 +627,48 @@ class PlanResponse(_Model):
         description="How long before each boundary the plan assumes a clock change takes "
         "effect (the stated time and energy include it); the rank aims its changes at it.",
     )
+
+
+class RankStatus(_Model):
+    """One rank as the planner last heard from it (this server process's memory)."""
+
+    rank: int
+    stage: int
+    data_parallel_rank: int
+    tensor_parallel_rank: int
+    host: str | None
+    iterations: int = Field(description="Iteration reports this rank sent.")
+    phase: IterationPhase | None = Field(description="The phase of its last report.")
+    plan_version: int | None = Field(description="The plan version of its last report.")
+    following: bool = Field(description="Its last report ran the job's current plan version.")
+    last_report_age_s: float | None = Field(
+        description="Seconds since its last report reached this server process; null if none."
+    )
+
+
+class IterationPoint(_Model):
+    """One iteration of the job: its ranks' reports combined (time: the median over ranks;
+    energy: the sum over ranks, every replica)."""
+
+    iteration: int
+    received_s: float = Field(description="When its last report arrived (Unix seconds).")
+    time_s: float
+    energy_j: float
+    ranks: int
+    phase: IterationPhase | None
+    plan_version: int | None
+
+
+class ActivityView(_Model):
+    """``GET /v1/jobs/{id}/activity``: the ranks and the recent iterations, for the web page.
+
+    Kept in the memory of the server process that received the reports (the last few
+    hundred iterations); a restart starts it afresh.
+    """
+
+    version: int
+    ranks: list[RankStatus]
+    iterations: list[IterationPoint]
 
 
 class Health(_Model):

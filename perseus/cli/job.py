@@ -13,6 +13,7 @@ or :class:`~perseus.errors.PerseusError`; both print as one ``perseus: error:`` 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -25,6 +26,7 @@ from perseus.cli.arguments import policy as policy_argument
 from perseus.cli.job_views import (
     format_frontier,
     format_job,
+    format_job_list,
     policy_spec,
     policy_text,
     validation_text,
@@ -34,7 +36,10 @@ from perseus.cli.outputs import check_writable, write_files
 from perseus.errors import AuthError, JobNotFound, PerseusError, PlannerUnavailable, PlanNotReady
 
 if TYPE_CHECKING:
+    import httpx
+
     from perseus.client.planner import PlannerClient
+    from perseus.schemas import FrontierView, JobSummary
 
 __all__ = [
     "ADMIN_TOKEN_ENV",
@@ -174,12 +179,34 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
     status.set_defaults(job_command=_status)
 
+    listing = commands.add_parser(
+        "list",
+        parents=[connection, as_json],
+        help="the planner's jobs: id, name, state, plan version",
+        description="List the planner's jobs, oldest first. Sends --token, else "
+        f"${ADMIN_TOKEN_ENV} (a server with an admin token requires it).",
+    )
+    listing.add_argument(
+        "--token", metavar="TOKEN", help=f"the admin token (default ${ADMIN_TOKEN_ENV})"
+    )
+    listing.set_defaults(job_command=_list)
+
     frontier = commands.add_parser(
         "frontier",
         parents=[connection, job, as_json],
         help="the job's time-energy frontier, baselines and chosen point",
         description="Show the job's time-energy frontier: its span, the baselines and the "
-        "points the policy and a straggler choose.",
+        "points the policy and a straggler choose. -o writes the perseus.frontier/1 file "
+        "(every point's clocks) that 'perseus simulate' replays.",
+    )
+    frontier.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the frontier file (perseus.frontier/1, with clocks) for perseus simulate",
+    )
+    frontier.add_argument(
+        "--plot", metavar="FILE", help="draw the frontier and the chosen point as a PNG"
     )
     frontier.set_defaults(job_command=_frontier)
 
@@ -232,9 +259,11 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     profile = commands.add_parser(
         "profile",
         parents=[connection, job],
-        help="the job's merged profile as Zeus CSV (for perseus plan)",
-        description="Write the job's profile, each stage's ranks merged as for planning, as "
-        "the Zeus CSV that 'perseus plan' reads.",
+        help="the job's merged profile (for perseus plan)",
+        description="Write the job's profile, each stage's ranks merged as for planning: "
+        "perseus.profile/1 JSON with the blocking power when FILE ends in .json (what "
+        "'perseus plan' takes as it is), else the Zeus CSV (which has no column for the "
+        "blocking power: plan it with --p-block).",
     )
     profile.add_argument(
         "-o",
@@ -375,6 +404,68 @@ def _create(args: argparse.Namespace, ctx: _Context) -> None:
     ctx.out.write(f"export {TOKEN_ENV}={shlex.quote(created.token)}\n")
 
 
+def _get(ctx: _Context, args: argparse.Namespace, path: str, token: str | None) -> httpx.Response:
+    """``GET path`` on the planner; a failed answer becomes the error it stands for."""
+    import httpx
+
+    from perseus.client.planner import DEFAULT_TIMEOUT
+
+    timeout = DEFAULT_TIMEOUT if args.timeout is None else httpx.Timeout(args.timeout)
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    try:
+        with httpx.Client(base_url=ctx.server, timeout=timeout) as http:
+            response = http.get(path, headers=headers)
+    except httpx.HTTPError as err:
+        raise PlannerUnavailable(
+            f"planner {ctx.server} unreachable (GET {path}): {type(err).__name__}: {err}"
+        ) from err
+    if response.status_code == 200:
+        return response
+    raise _answer_error(response, f"GET {path}")
+
+
+def _answer_error(response: httpx.Response, where: str) -> PerseusError:
+    status = response.status_code
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    detail = body.get("detail") if isinstance(body, dict) else None
+    message = detail if isinstance(detail, str) else f"{where}: HTTP {status}"
+    if status in (401, 403):
+        return AuthError(message, status)
+    if status == 404:
+        return JobNotFound(message)
+    if status == 409 and isinstance(body, dict) and isinstance(body.get("state"), str):
+        return PlanNotReady(message, body["state"])
+    if status >= 500:
+        return PlannerUnavailable(f"{where}: the planner failed (HTTP {status}): {message}")
+    return PerseusError(message)
+
+
+def _job_path(template: str, job_id: str) -> str:
+    from urllib.parse import quote
+
+    return template.format(job_id=quote(job_id, safe=""))
+
+
+def _list(args: argparse.Namespace, ctx: _Context) -> None:
+    from perseus.schemas import JOBS_PATH, JobList
+
+    token = args.token or ctx.env.get(ADMIN_TOKEN_ENV) or None
+    jobs: list[JobSummary] = []
+    while True:  # the server answers at most 1,000 per page
+        response = _get(ctx, args, f"{JOBS_PATH}?limit=1000&offset={len(jobs)}", token)
+        page = JobList.model_validate_json(response.content).jobs
+        jobs.extend(page)
+        if len(page) < 1000:
+            break
+    if args.json:
+        ctx.out.write(JobList(jobs=jobs).model_dump_json(indent=2) + "\n")
+    else:
+        ctx.out.write(format_job_list(jobs))
+
+
 def _status(args: argparse.Namespace, ctx: _Context) -> None:
     with _open(args, ctx) as client:
         view = client.job()
@@ -382,13 +473,75 @@ def _status(args: argparse.Namespace, ctx: _Context) -> None:
 
 
 def _frontier(args: argparse.Namespace, ctx: _Context) -> None:
+    from perseus.schemas import FRONTIER_FILE_PATH
+
+    targets = [Path(p) for p in (args.output, args.plot) if p is not None and p != "-"]
+    for target in targets:
+        refused = check_writable(target)
+        if refused is not None:
+            raise CommandError(refused)
+    document: bytes | None = None
     with _open(args, ctx) as client:
         view = client.frontier()
+        if args.output is not None or args.plot is not None:
+            path = _job_path(FRONTIER_FILE_PATH, client.job_id)
+            document = _get(ctx, args, path, _token(args, ctx.env, admin_first=False)).content
+    if document is not None:
+        _write_frontier_files(args, ctx, view, document)
+        if args.output == "-":
+            return
     if args.json:
         ctx.out.write(view.model_dump_json(indent=2) + "\n")
     else:
         ctx.out.write(f"job {client.job_id}, plan version {view.version}\n")
         ctx.out.write(format_frontier(view))
+
+
+def _write_frontier_files(
+    args: argparse.Namespace, ctx: _Context, view: FrontierView, document: bytes
+) -> None:
+    """``-o``: the frontier file as the server sent it; ``--plot``: its PNG."""
+    files: dict[str, bytes] = {}
+    if args.output is not None:
+        if args.output == "-":
+            ctx.out.write(document.decode())
+        else:
+            files[args.output] = document
+    if args.plot is not None:
+        files[args.plot] = _frontier_plot(view, document)
+    if not files:
+        return
+    try:
+        write_files(files)
+    except OSError as err:
+        raise CommandError(f"cannot write {err.filename}: {err.strerror}") from err
+    for name in files:
+        ctx.out.write(f"wrote {name}\n")
+
+
+def _frontier_plot(view: FrontierView, document: bytes) -> bytes:
+    from perseus.files import frontier_from_json
+    from perseus.plots import frontier_png
+
+    frontier = frontier_from_json(document)
+    schedule = frontier.schedule
+    straggler = (
+        None
+        if view.straggler_time_s is None or view.chosen_index == view.policy_index
+        else (view.straggler_time_s, view.chosen_index)
+    )
+    policy = "policy" if view.policy is None else policy_text(view.policy)
+    deadline_s = getattr(view.policy, "seconds", None)
+    return frontier_png(
+        frontier,
+        view.policy_index,
+        baselines=frontier.baselines,
+        title=f"plan version {view.version}: {schedule.stages} stages x "
+        f"{schedule.microbatches} microbatches",
+        policy=policy,
+        deadline_s=deadline_s,
+        straggler=straggler,
+    )
 
 
 def _set_policy(args: argparse.Namespace, ctx: _Context) -> None:
@@ -421,18 +574,37 @@ def _delete(args: argparse.Namespace, ctx: _Context) -> None:
 
 
 def _profile(args: argparse.Namespace, ctx: _Context) -> None:
+    from perseus.schemas import PROFILE_JSON_PATH
+
     target = None if args.output == "-" else Path(args.output)
     refused = None if target is None else check_writable(target)
     if refused is not None:
         raise CommandError(f"--output: {refused}")
+    as_json = target is not None and target.suffix.lower() == ".json"
     with _open(args, ctx) as client:
-        text = client.profile_csv()
+        if as_json:
+            path = _job_path(PROFILE_JSON_PATH, client.job_id)
+            token = _token(args, ctx.env, admin_first=False)
+            document = _get(ctx, args, path, token).json()
+            text = json.dumps(document, indent=1) + "\n"
+            rows = len(document.get("rows", ()))
+            p_block_w = document.get("p_block_w")
+        else:
+            text = client.profile_csv()
+            rows = max(text.count("\n") - 1, 0)
+            p_block_w = None if target is None else client.job().p_block_w
     if target is None:
         ctx.out.write(text)
         return
     _write_atomically(target, text)
-    rows = max(text.count("\n") - 1, 0)
     ctx.out.write(f"wrote {target} ({rows} rows)\n")
+    if not as_json and p_block_w is not None:
+        # The Zeus CSV has no column for it: say what perseus plan needs.
+        json_name = target.with_suffix(".json").name
+        ctx.out.write(
+            f"the CSV has no blocking power: plan it with --p-block {p_block_w:g}, "
+            f"or write {json_name} (it carries p_block_w)\n"
+        )
 
 
 def _write_atomically(target: Path, text: str) -> None:

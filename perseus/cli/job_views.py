@@ -3,6 +3,8 @@ line's form (``max-slowdown:1.05``) and the wire's (:class:`perseus.schemas.Poli
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from perseus.baselines import baseline_label, reference_key, saving_text, shown_baselines
@@ -15,6 +17,8 @@ if TYPE_CHECKING:
     from perseus.schemas import (
         FrontierPoint,
         FrontierView,
+        JobCounts,
+        JobSummary,
         JobView,
         PlanVersion,
         PolicySpec,
@@ -25,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "format_frontier",
     "format_job",
+    "format_job_list",
     "format_savings",
     "policy_spec",
     "policy_text",
@@ -78,9 +83,16 @@ def format_job(view: JobView) -> str:
             "ranks",
             f"{counts.ranks_registered} of {counts.ranks_expected} registered, "
             f"{counts.profiles_reported} profiles ({counts.stages_profiled} of {spec.stages} "
-            f"stages), {counts.iterations_reported} iterations reported",
+            f"stages)",
         ),
+        ("progress", _iterations_text(counts)),
         ("policy", policy_text(view.policy)),
+        (
+            "p_block",
+            "unknown (no profile or job value yet)"
+            if view.p_block_w is None
+            else f"{view.p_block_w:g} W per stage",
+        ),
         ("straggler", _straggler_text(view)),
         ("version", str(view.version)),
     ]
@@ -89,10 +101,13 @@ def format_job(view: JobView) -> str:
         lines.append(("frontier", f"{view.frontier_points} points{planned}"))
     if view.chosen is not None:
         c = view.chosen
+        by = policy_text(view.policy)
+        if view.straggler is not None:
+            by = f"straggler, policy {by}"
         lines.append(
             (
                 "chosen",
-                f"point {c.index}: {c.time_s:.4f} s, {c.energy_j:.1f} J per iteration "
+                f"point {c.index} ({by}): {c.time_s:.4f} s, {c.energy_j:.1f} J per iteration "
                 f"(expected {c.expected_iteration_time_s:.4f} s, {c.expected_energy_j:.1f} J)",
             )
         )
@@ -106,6 +121,27 @@ def format_job(view: JobView) -> str:
     if view.savings is not None:
         text += "\n" + format_savings(view.savings)
     return text
+
+
+def _iterations_text(counts: JobCounts) -> str:
+    if not counts.iterations_reported:
+        return "no iterations reported"
+    if counts.iterations is None:  # an older server: only the reports' total
+        return f"{counts.iterations_reported} reports (every rank's counted)"
+    return (
+        f"{counts.iterations} iterations ({counts.iterations_reported} reports from the ranks)"
+    )
+
+
+def format_job_list(jobs: Sequence[JobSummary]) -> str:
+    """The planner's jobs as a table: id, state, plan version, created, name."""
+    if not jobs:
+        return "no jobs\n"
+    rows = [["job", "state", "version", "created (UTC)", "name"]]
+    for job in jobs:
+        created = datetime.fromtimestamp(job.created_at_s, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+        rows.append([job.job_id, job.state, str(job.version), created, job.name or ""])
+    return format_table(rows, right=(2,))
 
 
 def format_savings(savings: SavingsView) -> str:
@@ -199,11 +235,12 @@ def format_frontier(view: FrontierView) -> str:
         rows.append(row(baseline_label(name), baseline.time_s, baseline.energy_j))
     n = len(points)
     chosen = points[view.chosen_index]
+    named = "policy" if view.policy is None else f"policy {policy_text(view.policy)}"
     if view.policy_index == view.chosen_index:
-        rows.append(row(f"chosen: policy (point {view.chosen_index} of {n})", *_te(chosen)))
+        rows.append(row(f"chosen: {named} (point {view.chosen_index} of {n})", *_te(chosen)))
     else:
         policy = points[view.policy_index]
-        rows.append(row(f"policy (point {view.policy_index} of {n})", *_te(policy)))
+        rows.append(row(f"{named} (point {view.policy_index} of {n})", *_te(policy)))
         rows.append(row(f"chosen: straggler (point {view.chosen_index} of {n})", *_te(chosen)))
     against = baseline_label(key) if key is not None else "the fastest point"
     return (

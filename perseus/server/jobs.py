@@ -196,6 +196,12 @@ class Jobs(JobPart):
             samples = tx.compared_samples(job_id, job.version) if reported else []
             totals = tx.energy_totals([job_id]).get(job_id, (0.0, 0.0)) if reported else None
             coverage = tx.profiled_coverage(job_id)
+            ranks = tx.ranks(job_id) if reported else []
+            reported_w = (
+                []
+                if job.spec.p_block_w is not None
+                else [w for *_, w in tx.profile_texts(job_id) if w is not None]
+            )
         spec = job.spec
         frontier = self._frontiers.of(job)
         chosen = self._plans.chosen(job, frontier)
@@ -214,6 +220,7 @@ class Jobs(JobPart):
                 profiles_reported=job.profiles_reported,
                 stages_profiled=sum(stages_profiled(spec, coverage)),
                 iterations_reported=job.iterations_reported,
+                iterations=max((r.iterations for r in ranks), default=0),
             ),
             frontier_points=None if frontier is None else len(frontier),
             planning_s=job.planning_s,
@@ -229,6 +236,9 @@ class Jobs(JobPart):
                 frontier,
                 chosen,
             ),
+            p_block_w=frontier.p_block_w
+            if frontier is not None
+            else stage_p_block_w(spec.p_block_w, reported_w, spec.tensor_parallel),
         )
 
     def register_rank(
@@ -320,7 +330,25 @@ class Jobs(JobPart):
         with self._store.read() as tx:
             return tx.job_heads(job_ids)
 
+    def ranks(self, job_id: str) -> Sequence[RankRow]:
+        """Every registered rank of the job, by rank."""
+        with self._store.read() as tx:
+            return sorted(tx.ranks(job_id), key=lambda r: r.rank)
+
     def rank_layout(self, job_id: str) -> dict[int, tuple[int, int, str | None]]:
         """``rank -> (stage, data_parallel_rank, host)`` of every registered rank."""
         with self._store.read() as tx:
             return tx.rank_hosts(job_id)
+
+
+def stage_p_block_w(
+    p_block_w: float | None, reported_w: Sequence[float], tensor_parallel: int
+) -> float | None:
+    """Blocking power of one stage before planning, as planning will take it: the job's per
+    GPU, else the mean the ranks reported, times the tensor-parallel size; None without
+    either."""
+    if p_block_w is not None:
+        return p_block_w * tensor_parallel
+    if not reported_w:
+        return None
+    return sum(reported_w) / len(reported_w) * tensor_parallel

@@ -345,4 +345,8 @@ class Plans:
             baselines={name: Baseline.from_baseline(b) for name, b in frontier.baselines.items()},
             policy_index=choice.policy_index,
             chosen_index=choice.chosen_index,
+            policy=job.policy,
+            straggler_time_s=None
+            if job.straggler is None
+            else expected(frontier, choice, job.straggler)[0],
         )

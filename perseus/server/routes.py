@@ -35,20 +35,26 @@ from perseus.errors import (
     ScheduleError,
     SolverTimeout,
 )
+from perseus.files import FrontierFile, profile_fingerprint
 from perseus.schemas import (
+    ACTIVITY_PATH,
+    FRONTIER_FILE_PATH,
     FRONTIER_PATH,
     HEALTHZ_PATH,
     ITERATIONS_PATH,
     JOB_PATH,
     JOBS_PATH,
     METRICS_PATH,
+    OVERVIEW_PATH,
     PLAN_COMPUTE_PATH,
     PLAN_PATH,
     POLICY_PATH,
     PROFILE_CSV_PATH,
+    PROFILE_JSON_PATH,
     PROFILES_PATH,
     RANKS_PATH,
     STRAGGLER_PATH,
+    ActivityView,
     ErrorBody,
     FrontierView,
     Health,
@@ -58,6 +64,7 @@ from perseus.schemas import (
     JobCreated,
     JobList,
     JobView,
+    JobViews,
     PlanQuery,
     PlanResponse,
     PlanVersion,
@@ -69,17 +76,18 @@ from perseus.schemas import (
     RankRegistration,
     StragglerSpec,
 )
+from perseus.server.activity import Activity
 from perseus.server.auth import bearer_token, check_admin, check_job_token
 from perseus.server.jobs import RequestFieldError
 from perseus.server.metrics import Metrics
 from perseus.server.planning import PlanningInput, merged_profile, unprofiled_stages
-from perseus.server.plans import has_plan
+from perseus.server.plans import has_plan, not_ready
 from perseus.server.runner import PlanningRunner
 from perseus.server.runtime import Coalescer, JobHeads, RankPlace, TelemetryBuffer
 from perseus.server.service import JobService
 from perseus.server.settings import Settings
 from perseus.server.store import JobRow
-from perseus.solver.profiles import profile_to_csv
+from perseus.solver.profiles import Profile, profile_to_csv, profile_to_json
 
 __all__ = [
     "P_BLOCK_HEADER",
@@ -155,6 +163,8 @@ class ServerState:
     renders: Coalescer = field(default_factory=Coalescer)
     # (job, rank) pairs already warned about for reporting from another host than registered.
     foreign_reports: set[tuple[str, int]] = field(default_factory=set)
+    # Each rank's last report and the recent iterations, for the web page.
+    activity: Activity = field(default_factory=Activity)
 
     def check_host(self, job_id: str, rank: int, place: RankPlace, host: str | None) -> None:
         """Warn once per rank when a report comes from another host than its registration."""
@@ -258,6 +268,29 @@ async def list_jobs(
     return JobList(jobs=await run_in_threadpool(state.service.jobs.list, limit, offset))
 
 
+@router.get(OVERVIEW_PATH, response_model=JobViews, tags=["jobs"])
+async def overview(
+    state: State,
+    credentials: Credentials,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+) -> JobViews:
+    """Every job's view, oldest first, as the web page shows them (needs the admin token
+    if one is set)."""
+    check_admin(_token(credentials), state.admin_token_hash)
+    await state.telemetry.flush()
+    jobs = state.service.jobs
+
+    def views() -> list[JobView]:
+        found = []
+        for summary in jobs.list(limit, offset):
+            with contextlib.suppress(JobNotFound):  # deleted meanwhile
+                found.append(jobs.view(summary.job_id))
+        return found
+
+    return JobViews(jobs=await run_in_threadpool(views))
+
+
 @router.get(JOB_PATH, response_model=JobView, tags=["jobs"])
 async def get_job(job: AuthorizedJob, state: State) -> JobView:
     """State, counts, policy, straggler, the chosen point, predicted against measured."""
@@ -278,6 +311,7 @@ async def delete_job(state: State, job_id: JobIdPath, credentials: Credentials) 
     await run_in_threadpool(state.service.jobs.delete, job_id)
     state.heads.forget(job_id)
     state.telemetry.forget(job_id)
+    state.activity.forget(job_id)
     state.foreign_reports = {key for key in state.foreign_reports if key[0] != job_id}
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
@@ -357,8 +391,8 @@ async def clear_straggler(job: AuthorizedJob, state: State) -> PlanVersion:
     return reply
 
 
-def _profile_csv(inp: PlanningInput) -> tuple[str, float | None]:
-    """The merged profile as Zeus CSV and the stage blocking power (runs in a thread).
+def _merged(inp: PlanningInput) -> Profile:
+    """The merged profile, as planning merges it (runs in a thread).
 
     Raises:
         JobStateError: some stage lacks a profile, or the profiles cannot be merged.
@@ -375,6 +409,12 @@ def _profile_csv(inp: PlanningInput) -> tuple[str, float | None]:
     except ProfileError as err:
         # The request is fine; what the ranks reported is not (planning would fail alike).
         raise JobStateError(f"the stage profiles cannot be merged: {err}") from err
+    return profile
+
+
+def _profile_csv(inp: PlanningInput) -> tuple[str, float | None]:
+    """The merged profile as Zeus CSV and the stage blocking power (runs in a thread)."""
+    profile = _merged(inp)
     return profile_to_csv(profile), profile.p_block_w
 
 
@@ -405,6 +445,55 @@ async def get_profile_csv(job: AuthorizedJob, state: State) -> Response:
     if p_block_w is not None:
         headers[P_BLOCK_HEADER] = repr(p_block_w)
     return Response(text, media_type="text/csv", headers=headers)
+
+
+@router.get(
+    PROFILE_JSON_PATH,
+    response_class=JSONResponse,
+    responses={200: {"description": "perseus.profile/1 JSON, with p_block_w when known"}},
+    tags=["plans"],
+)
+async def get_profile_json(job: AuthorizedJob, state: State) -> JSONResponse:
+    """The job's profile merged as for planning, as ``perseus.profile/1`` JSON: the rows of
+    the CSV and the stage's blocking power, so ``perseus plan`` takes it as it is."""
+    inp = await run_in_threadpool(state.service.lease.planning_input, job.id)
+    profile = await run_in_threadpool(_merged, inp)
+    return JSONResponse(profile_to_json(profile), headers={"Cache-Control": "no-cache"})
+
+
+@router.get(
+    FRONTIER_FILE_PATH,
+    response_class=Response,
+    responses={200: {"description": "perseus.frontier/1 JSON with every point's clocks"}},
+    tags=["plans"],
+)
+async def get_frontier_file(job: AuthorizedJob, state: State) -> Response:
+    """The job's frontier as the ``perseus.frontier/1`` file ``perseus plan --output``
+    writes (every point's clocks), for ``perseus simulate``; 409 while not planned."""
+
+    def render() -> bytes:
+        if not job.frontier_rev:
+            raise not_ready(job)
+        frontiers = state.service.frontiers
+        frontier = frontiers.get(job.id, job.frontier_rev)
+        profile = frontiers.profile(job.id, job.frontier_rev)
+        return FrontierFile.of_run(
+            frontier,
+            frontier.baselines,
+            profile=None if profile is None else profile_fingerprint(profile),
+            baselines_deadline_s=None,
+        ).render()
+
+    body = await run_in_threadpool(render)
+    return Response(body, media_type="application/json", headers={"Cache-Control": "no-cache"})
+
+
+@router.get(ACTIVITY_PATH, response_model=ActivityView, tags=["jobs"])
+async def get_activity(job: AuthorizedJob, state: State) -> ActivityView:
+    """Each rank's state and last report, and the job's recent iterations (time: median
+    over ranks; energy: sum over ranks), as this server process received them."""
+    ranks = await run_in_threadpool(state.service.jobs.ranks, job.id)
+    return await run_in_threadpool(state.activity.view, job.version, job.id, ranks)
 
 
 def _etag_versions(if_none_match: str | None) -> tuple[bool, set[int]]:
@@ -609,4 +698,5 @@ async def report_iteration(
     place = await state.heads.rank_position(job.id, body.rank)  # 409 unless registered
     state.check_host(job.id, body.rank, place, _host(request.scope))
     state.telemetry.add(job, body)
+    state.activity.record(job.id, body)
     return IterationAccepted(rank=body.rank, iteration=body.iteration, version=job.version)
