@@ -28,9 +28,11 @@ How the fast mode works, for a DAG of ``n`` instructions and ``G`` grid deadline
    anchor searches again from the plan its search stopped at instead: there searches stop
    for want of work).
 5. With a clock-change margin (:mod:`perseus.solver.transitions`), the search above stays as
-   it is; then every point is restated with its transitions, joined by a copy repaired to keep
-   the point's time (:func:`~perseus.solver.transitions.repair_tails`) and by the default and
-   all-fastest plans, and the Pareto-optimal ones are kept.
+   it is; then every point is restated with its transitions (a change lets the lower-clocked
+   instruction of its pair run the margin at the higher clock, so on a profile where a higher
+   clock is never slower a point only gets faster and costlier), joined by the default and
+   all-fastest plans, and the Pareto-optimal ones are kept: a point found for a deadline past
+   the default plan's time may now meet it.
 
 The exact mode starts from the fast frontier and replaces it with one MILP per frontier point,
 sweeping deadlines downwards, within a time limit it checks (and refuses) up front.
@@ -57,7 +59,7 @@ from perseus.solver.planner import FloatArray, Planner, Progress, pareto
 from perseus.solver.profiles import Profile
 from perseus.solver.schedules import Schedule, per_gpu
 from perseus.solver.search import DEFAULT_SEARCH_WORK
-from perseus.solver.transitions import check_margin, clock_tables, evaluate_plans, repair_tails
+from perseus.solver.transitions import check_margin, clock_tables, evaluate_plans
 
 __all__ = [
     "ANCHOR_SLOWDOWNS",
@@ -204,12 +206,12 @@ def compute_frontier(
         max_cells: Refuse (:class:`PlanError`) a problem whose deadline grid, from the
             fastest to the slowest plan's time, times its instructions exceeds this (the
             frontier's arrays take about 12 bytes a cell); None: no limit.
-        clock_change_margin_s: Plans' clock changes take effect this long before each
-            instruction boundary (the rank aims them there), so the last that many seconds of
-            an instruction run at the next one's clock. The search is the same at every margin;
-            at a margin > 0 every point and baseline is stated with its transitions, each point
-            also has a copy with the clocks raised that transitions would make late, and the
-            dominated points are dropped. 0 (the default): no transitions.
+        clock_change_margin_s: The rank raises a clock this long before an instruction
+            boundary and lowers it this long after one, so the instruction with the lower
+            clock of the pair runs that many seconds at the higher clock. The search is the
+            same at every margin; at a margin > 0 every point and baseline is stated with its
+            transitions, and the dominated points are dropped. 0 (the default): no
+            transitions.
 
     Returns:
         The frontier. Fast mode: a few LP solves plus O(n * G) vectorised work for ``n``
@@ -299,12 +301,12 @@ def _with_transitions(
 ) -> tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[np.uint16]]:
     """The frontier of the searched plans stated with their transitions.
 
-    Candidates: every point as found, every point repaired to keep its time, and the default
-    and all-fastest plans (whose times are the references, and which have transitions only
-    where a stage's forward and backward differ in clock). Each point's gap is against the
-    bound of the margin-free frontier's point that served the largest deadline it now serves:
-    a tail mixes two measured options, which the relaxation's bound covers (an exact MILP's
-    bound is of whole options, so a gap is clamped at 0). O(rounds * n * P).
+    Candidates: every point, and the default and all-fastest plans (whose times are the
+    references, and which have transitions only where a stage's forward and backward differ
+    in clock). Each point's gap is against the bound of the margin-free frontier's point that
+    served the largest deadline it now serves: an adjusted instruction mixes measured options
+    of its own, which the relaxation's bound covers (an exact MILP's bound is of whole
+    options, so a gap is clamped at 0). O(n * P).
     """
     times, energies, gaps, freqs = found
     dag = build_dag(schedule)
@@ -314,10 +316,7 @@ def _with_transitions(
         np.asarray([f for row in baselines[key].frequencies_mhz for f in row], dtype=np.int64)
         for key in (BaselineKey.DEFAULT, BaselineKey.ALL_FASTEST)
     ]
-    candidates = np.concatenate(
-        [plans, repair_tails(tables, dag, plans, times, margin_s), np.stack(extra, axis=1)],
-        axis=1,
-    )
+    candidates = np.concatenate([plans, np.stack(extra, axis=1)], axis=1)
     new_times, new_energies = evaluate_plans(tables, dag, p_block_w, candidates, margin_s)
     keep = pareto(new_times, new_energies)
     kept_times = new_times[keep]

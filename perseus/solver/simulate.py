@@ -1,7 +1,8 @@
 """Replay a plan on the profile values: the independent check of every stated time and energy.
 
-With a clock-change margin, every instruction's tail runs at the next instruction's clock on
-its GPU (see :mod:`perseus.solver.transitions` for the model).
+With a clock-change margin, the instruction with the lower clock of each pair of neighbours on
+a GPU runs the margin next to their boundary at the higher clock (see
+:mod:`perseus.solver.transitions` for the model).
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from perseus.errors import PlanError
 from perseus.solver.dag import build_dag
 from perseus.solver.profiles import Profile
 from perseus.solver.schedules import Schedule
-from perseus.solver.transitions import FloatArray, check_margin, nearest_option, with_tails
+from perseus.solver.transitions import (
+    BoolArray,
+    FloatArray,
+    check_margin,
+    nearest_option,
+    with_transitions,
+)
 
 __all__ = ["Replay", "instruction_times_s", "replay"]
 
@@ -51,11 +58,12 @@ def replay(
     """Run ``schedule`` with the given clocks on the profile values, as soon as possible.
 
     Energy follows BACKGROUND.md: ``sum_i e_i + p_block_w * (S * T - sum_i t_i)``, where with
-    a clock-change margin ``m`` every instruction ``k`` whose next instruction on its GPU (the
-    first of the next iteration after the last) runs at another clock takes
-    ``t' = t + w * (t_n - t)`` and ``e' = e + w * (e_n - e)``, ``w = min(1, m / t_n)``:
-    its last ``m`` seconds run at the next clock, where it takes ``t_n`` and ``e_n`` (its
-    nearest measured clock where that one was not measured). See
+    a clock-change margin ``m`` every instruction whose previous or next instruction on its
+    GPU (wrapping around the iteration) runs at a higher clock ``h`` runs ``m`` seconds next
+    to that boundary at ``h``, doing the share ``w_h = m / t_h`` of its work there:
+    ``t' = t + sum_h w_h (t_h - t)`` and ``e' = e + sum_h w_h (e_h - e)``, with ``t_h``,
+    ``e_h`` its own time and energy at ``h`` (its nearest measured clock where that one was
+    not measured); where ``sum_h w_h >= 1`` it runs wholly at the higher clock(s). See
     :mod:`perseus.solver.transitions`. A margin of 0 or one clock per GPU: no transitions.
 
     Args:
@@ -63,7 +71,8 @@ def replay(
         schedule: The pipeline schedule.
         p_block_w: Blocking power in watts.
         frequencies_mhz: ``frequencies_mhz[g][k]``: the clock of ``schedule.order[g][k]``.
-        clock_change_margin_s: How long before each boundary a clock change takes effect.
+        clock_change_margin_s: How long a raise takes effect before its boundary, and a
+            lowering after it.
 
     Returns:
         The timeline. O(n) for ``n`` instructions.
@@ -110,7 +119,7 @@ def instruction_times_s(
     *,
     clock_change_margin_s: float,
 ) -> tuple[tuple[float, ...], ...]:
-    """Each instruction's expected duration under a plan, with its clock-change tail.
+    """Each instruction's expected duration under a plan, with its clock-change transitions.
 
     ``result[g][k]`` is how long ``schedule.order[g][k]`` runs (the same as
     :func:`replay`'s ``durations_s``, without building the timeline): what a rank adds up to
@@ -130,7 +139,7 @@ def _costs(
     frequencies_mhz: Sequence[Sequence[int]],
     margin_s: float,
 ) -> tuple[FloatArray, FloatArray]:
-    """Every instruction's (duration, energy) with its tail, GPU by GPU in order."""
+    """Every instruction's (duration, energy) with its transitions, GPU by GPU in order."""
     margin_s = check_margin(margin_s)
     if profile.num_stages != schedule.stages:
         raise PlanError(
@@ -142,7 +151,8 @@ def _costs(
         )
     scale = 1.0 / schedule.virtual_stages
     own: list[tuple[float, float]] = []
-    following: list[tuple[float, float]] = []
+    head: list[tuple[bool, float, float]] = []
+    tail: list[tuple[bool, float, float]] = []
     for g, (seq, clocks) in enumerate(zip(schedule.order, frequencies_mhz, strict=True)):
         if len(clocks) != len(seq):
             raise PlanError(f"frequencies_mhz[{g}]: expected {len(seq)} clocks, got {len(clocks)}")
@@ -156,10 +166,20 @@ def _costs(
                 ) from None
             own.append((option.time_s * scale, option.energy_j * scale))
         for k, inst in enumerate(seq):
-            # the next instruction's clock (the first's of the next iteration after the last),
-            # at this instruction's nearest measured clock
-            near = nearest_option(profile.stages[g][inst.kind], int(clocks[(k + 1) % len(seq)]))
-            following.append((near.time_s * scale, near.energy_j * scale))
-    mine = np.asarray(own, dtype=np.float64).reshape(-1, 2)
-    after = np.asarray(following, dtype=np.float64).reshape(-1, 2)
-    return with_tails(mine[:, 0], mine[:, 1], after[:, 0], after[:, 1], margin_s)
+            # the previous and next instructions' clocks (wrapping around the iteration), at
+            # this instruction's nearest measured clock
+            mine = int(clocks[k])
+            for neighbour, out in (
+                (int(clocks[k - 1]), head),
+                (int(clocks[(k + 1) % len(seq)]), tail),
+            ):
+                near = nearest_option(profile.stages[g][inst.kind], neighbour)
+                out.append((neighbour > mine, near.time_s * scale, near.energy_j * scale))
+    costs = np.asarray(own, dtype=np.float64).reshape(-1, 2)
+
+    def side(rows: list[tuple[bool, float, float]]) -> tuple[BoolArray, FloatArray, FloatArray]:
+        values = np.asarray([(t, e) for _h, t, e in rows], dtype=np.float64).reshape(-1, 2)
+        higher = np.asarray([h for h, _t, _e in rows], dtype=np.bool_)
+        return higher, values[:, 0], values[:, 1]
+
+    return with_transitions(costs[:, 0], costs[:, 1], side(head), side(tail), margin_s)

@@ -1,28 +1,45 @@
-"""Clock-change transitions: the tail of an instruction that runs at the next one's clock.
+"""Clock-change transitions: the seconds next to a boundary that run at the higher clock.
 
-A rank issues each planned clock change ahead of time, so that it takes effect ``margin``
-seconds before the boundary between instruction ``k`` and the next instruction ``n`` on the
-same GPU (see :data:`perseus.defaults.CLOCK_CHANGE_MARGIN_S`). Where their clocks differ, the
-last ``margin`` seconds of ``k`` therefore run at ``n``'s clock. Each GPU's order wraps
-around: its last instruction is followed by its first of the next iteration, and its tail
-changes clock too.
+A rank applies planned clock changes asymmetrically, so that no instruction starts at a
+clock lower than its own. Between consecutive instructions ``k`` and ``n`` on one GPU (each
+GPU's order wraps around: its last instruction is followed by its first of the next
+iteration) with different clocks:
 
-The model, per instruction ``k`` (its own stage and kind throughout): ``t``, ``e`` are ``k``'s
-time and energy at its own clock, ``t_n``, ``e_n`` at the next instruction's clock (the
-nearest measured clock of ``k``'s kind where that one was not measured, the higher of two
-equally near), both after the interleaved ``1/V`` scaling. In ``margin`` seconds at the next
-clock ``k`` does the share ``w = min(1, margin / t_n)`` of its work, so::
+- a *raise* (``n`` higher) is issued ahead, to take effect ``margin`` seconds before the
+  boundary, so the last ``margin`` seconds of ``k`` run at ``n``'s clock (a *tail*);
+- a *lowering* (``n`` lower) is issued at the boundary and takes effect ``margin`` seconds
+  after it, so the first ``margin`` seconds of ``n`` run at ``k``'s clock (a *head*).
 
-    t' = t + w * (t_n - t)        (= t + margin * (1 - t / t_n) while margin < t_n)
-    e' = e + w * (e_n - e)        (= (t' - margin) * e / t + margin * e_n / t_n)
+Either way the instruction with the lower clock of the pair runs ``margin`` seconds next to
+the boundary at the higher clock (see :data:`perseus.defaults.CLOCK_CHANGE_MARGIN_S`); an
+instruction between two higher-clocked neighbours gets both a head and a tail.
 
-and ``k`` runs at the next clock throughout (``t' = t_n``, ``e' = e_n``) once
-``margin >= t_n``. A raise makes ``k``'s tail faster and (usually) costlier, a lowering
-slower. With equal clocks, or a margin of 0, ``t' = t`` and ``e' = e`` exactly. Blocking power
-then applies to the idle time of the timeline built from the adjusted durations.
+The model, per instruction ``x`` (its own stage and kind throughout): ``t``, ``e`` are ``x``'s
+time and energy at its own clock; for each boundary whose neighbour runs at a higher clock
+``h``, ``t_h``, ``e_h`` are ``x``'s time and energy at ``h`` (the nearest measured clock of
+``x``'s kind where ``h`` was not measured, the higher of two equally near), all after the
+interleaved ``1/V`` scaling. In ``margin`` seconds at ``h``, ``x`` does the share
+``w_h = margin / t_h`` of its work, so, summing over its (zero, one or two) higher
+neighbours::
 
-A tail mixes two measured options of one instruction, so an adjusted instruction lies on the
-segment between them: the convex relaxation's lower bound still holds for adjusted plans.
+    t' = t + sum_h w_h * (t_h - t)      (x runs t * (1 - sum_h w_h) s at its own clock)
+    e' = e + sum_h w_h * (e_h - e)
+
+while ``W = sum_h w_h < 1``. Once ``W >= 1`` the head and the tail would cover all of ``x``:
+it runs wholly at the higher clock(s), each for the same ``s = margin / W`` seconds (the head
+and the tail shrink alike until they meet), so ``t' = sum_h (w_h / W) * t_h`` and
+``e' = sum_h (w_h / W) * e_h`` (with one higher neighbour exactly ``t_h``, ``e_h``). Both
+forms agree at ``W = 1``.
+
+On a profile where a higher clock is never slower, no instruction takes longer than at its
+own clock, so no plan's iteration is slower than without transitions; it usually costs more
+energy. Where a profile measured an instruction slower at a higher clock (noise, or a power
+limit), the model follows the profile and that instruction lengthens; the stated times
+include it. With equal clocks, or a margin of 0, ``t' = t`` and ``e' = e`` exactly. Blocking
+power then applies to the idle time of the timeline built from the adjusted durations.
+
+An adjusted instruction is a convex mix of measured options of its own (at most three), so
+the convex relaxation's lower bound still holds for adjusted plans.
 """
 
 from __future__ import annotations
@@ -45,14 +62,14 @@ __all__ = [
     "clock_tables",
     "evaluate_plans",
     "nearest_option",
-    "next_on_gpu",
+    "neighbours_on_gpu",
     "plan_costs",
-    "repair_tails",
-    "with_tails",
+    "with_transitions",
 ]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 
 def check_margin(margin_s: float) -> float:
@@ -75,15 +92,18 @@ def nearest_option(options: Iterable[Option], frequency_mhz: int) -> Option:
     return min(options, key=lambda o: (abs(o.frequency_mhz - frequency_mhz), -o.frequency_mhz))
 
 
-def next_on_gpu(dag: PipelineDag) -> IntArray:
-    """The node that follows each node on its GPU; the last one's is the GPU's first (the
-    next iteration's). O(n)."""
+def neighbours_on_gpu(dag: PipelineDag) -> tuple[IntArray, IntArray]:
+    """``(previous, following)``: the node before and after each node on its GPU, wrapping
+    around (the first's previous is the GPU's last, of the iteration before; the last's
+    following is the GPU's first, of the next iteration). O(n)."""
+    previous = np.arange(-1, dag.size - 1, dtype=np.int64)
     following = np.arange(1, dag.size + 1, dtype=np.int64)
     for g in range(dag.schedule.stages):
         first, end = int(dag.offsets[g]), int(dag.offsets[g + 1])
         if end > first:
+            previous[first] = end - 1
             following[end - 1] = first
-    return following
+    return previous, following
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,29 +151,41 @@ def clock_tables(profile: Profile, schedule: Schedule) -> ClockTables:
     return ClockTables(np.asarray(clocks, dtype=np.int64), time, energy, measured)
 
 
-def with_tails(
+def with_transitions(
     time_s: FloatArray,
     energy_j: FloatArray,
-    next_time_s: FloatArray,
-    next_energy_j: FloatArray,
+    head: tuple[BoolArray, FloatArray, FloatArray],
+    tail: tuple[BoolArray, FloatArray, FloatArray],
     margin_s: float,
 ) -> tuple[FloatArray, FloatArray]:
     """Adjusted durations and energies (see the module's docstring), elementwise.
 
     Args:
         time_s, energy_j: Each instruction at its own clock.
-        next_time_s, next_energy_j: The same instruction at the next instruction's clock.
-        margin_s: How long before the boundary the next clock takes effect.
+        head: ``(higher, t_h, e_h)``: whether the previous instruction on the GPU runs at a
+            higher clock, and this instruction's time and energy at that clock (any finite
+            values where it does not).
+        tail: The same for the next instruction.
+        margin_s: How long each higher clock lasts next to its boundary.
 
     Returns:
-        ``(t', e')``; exactly ``(t, e)`` where the clocks are equal or the margin is 0.
+        ``(t', e')``; exactly ``(t, e)`` where neither neighbour is higher or the margin is 0.
     """
-    share = margin_s / next_time_s
-    whole = share >= 1.0  # all of it at the next clock: exactly the next option
-    return (
-        np.where(whole, next_time_s, time_s + share * (next_time_s - time_s)),
-        np.where(whole, next_energy_j, energy_j + share * (next_energy_j - energy_j)),
-    )
+    head_higher, head_t, head_e = head
+    tail_higher, tail_t, tail_e = tail
+    if margin_s == 0:
+        return np.array(time_s, dtype=np.float64), np.array(energy_j, dtype=np.float64)
+    w_head = np.where(head_higher, margin_s / head_t, 0.0)
+    w_tail = np.where(tail_higher, margin_s / tail_t, 0.0)
+    time = time_s + w_head * (head_t - time_s) + w_tail * (tail_t - time_s)
+    energy = energy_j + w_head * (head_e - energy_j) + w_tail * (tail_e - energy_j)
+    share = w_head + w_tail
+    whole = share >= 1.0  # all of it at the higher clock(s), the same seconds at each
+    if whole.any():
+        share = np.where(whole, share, 1.0)
+        time = np.where(whole, (w_head * head_t + w_tail * tail_t) / share, time)
+        energy = np.where(whole, (w_head * head_e + w_tail * tail_e) / share, energy)
+    return np.asarray(time, dtype=np.float64), np.asarray(energy, dtype=np.float64)
 
 
 def plan_costs(
@@ -168,15 +200,19 @@ def plan_costs(
     O(n * P).
     """
     cls = dag.cost_class.reshape((-1,) + (1,) * (frequencies_mhz.ndim - 1))
-    own = tables.index(frequencies_mhz)
-    following = tables.index(frequencies_mhz[next_on_gpu(dag)])
-    return with_tails(
+    clocks = np.asarray(frequencies_mhz, dtype=np.int64)
+    own = tables.index(clocks)
+    previous, following = neighbours_on_gpu(dag)
+    before, after = clocks[previous], clocks[following]
+    return with_transitions(
         tables.time_s[cls, own],
         tables.energy_j[cls, own],
-        tables.time_s[cls, following],
-        tables.energy_j[cls, following],
+        (before > clocks, tables.time_s[cls, tables.index(before)],
+         tables.energy_j[cls, tables.index(before)]),
+        (after > clocks, tables.time_s[cls, tables.index(after)],
+         tables.energy_j[cls, tables.index(after)]),
         margin_s,
-    )
+    )  # fmt: skip
 
 
 def evaluate_plans(
@@ -191,68 +227,3 @@ def evaluate_plans(
     total = dag.iteration_time(durations)
     energy = energies.sum(axis=0) + p_block_w * (dag.schedule.stages * total - durations.sum(0))
     return np.asarray(total, dtype=np.float64), np.asarray(energy, dtype=np.float64)
-
-
-# Rounds of :func:`repair_tails`; each removes every slowing tail on a longest path of every
-# late plan at once, and one to four rounds sufficed on the demo and the shared profiles.
-REPAIR_ROUNDS = 32
-
-
-def repair_tails(
-    tables: ClockTables,
-    dag: PipelineDag,
-    frequencies_mhz: IntArray,
-    targets_s: FloatArray,
-    margin_s: float,
-    rounds: int = REPAIR_ROUNDS,
-) -> IntArray:
-    """Raise clocks until the plans' transitions no longer make them later than ``targets_s``.
-
-    A lowering makes the tail of the instruction before it slower; on a longest path that
-    delays the iteration. Each round takes every plan still later than its target, finds the
-    instructions on a longest path that their tails slow down, and raises the clock of the
-    instruction after each to the lowest clock measured for it that is at least the slowed
-    instruction's own (so that tail runs at its own pace; with clocks that never slow an
-    instruction down, this only shortens durations). The plans that are late after ``rounds``
-    stay as they are at that point: the caller states what they take.
-
-    Args:
-        tables: The profile's clock tables.
-        dag: The schedule's DAG.
-        frequencies_mhz: ``(n, P)`` plans, node by node.
-        targets_s: ``(P,)`` the iteration time each plan should keep.
-        margin_s: The clock-change margin.
-        rounds: At most this many rounds.
-
-    Returns:
-        The repaired ``(n, P)`` plans (a new array). O(rounds * n * P).
-    """
-    plans = np.array(frequencies_mhz, dtype=np.int64, copy=True)
-    following = next_on_gpu(dag)
-    classes, columns = tables.measured.shape
-    # raise_to[c, f]: the column of class c's lowest measured clock >= clocks_mhz[f] (its
-    # highest where none is)
-    raise_to = np.empty((classes, columns), dtype=np.int64)
-    for c in range(classes):
-        measured = np.flatnonzero(tables.measured[c])
-        at = np.searchsorted(measured, np.arange(columns))
-        raise_to[c] = measured[np.minimum(at, len(measured) - 1)]
-    cls = dag.cost_class[:, None]
-    for _ in range(rounds):
-        own = tables.index(plans)
-        durations, _energies = plan_costs(tables, dag, plans, margin_s)
-        finish = dag.finish_times(durations)
-        total = finish.max(axis=0)
-        late = total > targets_s * (1 + 1e-12)
-        if not late.any():
-            break
-        latest = dag.latest_starts(durations, total) + durations
-        critical = np.abs(latest - finish) <= 1e-9 * np.maximum(total, 1.0)
-        slowed = durations > tables.time_s[cls, own] * (1 + 1e-12)
-        rows, cols = np.nonzero(critical & slowed & late[None, :])
-        if rows.size == 0:
-            break
-        after = following[rows]
-        lifted = tables.clocks_mhz[raise_to[dag.cost_class[after], own[rows, cols]]]
-        plans[after, cols] = np.maximum(plans[after, cols], lifted)
-    return plans

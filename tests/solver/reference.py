@@ -9,12 +9,14 @@ of the rules.
   ``B(u+1, j) -> B(u, j)``; ``F(U-1, j) -> B(U-1, j)``, where ``u = chunk * S + gpu`` is the
   virtual stage (Megatron's placement) and ``U = S * V``.
 - Replay: longest path by a plain topological pass; ``E = sum e_i + P_block * (S*T - sum t_i)``.
-- Replay with a clock-change margin ``m``: where the next instruction on a GPU (its first, after
-  its last) runs at another clock, the last ``m`` seconds of an instruction run at that clock
-  (its own kind's measurement there, else at its nearest measured clock, the higher of two):
-  it runs ``x`` seconds at its own pace and ``m`` at the next, ``x / t + m / t_next = 1``,
-  drawing ``e / t`` then ``e_next / t_next`` watts; if no ``x >= 0`` fits, all of it runs
-  at the next clock.
+- Replay with a clock-change margin ``m``: between consecutive instructions on a GPU (its last,
+  then its first of the next iteration) whose clocks differ, the one with the lower clock runs
+  ``m`` seconds next to that boundary at the higher clock (a raise lands ``m`` early, a lowering
+  ``m`` late), at its own kind's measurement there (else at its nearest measured clock, the
+  higher of two). It runs ``x`` seconds at its own pace and ``m`` at each higher neighbour's,
+  ``x / t + sum m / t_h = 1``, drawing ``e / t`` then ``e_h / t_h`` watts; if no ``x >= 0``
+  fits, it runs only at the higher clocks, the same ``s`` seconds at each,
+  ``sum s / t_h = 1``.
 - Brute force over every plan of a tiny case, and an independent MILP for small ones.
 
 An order is a list (per GPU) of ``(kind, microbatch, chunk)`` tuples. A table maps
@@ -243,24 +245,30 @@ def replay(
 def with_margin(
     table: Table, dag: Dag, frequencies: Sequence[Sequence[int]], margin: float
 ) -> dict[tuple[int, int], tuple[float, float]]:
-    """Time and energy of every node when clock changes take effect ``margin`` seconds early."""
+    """Time and energy of every node when each clock change lets the lower-clocked
+    instruction of its pair run ``margin`` seconds next to the boundary at the higher clock."""
     own = durations(table, dag, frequencies)
     out = {}
     for g, seq in enumerate(dag.order):
         for k, (kind, _mb, _c) in enumerate(seq):
             t, e = own[(g, k)]
-            here, there = int(frequencies[g][k]), int(frequencies[g][(k + 1) % len(seq)])
-            if here == there or margin == 0:
-                out[(g, k)] = (t, e)
-                continue
+            here = int(frequencies[g][k])
+            neighbours = (int(frequencies[g][k - 1]), int(frequencies[g][(k + 1) % len(seq)]))
             measured = [f for (s, kd, f) in table if s == g and kd == kind]
-            near = sorted(measured, key=lambda f: (abs(f - there), -f))[0]
-            t_next, e_next = (v / dag.chunks for v in table[(g, kind, near)])
-            x = t * (1 - margin / t_next)  # seconds at its own clock
-            if x <= 0:
-                out[(g, k)] = (t_next, e_next)
+            higher = []  # (time, energy) at each higher neighbour's clock
+            for there in neighbours:
+                if there > here and margin > 0:
+                    near = sorted(measured, key=lambda f: (abs(f - there), -f))[0]
+                    higher.append(tuple(v / dag.chunks for v in table[(g, kind, near)]))
+            x = t * (1 - sum(margin / th for th, _eh in higher))  # seconds at its own clock
+            if x > 0:
+                out[(g, k)] = (
+                    x + margin * len(higher),
+                    x * e / t + sum(margin * eh / th for th, eh in higher),
+                )
             else:
-                out[(g, k)] = (x + margin, x * e / t + margin * e_next / t_next)
+                s = 1 / sum(1 / th for th, _eh in higher)  # seconds at each higher clock
+                out[(g, k)] = (s * len(higher), sum(s * eh / th for th, eh in higher))
     return out
 
 
