@@ -139,9 +139,10 @@ class FrontierFile(_Model):
         baselines: The run's baselines by key (see :data:`perseus.baselines.BASELINE_LABELS`).
         baselines_deadline_s: The deadline the global and per-stage baselines were fitted to.
         points: Time strictly ascending, energy strictly descending.
-        clock_change_margin_s: How long before each instruction boundary the plans assume a
-            clock change takes effect; the stated times and energies include it (0 in files
-            written before it existed).
+        clock_change_margin_s: How long before an instruction boundary the plans assume a
+            raise takes effect, and after it a lowering (see
+            :mod:`perseus.solver.transitions`); the stated times and energies include it (0
+            in files written before it existed).
     """
 
     format: Literal["perseus.frontier/1"]

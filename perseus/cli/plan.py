@@ -110,9 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         type=_margin,
         default=CLOCK_CHANGE_MARGIN_S,
-        help="clock changes take effect this long before each instruction boundary, so an "
-        "instruction's last SECONDS run at the next one's clock; stated times and energies "
-        f"include it (default {CLOCK_CHANGE_MARGIN_S:g}; 0: no transitions; less than 1)",
+        help="a clock raise takes effect this long before an instruction boundary and a "
+        "lowering this long after it, so the lower-clocked instruction of the pair runs "
+        "SECONDS at the higher clock; stated times and energies include it (default "
+        f"{CLOCK_CHANGE_MARGIN_S:g}; 0: no transitions; less than 1)",
     )
     parser.add_argument(
         "--straggler",
