@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from perseus import __version__
 from perseus.errors import PerseusError
-from perseus.schemas import JOBS_PATH, ErrorBody, ValidationErrorBody
+from perseus.schemas import JOBS_PATH, OVERVIEW_PATH, ErrorBody, ValidationErrorBody
 from perseus.server.auth import hash_token
 from perseus.server.edge import AuthBeforeBody, bounded_accept_errors
 from perseus.server.jobs import RequestFieldError
@@ -39,6 +39,7 @@ from perseus.server.runtime import JobHeads, TelemetryBuffer
 from perseus.server.service import JobService
 from perseus.server.settings import Settings
 from perseus.server.store import Store
+from perseus.server.ui import add_ui_routes
 
 __all__ = ["create_app", "create_app_from_env"]
 
@@ -188,7 +189,8 @@ def _edge_lifespan(
 def _document_errors(app: FastAPI, *, admin: bool) -> None:
     """Every operation documents 422 as :class:`ValidationErrorBody` (FastAPI's own 422
     schema lacks ``error``), and 404/405 where the router answers. Without an admin token,
-    creating and listing jobs needs no token: the document says so (security optional)."""
+    creating and listing jobs (and the overview) needs no token: the document says so
+    (security optional)."""
     original = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -212,7 +214,7 @@ def _document_errors(app: FastAPI, *, admin: bool) -> None:
             "$ref": "#/components/schemas/ErrorBody"}}}}  # fmt: skip
         for path, path_item in schema.get("paths", {}).items():
             for operation in path_item.values():
-                if path == JOBS_PATH and not admin and "security" in operation:
+                if path in (JOBS_PATH, OVERVIEW_PATH) and not admin and "security" in operation:
                     operation["security"] = [*operation["security"], {}]
                 responses = operation.setdefault("responses", {})
                 responses["422"] = validation
@@ -299,6 +301,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.router.redirect_slashes = False
     app.include_router(router)
     _docs_routes(app)
+    add_ui_routes(app)
     _document_errors(app, admin=settings.admin_token is not None)
     app.add_exception_handler(PerseusError, _perseus_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

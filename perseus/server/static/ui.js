@@ -1,0 +1,265 @@
+// The planner's web page: jobs, frontier, measured iterations and ranks, polled every 2 s.
+// Plain DOM and SVG, no library: every value from the server is set as text (textContent,
+// createTextNode, SVG <title>), never parsed as markup. The token lives in sessionStorage
+// and travels only in the Authorization header, never in a URL.
+"use strict";
+
+const POLL_MS = 2000;
+const SVG = "http://www.w3.org/2000/svg";
+// The API beside the page: /ui -> /v1/ (behind a proxy's prefix too).
+const API = location.pathname.replace(/ui\/?$/, "") + "v1/";
+const $ = (id) => document.getElementById(id);
+let selected = null;
+let timer = null;
+
+function credentials() {
+  return { token: sessionStorage.getItem("perseus.token"), job: sessionStorage.getItem("perseus.job") };
+}
+
+async function get(path) {
+  const { token } = credentials();
+  const response = await fetch(API + path, { headers: { Authorization: `Bearer ${token}` }, cache: "no-store" });
+  if (!response.ok) {
+    let detail = `HTTP ${response.status}`;
+    try { detail = (await response.json()).detail || detail; } catch (e) { /* not JSON */ }
+    const err = new Error(typeof detail === "string" ? detail : JSON.stringify(detail));
+    err.status = response.status;
+    throw err;
+  }
+  return response.json();
+}
+
+// ----------------------------------------------------------------------------- formatting
+
+const pct = (x) => (x === null || x === undefined ? "-" : `${(100 * x).toFixed(1)} %`);
+const joules = (j) => (j === null || j === undefined ? "-" : `${Math.round(j).toLocaleString("en-US")} J`);
+const secs = (s) => (s === null || s === undefined ? "-" : `${s.toFixed(4)} s`);
+
+function policyText(p) {
+  if (!p) return "-";
+  const value = p.factor ?? p.seconds ?? p.eta;
+  return value === undefined ? p.kind : `${p.kind}:${value}`;
+}
+
+function scheduleText(spec) {
+  const chunks = spec.virtual_stages > 1 ? ` x ${spec.virtual_stages} chunks` : "";
+  return `${spec.schedule}: ${spec.stages} stages x ${spec.microbatches} microbatches${chunks}`;
+}
+
+function el(tag, text, attrs = {}) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, value);
+  return node;
+}
+
+function svg(tag, attrs = {}, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, String(value));
+  if (text !== undefined) node.textContent = String(text);
+  return node;
+}
+
+// ----------------------------------------------------------------------------- the job table
+
+function jobRow(view) {
+  const s = view.savings;
+  const row = el("tr", undefined, { "data-job": view.job_id });
+  const name = el("td");
+  name.append(el("span", view.name ?? "", { class: "name", "data-field": "name" }));
+  name.append(el("div", view.job_id, { class: "id" }));
+  row.append(name);
+  row.append(el("td", view.state, { class: `state-${view.state}`, "data-field": "state" }));
+  row.append(el("td", scheduleText(view.spec), { "data-field": "schedule" }));
+  row.append(el("td", `${view.counts.ranks_registered} / ${view.counts.ranks_expected}`, { class: "num", "data-field": "ranks" }));
+  row.append(el("td", policyText(view.policy), { "data-field": "policy" }));
+  row.append(el("td", pct(s?.predicted_saving), { class: "num", "data-field": "predicted_saving" }));
+  row.append(el("td", pct(s?.realized_saving), { class: "num", "data-field": "realized_saving" }));
+  row.append(el("td", joules(s?.energy_saved_j), { class: "num", "data-field": "energy_saved_j" }));
+  const chosen = view.chosen ? `v${view.version}, point ${view.chosen.index}` : "-";
+  row.append(el("td", chosen, { "data-field": "chosen" }));
+  row.addEventListener("click", () => { selected = view.job_id; refresh(); });
+  if (view.job_id === selected) row.classList.add("selected");
+  return row;
+}
+
+// ----------------------------------------------------------------------------- charts
+
+// A chart frame: axes from the data's range, returning (x, y) -> pixel mappers.
+function frame(root, xs, ys, xLabel, yLabel, width = 560, height = 340) {
+  const m = { left: 70, right: 20, top: 15, bottom: 40 };
+  let [x0, x1] = [Math.min(...xs), Math.max(...xs)];
+  let [y0, y1] = [Math.min(...ys), Math.max(...ys)];
+  if (x0 === x1) { x0 -= 1; x1 += 1; }
+  if (y0 === y1) { y0 -= 1; y1 += 1; }
+  const padX = (x1 - x0) * 0.05, padY = (y1 - y0) * 0.08;
+  x0 -= padX; x1 += padX; y0 -= padY; y1 += padY;
+  const sx = (x) => m.left + ((x - x0) / (x1 - x0)) * (width - m.left - m.right);
+  const sy = (y) => height - m.bottom - ((y - y0) / (y1 - y0)) * (height - m.top - m.bottom);
+  const chart = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}` });
+  chart.append(svg("line", { x1: m.left, y1: height - m.bottom, x2: width - m.right, y2: height - m.bottom, stroke: "#889" }));
+  chart.append(svg("line", { x1: m.left, y1: m.top, x2: m.left, y2: height - m.bottom, stroke: "#889" }));
+  for (let i = 0; i <= 4; i++) {
+    const xv = x0 + ((x1 - x0) * i) / 4, yv = y0 + ((y1 - y0) * i) / 4;
+    chart.append(svg("text", { x: sx(xv), y: height - m.bottom + 15, "text-anchor": "middle" }, +xv.toPrecision(4)));
+    chart.append(svg("text", { x: m.left - 5, y: sy(yv) + 4, "text-anchor": "end" }, +yv.toPrecision(4)));
+  }
+  chart.append(svg("text", { x: (width + m.left) / 2, y: height - 5, "text-anchor": "middle" }, xLabel));
+  chart.append(svg("text", { x: 12, y: m.top + 5, transform: `rotate(-90 12 ${m.top + 5})`, "text-anchor": "end" }, yLabel));
+  root.replaceChildren(chart);
+  return { chart, sx, sy, x0, x1 };
+}
+
+function drawFrontier(view, frontier) {
+  const points = frontier.points;
+  const baselines = Object.entries(frontier.baselines);
+  const ref = frontier.baselines.default ?? frontier.baselines.all_fastest ?? points[0];
+  const all = [...points, ...baselines.map(([, b]) => b)];
+  const { chart, sx, sy } = frame($("frontier"), all.map((p) => p.time_s), all.map((p) => p.energy_j),
+    "iteration time (s)", "energy per iteration, one pipeline (J)");
+  const hover = $("hover");
+  const describe = (label, p) =>
+    `${label}: ${p.time_s.toFixed(4)} s, ${p.energy_j.toFixed(1)} J, saving ${(100 * (1 - p.energy_j / ref.energy_j)).toFixed(1)} %`;
+  const mark = (node, text) => {
+    node.append(svg("title", {}, text));
+    node.addEventListener("mouseenter", () => { hover.textContent = text; });
+    chart.append(node);
+  };
+  chart.append(svg("polyline", {
+    points: points.map((p) => `${sx(p.time_s)},${sy(p.energy_j)}`).join(" "), fill: "none", stroke: "#5b8fd1",
+  }));
+  points.forEach((p, i) => mark(svg("circle", { cx: sx(p.time_s), cy: sy(p.energy_j), r: 3, fill: "#5b8fd1", "data-point": i }),
+    describe(`point ${i}`, p)));
+  const labelled = [];  // label positions so far: baselines often coincide
+  for (const [name, b] of baselines) {
+    const x = sx(b.time_s), y = sy(b.energy_j);
+    mark(svg("rect", { x: x - 5, y: y - 5, width: 10, height: 10, fill: "#e08a2e", transform: `rotate(45 ${x} ${y})`, "data-baseline": name }),
+      describe(`baseline ${name}`, b));
+    let ly = y - 6;
+    while (labelled.some(([px, py]) => Math.abs(px - x) < 80 && Math.abs(py - ly) < 12)) ly += 12;
+    labelled.push([x, ly]);
+    chart.append(svg("text", { x: x + 8, y: ly }, name));
+  }
+  const chosen = points[frontier.chosen_index];
+  mark(svg("circle", { cx: sx(chosen.time_s), cy: sy(chosen.energy_j), r: 7, fill: "#c0392b", "fill-opacity": 0.2, stroke: "#c0392b", "stroke-width": 2.5, id: "chosen-point" }),
+    describe(`chosen point ${frontier.chosen_index} (${policyText(frontier.policy)})`, chosen));
+  chart.append(svg("text", { x: sx(chosen.time_s) + 10, y: sy(chosen.energy_j) + 16, fill: "#c0392b" },
+    `chosen: ${policyText(frontier.policy)}`));
+}
+
+function drawIterations(view, activity) {
+  const its = activity.iterations;
+  const root = $("iterations");
+  if (!its.length) { root.replaceChildren(el("p", "no iterations reported to this server process yet")); return; }
+  const predicted = view.chosen?.expected_iteration_time_s;
+  const ys = its.map((i) => i.time_s).concat(predicted ? [predicted] : []);
+  const { chart, sx, sy } = frame(root, its.map((i) => i.iteration), ys, "iteration", "time (s): median over ranks");
+  const colors = { baseline: "#888", profiling: "#b8a", default: "#e08a2e" };
+  let version = null;
+  for (const it of its) {
+    if (it.phase === "plan" && it.plan_version !== version) {
+      version = it.plan_version;
+      chart.append(svg("line", { x1: sx(it.iteration), x2: sx(it.iteration), y1: 15, y2: 300, stroke: "#cdd", "stroke-dasharray": "3 3" }));
+      chart.append(svg("text", { x: sx(it.iteration) + 3, y: 26 }, `plan v${version}`));
+    }
+    const dot = svg("circle", { cx: sx(it.iteration), cy: sy(it.time_s), r: 2.5, fill: colors[it.phase] ?? "#1b7d3a" });
+    dot.append(svg("title", {}, `iteration ${it.iteration} (${it.phase ?? "?"}): ${it.time_s.toFixed(4)} s, ${it.energy_j.toFixed(1)} J over ${it.ranks} ranks`));
+    chart.append(dot);
+  }
+  if (predicted) {
+    chart.append(svg("line", { x1: 70, x2: 540, y1: sy(predicted), y2: sy(predicted), stroke: "#c0392b", "stroke-dasharray": "6 4" }));
+    chart.append(svg("text", { x: 75, y: sy(predicted) - 4, fill: "#c0392b" }, `predicted ${predicted.toFixed(4)} s`));
+  }
+  const last = its[its.length - 1];
+  root.append(el("p", `last iteration ${last.iteration}: ${last.time_s.toFixed(4)} s, ${last.energy_j.toFixed(1)} J (every rank); ` +
+    `predicted ${secs(predicted)}, ${view.chosen ? (view.chosen.expected_energy_j * view.spec.data_parallel).toFixed(1) + " J" : "-"}`));
+}
+
+function rankState(r, version) {
+  if (r.following) return ["following plan v" + version, "following"];
+  if (r.phase === "default") return ["gave up: default clocks", "gave-up"];
+  if (r.phase === "plan") return [`on plan v${r.plan_version}`, ""];
+  return [r.phase ?? "no report yet", ""];
+}
+
+function drawRanks(activity) {
+  const body = $("ranks").tBodies[0];
+  body.replaceChildren(...activity.ranks.map((r) => {
+    const row = el("tr");
+    const [text, cls] = rankState(r, activity.version);
+    row.append(el("td", r.rank, { class: "num" }), el("td", r.stage, { class: "num" }),
+      el("td", r.data_parallel_rank, { class: "num" }), el("td", r.host ?? "-"),
+      el("td", text, { class: cls }), el("td", r.iterations, { class: "num" }),
+      el("td", r.last_report_age_s === null ? "-" : `${r.last_report_age_s.toFixed(1)} s ago`));
+    return row;
+  }));
+}
+
+async function drawDetail(view) {
+  $("detail").hidden = false;
+  $("detail-title").textContent = view.name ? `${view.name} (${view.job_id})` : view.job_id;
+  const s = view.savings;
+  $("detail-summary").textContent = `${view.state}; ${scheduleText(view.spec)}; policy ${policyText(view.policy)}; ` +
+    `plan version ${view.version}; energy saved so far ${joules(s?.energy_saved_j)} of ${joules(s?.energy_j)} reported`;
+  const activity = await get(`jobs/${view.job_id}/activity`);
+  drawRanks(activity);
+  drawIterations(view, activity);
+  if (view.chosen) {
+    drawFrontier(view, await get(`jobs/${view.job_id}/frontier`));
+  } else {
+    $("frontier").replaceChildren(el("p", `no frontier yet (${view.state})`));
+  }
+}
+
+// ----------------------------------------------------------------------------- the loop
+
+async function refresh() {
+  clearTimeout(timer);
+  const { job } = credentials();
+  try {
+    const views = job ? [await get(`jobs/${job}`)] : (await get("overview")).jobs;
+    $("jobs").tBodies[0].replaceChildren(...views.map(jobRow));
+    if (!selected && views.length) selected = views[0].job_id;
+    const view = views.find((v) => v.job_id === selected);
+    if (view) await drawDetail(view); else $("detail").hidden = true;
+    $("status").textContent = `${views.length} job${views.length === 1 ? "" : "s"}, updated ${new Date().toLocaleTimeString()}`;
+    $("status").className = "";
+    document.body.dataset.loaded = String(Number(document.body.dataset.loaded || 0) + 1);
+  } catch (err) {
+    $("status").textContent = err.message;
+    $("status").className = "error";
+    if (err.status === 401 || err.status === 403) { showLogin(); return; }
+  }
+  timer = setTimeout(refresh, POLL_MS);
+}
+
+function showLogin() {
+  $("login").hidden = false;
+  $("main").hidden = true;
+  $("forget").hidden = true;
+}
+
+function start() {
+  $("login").hidden = true;
+  $("main").hidden = false;
+  $("forget").hidden = false;
+  refresh();
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("login").addEventListener("submit", (event) => {
+    event.preventDefault();
+    sessionStorage.setItem("perseus.token", $("token").value.trim());
+    const job = $("job").value.trim();
+    if (job) sessionStorage.setItem("perseus.job", job); else sessionStorage.removeItem("perseus.job");
+    selected = job || null;
+    start();
+  });
+  $("forget").addEventListener("click", () => {
+    sessionStorage.removeItem("perseus.token");
+    sessionStorage.removeItem("perseus.job");
+    clearTimeout(timer);
+    showLogin();
+  });
+  if (credentials().token) start(); else showLogin();
+});

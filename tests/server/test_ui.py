@@ -1,0 +1,259 @@
+"""The web page at ``/ui`` in a real browser: headless Chromium (Debian's ``chromium`` and
+``chromium-driver``) driven by Selenium, against a real planner on loopback whose job is fed
+by recorded iteration reports. Skips where Chromium, its driver or Selenium is missing.
+
+Set ``PERSEUS_UI_SCREENSHOTS=DIR`` to keep the page's screenshots (``docs/ui.png`` is one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from pydantic import SecretStr
+
+from perseus.cli import main
+from perseus.server.app import create_app
+from perseus.server.settings import Settings
+from perseus.solver import load_profile, profile_to_json
+
+ADMIN = "the-admin-token"
+STAGES = 4
+# Markup a job name must never become: shown as text, it stays these characters.
+MARKUP_NAME = '<img src=x onerror="window.pwned=1"><b>bert</b> & co'
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    webdriver = pytest.importorskip("selenium.webdriver")
+    if CHROMIUM is None or DRIVER is None:
+        pytest.skip("needs Debian's chromium and chromium-driver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                 "--window-size=1500,1250", "--disable-gpu"):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def planner(tmp_path: Path) -> Iterator[str]:
+    settings = Settings(
+        database=f"sqlite:///{tmp_path / 'ui.db'}",
+        admin_token=SecretStr(ADMIN),
+        warm_planner=False,
+        polish_s=0.0,
+        telemetry_flush_s=0.05,
+    )
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the planner did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(30)
+
+
+def _rows() -> dict[int, list[dict[str, Any]]]:
+    with resources.as_file(resources.files("perseus") / "data" / "example_profile.csv") as path:
+        rows: dict[int, list[dict[str, Any]]] = {}
+        for row in profile_to_json(load_profile(path))["rows"]:
+            rows.setdefault(row.pop("stage"), []).append(row)
+        return rows
+
+
+def _job(http: httpx.Client, name: str, *, reports: bool) -> tuple[str, str]:
+    """A planned job; with ``reports``, recorded iterations: 6 at default clocks, then 10
+    under plan version 1, every rank."""
+    created = http.post(
+        "/v1/jobs",
+        json={"name": name, "schedule": "1f1b", "stages": STAGES, "microbatches": 4,
+              "data_parallel": 1, "tensor_parallel": 1, "p_block_w": 100.0},  # fmt: skip
+        headers={"Authorization": f"Bearer {ADMIN}"},
+    ).raise_for_status().json()
+    job, token = created["job_id"], created["token"]
+    auth = {"Authorization": f"Bearer {token}"}
+    rows = _rows()
+    clocks = sorted({r["frequency_mhz"] for stage in rows.values() for r in stage})
+    for rank in range(STAGES):
+        body = {"rank": rank, "stage": rank, "data_parallel_rank": 0, "tensor_parallel_rank": 0,
+                "gpu_name": "NVIDIA H200", "supported_clocks_mhz": clocks}  # fmt: skip
+        http.post(f"/v1/jobs/{job}/ranks", json=body, headers=auth).raise_for_status()
+    for rank in range(STAGES):
+        body = {"rank": rank, "stage": rank, "rows": rows[rank]}
+        http.post(f"/v1/jobs/{job}/profiles", json=body, headers=auth).raise_for_status()
+    http.get(f"/v1/jobs/{job}/plan", params={"rank": 0, "wait_s": 30}, headers=auth)
+    if reports:
+        for it in range(16):
+            for rank in range(STAGES):
+                base = it < 6
+                body = {"rank": rank, "iteration": it, "phase": "baseline" if base else "plan",
+                        "plan_version": None if base else 1,
+                        "time_s": 1.10 + 0.002 * (it % 3) if base else 1.11 + 0.002 * (it % 2),
+                        "energy_j": 360.0 + rank if base else 330.0 + rank}  # fmt: skip
+                url = f"/v1/jobs/{job}/iterations"
+                http.post(url, json=body, headers=auth).raise_for_status()
+    return job, token
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def _until(what: Callable[[], Any], timeout_s: float = 15) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = what()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
+
+
+def _login(driver: Any, url: str, token: str, job: str = "") -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{url}/ui")
+    driver.execute_script("sessionStorage.clear()")
+    driver.get(f"{url}/ui")
+    driver.find_element(By.ID, "token").send_keys(token)
+    if job:
+        driver.find_element(By.ID, "job").send_keys(job)
+    driver.find_element(By.CSS_SELECTOR, "#login button").click()
+    assert _until(lambda: driver.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")), (
+        driver.find_element(By.ID, "status").text
+    )
+
+
+def _cell(driver: Any, job: str, field: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    found = driver.find_elements(By.CSS_SELECTOR, f'tr[data-job="{job}"] [data-field="{field}"]')
+    return str(found[0].text) if found else ""
+
+
+def _screenshot(driver: Any, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    driver.save_screenshot(str(path))
+    keep = os.environ.get("PERSEUS_UI_SCREENSHOTS")
+    if keep:
+        shutil.copy(path, Path(keep) / name)
+    return path
+
+
+def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
+    browser: Any,
+    planner: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    with httpx.Client(base_url=planner, timeout=60) as http:
+        job, token = _job(http, MARKUP_NAME, reports=True)
+        other, _ = _job(http, "second job", reports=False)
+        view = http.get(f"/v1/jobs/{job}", headers={"Authorization": f"Bearer {token}"}).json()
+    savings = view["savings"]
+    assert savings is not None and savings["realized_saving"] is not None
+
+    _login(browser, planner, ADMIN)
+    assert token not in browser.current_url and ADMIN not in browser.current_url
+    rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")
+    assert [r.get_attribute("data-job") for r in rows] == [job, other]
+
+    # The numbers are the API's.
+    assert _cell(browser, job, "state") == "ready"
+    assert _cell(browser, job, "policy") == "no-slowdown"
+    assert _cell(browser, job, "realized_saving") == _pct(savings["realized_saving"])
+    assert _cell(browser, job, "predicted_saving") == _pct(savings["predicted_saving"])
+    assert _cell(browser, job, "energy_saved_j") == f"{round(savings['energy_saved_j']):,} J"
+    assert _cell(browser, job, "ranks") == f"{STAGES} / {STAGES}"
+    assert _cell(browser, job, "chosen") == f"v1, point {view['chosen']['index']}"
+
+    # The name is text, never markup.
+    assert _cell(browser, job, "name") == MARKUP_NAME
+    name = browser.find_element(By.CSS_SELECTOR, f'tr[data-job="{job}"] [data-field="name"]')
+    assert name.find_elements(By.CSS_SELECTOR, "*") == []
+    assert browser.execute_script("return window.pwned") is None
+    assert MARKUP_NAME in browser.find_element(By.ID, "detail-title").text
+
+    # The detail: frontier with baselines and the chosen point, iterations, ranks.
+    assert _until(lambda: browser.find_elements(By.ID, "chosen-point"))
+    assert browser.find_elements(By.CSS_SELECTOR, "#frontier [data-baseline=default]")
+    ActionChains(browser).move_to_element(browser.find_element(By.ID, "chosen-point")).perform()
+    hover = _until(lambda: browser.find_element(By.ID, "hover").text)
+    chosen = view["chosen"]
+    assert f"{chosen['time_s']:.4f} s, {chosen['energy_j']:.1f} J, saving" in hover
+    assert browser.find_elements(By.CSS_SELECTOR, "#iterations circle")
+    ranks = browser.find_elements(By.CSS_SELECTOR, "#ranks tbody tr")
+    assert len(ranks) == STAGES
+    assert all("following plan v1" in r.text for r in ranks)
+    _screenshot(browser, tmp_path, "ui.png")
+
+    # A policy change made through the CLI shows without a reload.
+    browser.execute_script("window.sameDocument = true")
+    for name_, value in (("PERSEUS_SERVER", planner), ("PERSEUS_JOB", job),
+                         ("PERSEUS_TOKEN", token)):  # fmt: skip
+        monkeypatch.setenv(name_, value)
+    assert main(["job", "policy", "max-slowdown:1.1"]) == 0
+    assert _until(lambda: _cell(browser, job, "policy") == "max-slowdown:1.1")
+    assert _until(lambda: _cell(browser, job, "chosen").startswith("v2, point"))
+    assert browser.execute_script("return window.sameDocument") is True
+
+
+def test_a_job_token_sees_its_job_only(browser: Any, planner: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    with httpx.Client(base_url=planner, timeout=60) as http:
+        job, token = _job(http, "mine", reports=False)
+        _job(http, "not mine", reports=False)
+    _login(browser, planner, token, job)
+    rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")
+    assert [r.get_attribute("data-job") for r in rows] == [job]
+
+    # A job's token cannot list the others: the page asks again.
+    browser.execute_script("sessionStorage.removeItem('perseus.job'); location.reload()")
+    assert _until(lambda: browser.find_element(By.ID, "login").is_displayed())
+    assert "admin token" in browser.find_element(By.ID, "status").text
+
+
+def test_the_page_and_its_files_come_from_the_planner(planner: str) -> None:
+    """No CDN: every script and style the page names is served by the planner."""
+    with httpx.Client(base_url=planner, timeout=10) as http:
+        page = http.get("/ui")
+        assert page.status_code == 200
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        html = page.text
+        assert "http://" not in html and "https://" not in html
+        for asset in ("ui/static/ui.js", "ui/static/ui.css"):
+            assert f'"{asset}"' in html
+            served = http.get(f"/{asset}")
+            assert served.status_code == 200 and served.content
+            assert b"https://" not in served.content
+        assert json.loads(http.get("/openapi.json").text)["paths"].get("/ui") is None
