@@ -12,13 +12,14 @@ import threading
 import time
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from perseus.schemas import JOB_STATES
 
-__all__ = ["BodyLimitMiddleware", "Metrics", "MetricsMiddleware"]
+__all__ = ["BodyLimitMiddleware", "JobGauges", "Metrics", "MetricsMiddleware"]
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:
@@ -99,6 +100,7 @@ class Metrics:
         self,
         jobs_by_state: Mapping[str, int],
         job_energy: Mapping[str, tuple[float, float]] | None = None,
+        job_gauges: Mapping[str, JobGauges] | None = None,
     ) -> str:
         """Prometheus text exposition format 0.0.4.
 
@@ -106,6 +108,7 @@ class Metrics:
             jobs_by_state: job counts by state.
             job_energy: ``job id -> (energy reported, energy saved)`` in joules, from the
                 store: job labels come from stored job ids only, never from a request.
+            job_gauges: per planned job, predicted against measured and the ranks.
         """
         out: list[str] = [
             "# HELP perseus_http_requests_total HTTP requests by method, route and status.",
@@ -156,7 +159,43 @@ class Metrics:
             f'perseus_job_energy_saved_joules_total{{job="{_label(j)}"}} {s!r}'
             for j, (_, s) in energy
         ]
+        gauges = sorted((job_gauges or {}).items())
+        for name, field, help_text in _JOB_GAUGES:
+            out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+            for j, g in gauges:
+                value = getattr(g, field)
+                if value is not None:
+                    out.append(f'{name}{{job="{_label(j)}"}} {float(value)!r}')
         return "\n".join(out) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class JobGauges:
+    """One planned job's gauges: what the plan predicts, what the ranks measure."""
+
+    predicted_time_s: float | None
+    predicted_energy_j: float | None
+    measured_time_s: float | None
+    measured_energy_j: float | None
+    plan_version: int
+    ranks: int
+    ranks_following: int
+
+
+_JOB_GAUGES = (
+    ("perseus_job_predicted_iteration_seconds", "predicted_time_s",
+     "Iteration time the chosen plan predicts (a straggler's pace included)."),
+    ("perseus_job_measured_iteration_seconds", "measured_time_s",
+     "Measured iteration time, mean over replicas of the recent window."),
+    ("perseus_job_predicted_iteration_energy_joules", "predicted_energy_j",
+     "Energy of one pipeline per iteration the chosen plan predicts."),
+    ("perseus_job_measured_iteration_energy_joules", "measured_energy_j",
+     "Measured energy of one pipeline per iteration, mean over replicas."),
+    ("perseus_job_plan_version", "plan_version", "The job's plan version."),
+    ("perseus_job_ranks", "ranks", "Ranks registered."),
+    ("perseus_job_ranks_following_plan", "ranks_following",
+     "Ranks whose last report (to this server process) ran the current plan version."),
+)  # fmt: skip
 
 
 class MetricsMiddleware:

@@ -79,7 +79,7 @@ from perseus.schemas import (
 from perseus.server.activity import Activity
 from perseus.server.auth import bearer_token, check_admin, check_job_token
 from perseus.server.jobs import RequestFieldError
-from perseus.server.metrics import Metrics
+from perseus.server.metrics import JobGauges, Metrics
 from perseus.server.planning import PlanningInput, merged_profile, unprofiled_stages
 from perseus.server.plans import has_plan, not_ready
 from perseus.server.runner import PlanningRunner
@@ -240,9 +240,41 @@ async def metrics(state: State) -> Response:
     jobs_by_state = await run_in_threadpool(jobs.count_by_state)
     await state.telemetry.flush()  # every report this process accepted is in the totals
     energy = await run_in_threadpool(jobs.energy_totals)
+    gauges = await run_in_threadpool(_job_gauges, state)
     # Rendering is O(routes + jobs) string formatting: in the pool too, off the event loop.
-    text = await run_in_threadpool(state.metrics.render, jobs_by_state, energy)
+    text = await run_in_threadpool(state.metrics.render, jobs_by_state, energy, gauges)
     return Response(text, media_type="text/plain; version=0.0.4")
+
+
+_GAUGED_JOBS = 1000  # the most jobs /metrics reports gauges of (oldest first)
+
+
+def _job_gauges(state: ServerState) -> dict[str, JobGauges]:
+    """Per planned job: predicted and measured iteration, ranks following (in a thread).
+
+    Complexity: one job view per planned job, O(ranks x window) each.
+    """
+    jobs = state.service.jobs
+    gauges: dict[str, JobGauges] = {}
+    for summary in jobs.list(_GAUGED_JOBS, 0):
+        if summary.version == 0:
+            continue
+        with contextlib.suppress(JobNotFound):  # deleted meanwhile
+            view = jobs.view(summary.job_id)
+            activity = state.activity.view(view.version, view.job_id, jobs.ranks(view.job_id))
+            t = view.telemetry
+            gauges[view.job_id] = JobGauges(
+                predicted_time_s=None
+                if view.chosen is None
+                else view.chosen.expected_iteration_time_s,
+                predicted_energy_j=None if view.chosen is None else view.chosen.expected_energy_j,
+                measured_time_s=None if t is None else t.measured_time_s,
+                measured_energy_j=None if t is None else t.measured_energy_j,
+                plan_version=view.version,
+                ranks=view.counts.ranks_registered,
+                ranks_following=sum(r.following for r in activity.ranks),
+            )
+    return gauges
 
 
 @router.post(

@@ -91,12 +91,23 @@ def _rows() -> dict[int, list[dict[str, Any]]]:
 def _job(http: httpx.Client, name: str, *, reports: bool) -> tuple[str, str]:
     """A planned job; with ``reports``, recorded iterations: 6 at default clocks, then 10
     under plan version 1, every rank."""
-    created = http.post(
-        "/v1/jobs",
-        json={"name": name, "schedule": "1f1b", "stages": STAGES, "microbatches": 4,
-              "data_parallel": 1, "tensor_parallel": 1, "p_block_w": 100.0},  # fmt: skip
-        headers={"Authorization": f"Bearer {ADMIN}"},
-    ).raise_for_status().json()
+    created = (
+        http.post(
+            "/v1/jobs",
+            json={
+                "name": name,
+                "schedule": "1f1b",
+                "stages": STAGES,
+                "microbatches": 4,
+                "data_parallel": 1,
+                "tensor_parallel": 1,
+                "p_block_w": 100.0,
+            },  # fmt: skip
+            headers={"Authorization": f"Bearer {ADMIN}"},
+        )
+        .raise_for_status()
+        .json()
+    )
     job, token = created["job_id"], created["token"]
     auth = {"Authorization": f"Bearer {token}"}
     rows = _rows()
