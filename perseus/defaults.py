@@ -25,13 +25,14 @@ POLISH_S = 0.0
 the same on a fast and a slow machine (the search is budgeted in work instead)."""
 
 CLOCK_CHANGE_MARGIN_S = 0.005
-"""How long before an instruction boundary a planned clock change is meant to take effect.
+"""How far from an instruction boundary a planned clock change is aimed to take effect.
 
-A rank issues each change its measured clock-change latency plus this margin before the
-boundary it predicts, so that the instruction after the boundary starts at its own clock
-even when the change lands a little early or late. The last ``CLOCK_CHANGE_MARGIN_S`` of the
-instruction before the boundary therefore runs at the next instruction's clock; the solver's
-replay and the frontier's stated times and energies include that tail."""
+Changes are asymmetric so that no instruction runs slower than planned: a raise is aimed to
+take effect this long before the boundary (the tail of the instruction before it runs at the
+higher clock), a lowering this long after it (the head of the instruction after it runs at the
+higher clock). A rank issues each change its measured clock-change latency ahead of that aim.
+The solver's replay and the frontier's stated times and energies include these heads and
+tails (:mod:`perseus.solver.transitions`)."""
 
 BASELINE_ITERATIONS = 10
 """Iterations a rank runs at default clocks, reported as the baseline, before it follows its

@@ -439,8 +439,8 @@ def _describe(profile: Profile, schedule: Schedule, frontier: Frontier, solved_s
 
 
 def margin_text(margin_s: float) -> str:
-    """How early clock changes take effect, as the summary shows it (nothing at 0)."""
-    return f", clock changes {1000 * margin_s:g} ms early" if margin_s > 0 else ""
+    """The clock-change margin the stated figures include, for the summary (nothing at 0)."""
+    return f", clock-change margin {1000 * margin_s:g} ms" if margin_s > 0 else ""
 
 
 def _plan_table(

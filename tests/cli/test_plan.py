@@ -320,9 +320,9 @@ def test_the_clock_change_margin_is_planned_with_shown_and_recorded(
     out = capsys.readouterr().out
     schedule_line = next(line for line in out.splitlines() if line.startswith("schedule"))
     if shown is None:
-        assert "clock changes" not in schedule_line
+        assert "clock-change margin" not in schedule_line
     else:
-        assert schedule_line.endswith(f"P_block 100 W, clock changes {shown} early")
+        assert schedule_line.endswith(f"P_block 100 W, clock-change margin {shown}")
     frontier = frontier_of(frontier_path)
     assert frontier.clock_change_margin_s == margin
     plan = json.loads(plan_path.read_text())

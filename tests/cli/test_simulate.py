@@ -173,7 +173,7 @@ def test_simulate_replays_with_the_files_clock_change_margin(
     assert plan["clock_change_margin_s"] == 0.005
     assert main(["simulate", str(example), str(plan_path)]) == 0
     out = capsys.readouterr().out
-    assert "P_block 100 W, clock changes 5 ms early" in out
+    assert "P_block 100 W, clock-change margin 5 ms" in out
     assert f"(the plan states {plan['time_s']:.6f} s and {plan['energy_j']:.3f} J)" in out
     assert number_after(out, "iteration time") == pytest.approx(plan["time_s"], abs=1e-6)
     del plan["clock_change_margin_s"]
