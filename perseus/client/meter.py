@@ -301,6 +301,26 @@ class EnergyMeter:
             return None
         return _interpolate(times, values, end_s) - _interpolate(times, values, start_s)
 
+    def energies_between(self, windows: list[tuple[float, float]]) -> list[float] | None:
+        """:meth:`energy_between` of each window, from one copy of the reads, or None.
+
+        None when the reads do not cover every window (yet: the caller may wait for the
+        meter to read past the last one). For many windows at once, off the training thread.
+        """
+        with self._lock:
+            times = list(self._times)
+            values = list(self._values)
+        if not windows:
+            return []
+        first = min(start for start, _ in windows)
+        last = max(end for _, end in windows)
+        if len(times) < 2 or times[0] > first or times[-1] < last:
+            return None
+        return [
+            _interpolate(times, values, end) - _interpolate(times, values, start)
+            for start, end in windows
+        ]
+
     def power(self, start_s: float, end_s: float, *, min_updates: int = 3) -> PowerReading | None:
         """Average power over the counter updates seen within ``[start_s, end_s]``.
 

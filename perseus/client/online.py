@@ -16,6 +16,22 @@ clock per boundary while training goes on between clocks. While SWEEPING, a
 :class:`StreamSampler` stamps the training stream's own instructions, so that the loop times
 can be scaled to what the stream really takes. The finished profile goes to the session
 thread for upload.
+
+Calibrating the blocking power with the training stream. The power measured in a long
+collective wait is what an idle GPU draws; the short waits inside a pipeline draw far more on a
+real GPU (BACKGROUND.md), so a profile with the idle power predicts too little iteration energy
+(docs/validation.md, section 4: 12.4 % on two H200s). So before the first clock of the sweep,
+training runs at the default clock with no loops between its iterations until the sampler
+holds at least :data:`CALIBRATION_S` seconds of iteration spans (each from its first
+instruction's device stamp to the iteration's end), leaving out the first iteration and any
+span within :data:`CALIBRATION_GUARD_S` of the loops (the counter lags). Then a short-lived
+thread reads the meter over those spans (:meth:`EnergyMeter.energies_between`: the training
+thread never reads the meter), and once the sweep is done the rank solves for the power of its
+waits against the profile at the default clock
+(:func:`~perseus.client.profiler.in_pipeline_wait_power`) and reports that as its blocking
+power. Anything that goes wrong (too little waiting, as on a pipeline's last stage; the meter
+gone) falls back to the idle-measured power, with one log line. Ranks decide when to stop
+collecting on their own: nothing here is collective.
 """
 
 from __future__ import annotations
@@ -23,6 +39,7 @@ from __future__ import annotations
 import enum
 import logging
 import statistics
+import threading
 import time
 from collections.abc import Callable
 
@@ -33,16 +50,27 @@ from perseus.client.profiler import (
     ClockMeasurement,
     ClockSweep,
     StageProfile,
+    StreamWindow,
+    WaitPower,
     Workload,
     calibrated,
     device_work,
+    in_pipeline_wait_power,
     measure_idle_power,
 )
 from perseus.client.state import RankState
 from perseus.client.torch_env import distributed
+from perseus.errors import ProfileError
 from perseus.schemas import ProfileRow
 
-__all__ = ["OnlineProfiling", "ProfilingState", "StreamSampler", "WorkloadSource"]
+__all__ = [
+    "IterationSpan",
+    "OnlineProfiling",
+    "ProfilingState",
+    "StreamEnergy",
+    "StreamSampler",
+    "WorkloadSource",
+]
 
 _log = logging.getLogger("perseus.client")
 
@@ -51,6 +79,17 @@ MIN_STREAM_SAMPLES = 5
 MAX_STREAM_SAMPLES = 256
 CALIBRATION_ITERATIONS = 3
 """Iterations a finished sweep waits for in-stream samples before it reports uncalibrated."""
+CALIBRATION_S = 2.0
+"""Seconds of iteration spans at the default clock the blocking power is calibrated over."""
+CALIBRATION_GUARD_S = 0.3
+"""Spans starting this soon after the profiling loops, or ending this close to the last span
+resolved, are left out: the counter's lag would carry the loops' energy into them."""
+MAX_CALIBRATION_SPANS = 1024
+"""Iteration spans kept at most (bounded memory); collecting stops when full."""
+MAX_CALIBRATION_WALL_S = 30.0
+"""Collecting stops after this long even with too few spans (then the idle power is kept)."""
+METER_WAIT_S = 30.0
+"""How long the calibration thread waits for the meter to read past the spans."""
 
 WorkloadSource = Workload | Callable[[], Workload | None] | None
 """A workload, or a callable returning it once the first iteration has run."""
@@ -73,25 +112,64 @@ class ProfilingState(enum.Enum):
     """Stopped; training goes on at default clocks."""
 
 
+class IterationSpan:
+    """One iteration under calibration: its first instruction's start to its end (device
+    stamps), and the instructions it ran per kind."""
+
+    __slots__ = ("counts", "end", "start")
+
+    def __init__(self, start: Stamp, end: Stamp, counts: dict[str, int]) -> None:
+        self.start = start
+        self.end = end
+        self.counts = counts
+
+    @property
+    def seconds(self) -> float | None:
+        """Its duration, None until both stamps are resolved."""
+        if self.start.at_s is None or self.end.at_s is None:
+            return None
+        return self.end.at_s - self.start.at_s
+
+
 class StreamSampler:
     """Device stamps around the training stream's instructions while the sweep runs.
 
     The training thread calls :meth:`begin`/:meth:`end` around each instruction and
-    :meth:`iteration_done` at each iteration's end. Bounded: at most
-    :data:`MAX_STREAM_SAMPLES` per kind.
+    :meth:`iteration_done` at each iteration's end. While :attr:`collecting`, it also keeps
+    each iteration's span (:class:`IterationSpan`, one more stamp per iteration). Bounded: at
+    most :data:`MAX_STREAM_SAMPLES` per kind and :data:`MAX_CALIBRATION_SPANS` spans.
     """
 
-    __slots__ = ("_mark", "_start", "iterations", "samples")
+    __slots__ = (
+        "_counts",
+        "_mark",
+        "_span_start",
+        "_start",
+        "collecting",
+        "iterations",
+        "samples",
+        "spans",
+    )
 
     def __init__(self, mark: Callable[[], Stamp]) -> None:
         self._mark = mark
         self._start: tuple[str, Stamp] | None = None
         self.samples: dict[str, list[tuple[Stamp, Stamp]]] = {}
         self.iterations = 0
+        self.collecting = False
+        """Whether iteration spans are kept (set by :class:`OnlineProfiling`)."""
+        self.spans: list[IterationSpan] = []
+        self._span_start: Stamp | None = None
+        self._counts: dict[str, int] = {}
 
     def begin(self, kind: str) -> None:
         """An instruction of ``kind`` starts."""
-        self._start = (kind, self._mark())
+        stamp = self._mark()
+        self._start = (kind, stamp)
+        if self.collecting:
+            if self._span_start is None:
+                self._span_start = stamp
+            self._counts[kind] = self._counts.get(kind, 0) + 1
 
     def end(self) -> None:
         """The instruction begun last ends."""
@@ -105,10 +183,69 @@ class StreamSampler:
     def iteration_done(self) -> None:
         """An iteration under calibration ended."""
         self.iterations += 1
+        start, self._span_start = self._span_start, None
+        counts, self._counts = self._counts, {}
+        if self.collecting and start is not None and len(self.spans) < MAX_CALIBRATION_SPANS:
+            self.spans.append(IterationSpan(start, self._mark(), counts))
         if self.iterations == 1:
             # The first iteration under calibration still warms up (allocator, kernel
             # autotuning) and runs slower than the rest: its times would inflate the ratio.
             self.samples.clear()
+
+
+class StreamEnergy:
+    """The meter's energy over calibration spans, read on a thread of its own.
+
+    The thread waits (up to ``timeout_s``) until the meter has read past the last span, then
+    reads every span's energy from one copy of the reads. :attr:`done` is set when it has
+    finished; then :attr:`window` holds the result, or :attr:`error` says why not.
+    """
+
+    def __init__(self, meter: EnergyMeter, spans: list[IterationSpan], timeout_s: float) -> None:
+        self.window: StreamWindow | None = None
+        self.error: str | None = None
+        self.done = threading.Event()
+        self._meter = meter
+        self._spans = spans
+        self._timeout_s = timeout_s
+        self._thread = threading.Thread(target=self._run, name="perseus-calibration", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        """Wait for the thread (tests)."""
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            windows = [(s.start.at_s or 0.0, s.end.at_s or 0.0) for s in self._spans]
+            deadline = time.monotonic() + self._timeout_s
+            while (energies := self._meter.energies_between(windows)) is None:
+                if self._meter.failed is not None:
+                    self.error = f"the energy counter failed: {self._meter.failed}"
+                    return
+                if time.monotonic() > deadline:
+                    self.error = "the meter did not read past the iterations"
+                    return
+                time.sleep(0.1)
+            counts: dict[str, int] = {}
+            for span in self._spans:
+                for kind, n in span.counts.items():
+                    counts[kind] = counts.get(kind, 0) + n
+            other = set(counts) - {"forward", "backward"}
+            if other:
+                self.error = f"the iterations ran instructions the profile lacks: {sorted(other)}"
+                return
+            self.window = StreamWindow(
+                iterations=len(windows),
+                time_s=sum(end - start for start, end in windows),
+                energy_j=sum(energies),
+                forwards=counts.get("forward", 0),
+                backwards=counts.get("backward", 0),
+            )
+        except Exception as err:  # never reaches training; the idle power is kept
+            self.error = f"{type(err).__name__}: {err}"
+        finally:
+            self.done.set()
 
 
 class OnlineProfiling:
@@ -147,6 +284,15 @@ class OnlineProfiling:
         self.state = initial
         self.profile: StageProfile | None = None
         self.p_block_w: float | None = None
+        """The blocking power to report: the in-pipeline wait power once calibrated, else
+        the idle-measured one."""
+        self.p_block_idle_w: float | None = None
+        """The blocking power measured in a long collective wait (or idle)."""
+        self.wait_power: WaitPower | None = None
+        """The in-pipeline wait power solved from the training stream, when it was."""
+        self.stream_energy: StreamEnergy | None = None
+        self._collect_from_s = 0.0
+        self._calibration_error: str | None = None
         self.sampler: StreamSampler | None = None
         """Set while SWEEPING: the training thread stamps its instructions into it."""
         self._sweep: ClockSweep | None = None
@@ -167,6 +313,8 @@ class OnlineProfiling:
             if self.state is ProfilingState.PENDING:
                 self._start()
             if self._sweep is not None:
+                if self.sampler is not None and self.sampler.collecting and not self._collect():
+                    return  # training runs on at the default clock, with no loops in between
                 measured = self._sweep.step()
                 if measured is not None:
                     _log.debug(
@@ -195,7 +343,7 @@ class OnlineProfiling:
             workload = workload()
         # Every rank takes part in the blocking-power collective, even one that has given
         # up: a rank that skipped it would leave its peers waiting in the barrier.
-        self.p_block_w = self._measure_blocking_power()
+        self.p_block_w = self.p_block_idle_w = self._measure_blocking_power()
         if self._rank.failure is not None:
             self.state = ProfilingState.FAILED
             return
@@ -232,7 +380,43 @@ class OnlineProfiling:
         self._reference = sweep.measure_unlocked() if lock else None
         self._sweep = sweep
         self.state = ProfilingState.SWEEPING
-        self.sampler = StreamSampler(self._controller.mark)
+        sampler = StreamSampler(self._controller.mark)
+        sampler.collecting = True
+        self.sampler = sampler
+        self._collect_from_s = self._clock()
+
+    def _usable_spans(self, spans: list[IterationSpan]) -> list[IterationSpan]:
+        """The spans to calibrate over: resolved, not the first, clear of the loops."""
+        resolved = [s for s in spans[1:] if s.seconds is not None]
+        if not resolved:
+            return []
+        last_end = max(s.end.at_s or 0.0 for s in resolved)
+        lo = self._collect_from_s + CALIBRATION_GUARD_S
+        hi = last_end - CALIBRATION_GUARD_S
+        return [s for s in resolved if (s.start.at_s or 0.0) >= lo and (s.end.at_s or 0.0) <= hi]
+
+    def _collect(self) -> bool:
+        """Whether collecting iteration spans is over (then the sweep may start).
+
+        Cheap (the stamps only): the meter is read by :class:`StreamEnergy`'s thread.
+        """
+        sampler = self.sampler
+        assert sampler is not None
+        spans = self._usable_spans(sampler.spans)
+        total = sum(s.seconds or 0.0 for s in spans)
+        if total >= CALIBRATION_S:
+            sampler.collecting = False
+            self.stream_energy = StreamEnergy(self._meter, spans, METER_WAIT_S)
+            return True
+        waited = self._clock() - self._collect_from_s
+        if waited > MAX_CALIBRATION_WALL_S or len(sampler.spans) >= MAX_CALIBRATION_SPANS:
+            sampler.collecting = False
+            self._calibration_error = (
+                f"only {total:.2f} s of iteration spans in {waited:.0f} s and "
+                f"{len(sampler.spans)} iterations (needs {CALIBRATION_S:g} s)"
+            )
+            return True
+        return False
 
     def _finish(self, profile: StageProfile) -> None:
         sampler = self.sampler
@@ -254,12 +438,19 @@ class OnlineProfiling:
             )
             profile = calibrated(profile, ratios)
         self.profile = profile
+        default = (
+            None
+            if reference is None
+            else calibrated(StageProfile((reference,), ""), ratios).measurements[0]
+        )
+        self.p_block_w = self._blocking_power(default)
         _log.warning(
-            "perseus: rank %d profiled %d clocks (%s); blocking power %s",
+            "perseus: rank %d profiled %d clocks (%s); blocking power %s (%s)",
             rank,
             len(profile.measurements),
             profile.stopped,
             "unknown" if self.p_block_w is None else f"{self.p_block_w:.1f} W",
+            "in-pipeline waits" if self.wait_power is not None else "idle-measured",
         )
         if len(profile.measurements) == 0:
             self._rank.give_up("online profiling measured nothing")
@@ -274,14 +465,58 @@ class OnlineProfiling:
             )
         self._report(profile.rows(), self.p_block_w)
 
+    def _blocking_power(self, default: ClockMeasurement | None) -> float | None:
+        """The in-pipeline wait power, solved from the calibration spans against ``default``
+        (the profile at the default clock, as the stream ran); the idle-measured power, with
+        one log line, when that fails."""
+        idle = self.p_block_idle_w
+        rank = self._rank.settings.rank
+        energy = self.stream_energy
+        try:
+            if self._calibration_error is not None:
+                raise ProfileError(self._calibration_error)
+            if energy is None or not energy.done.is_set():
+                raise ProfileError("the meter had not read the iterations in time")
+            if energy.window is None:
+                raise ProfileError(energy.error or "no energy over the iterations")
+            if default is None:
+                raise ProfileError("no measurement at the default clock")
+            wait = in_pipeline_wait_power(
+                energy.window, default, scale=self._rank.scale, idle_w=idle
+            )
+        except Exception as err:  # the idle power is still a blocking power
+            _log.warning(
+                "perseus: rank %d blocking power %s, as measured in a long wait (not calibrated "
+                "with the training stream: %s)",
+                rank,
+                "unknown" if idle is None else f"{idle:.1f} W",
+                err,
+            )
+            return idle
+        self.wait_power = wait
+        assert energy.window is not None
+        _log.warning(
+            "perseus: rank %d blocking power %.1f W, from the training stream at the default "
+            "clock (%s; in a long wait: %s)",
+            rank,
+            wait.power_w,
+            wait.describe(energy.window),
+            "unknown" if idle is None else f"{idle:.1f} W",
+        )
+        return wait.power_w
+
     def _calibration_ready(self) -> bool:
-        """True once each kind has enough in-stream samples, or after a few more iterations.
+        """True once each kind has enough in-stream samples and the calibration thread is
+        done, or after a few more iterations.
 
         A short sweep (one clock on a GPU whose clocks may not change) ends before training
         ran any instruction under calibration; up to three more iterations give it some.
         """
         samples = self.sampler.samples if self.sampler is not None else {}
-        if all(len(samples.get(k, ())) >= MIN_STREAM_SAMPLES for k in ("forward", "backward")):
+        energy_done = self.stream_energy is None or self.stream_energy.done.is_set()
+        if energy_done and all(
+            len(samples.get(k, ())) >= MIN_STREAM_SAMPLES for k in ("forward", "backward")
+        ):
             return True
         self._calibration_waits += 1
         return self._calibration_waits > CALIBRATION_ITERATIONS

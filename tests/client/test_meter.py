@@ -146,10 +146,24 @@ def test_meter_energy_between_outside_the_reads_is_none(
     assert meter.energy_between(0.005, 2.995) == pytest.approx(total)
 
 
+def test_meter_energies_between_is_energy_between_of_each_window(
+    scripted: tuple[ScriptedCounter, EnergyMeter],
+) -> None:
+    _, meter = scripted
+    windows = [(0.333, 0.5), (0.6, 1.777), (2.0, 2.9)]
+    energies = meter.energies_between(windows)
+    assert energies is not None
+    assert energies == pytest.approx([meter.energy_between(a, b) for a, b in windows])
+    assert meter.energies_between([]) == []
+    # one window the reads do not cover: none at all (the caller waits for more reads)
+    assert meter.energies_between([*windows, (2.9, 3.5)]) is None
+
+
 def test_meter_without_reads_answers_none() -> None:
     gpu = ScriptedCounter([200.0])
     meter = EnergyMeter(gpu, clock=gpu.clock)
     assert meter.energy_between(0.0, 1.0) is None
+    assert meter.energies_between([(0.0, 1.0)]) is None
     assert meter.power(0.0, 1.0) is None
     assert meter.updates_between(0.0, 1.0) == 0
 
