@@ -1,9 +1,30 @@
-"""Online profiling's pieces that need no training: the stream sampler and the states."""
+"""Online profiling: the stream sampler, the states, and the blocking power calibrated with the
+training stream (its pieces against scripted meters; the whole on the fake GPU, in real time,
+about 8 s a test)."""
 
 from __future__ import annotations
 
+import logging
+import time
+
+import pytest
+
 from perseus.client.controller import Stamp
-from perseus.client.online import MAX_STREAM_SAMPLES, ProfilingState, StreamSampler
+from perseus.client.fake import FakeGpu, FakeWork
+from perseus.client.meter import EnergyMeter
+from perseus.client.online import (
+    CALIBRATION_S,
+    MAX_CALIBRATION_SPANS,
+    MAX_STREAM_SAMPLES,
+    IterationSpan,
+    OnlineProfiling,
+    ProfilingState,
+    StreamEnergy,
+    StreamSampler,
+)
+from perseus.client.profiler import StreamWindow
+from perseus.client.settings import ClientSettings, ProfileBudget
+from perseus.client.state import RankState
 
 from .clocks import ManualClock
 
@@ -51,3 +72,213 @@ def test_the_states_are_the_documented_ones() -> None:
         "done",
         "failed",
     ]
+
+
+# Calibrating the blocking power with the training stream ------------------------------------
+
+
+def test_spans_are_kept_only_while_collecting_with_their_instructions() -> None:
+    s, clock = sampler()
+    for collecting in (False, True, True):
+        s.collecting = collecting
+        clock.advance(1.0)  # before the first instruction: not in the span
+        for kind in ("forward", "forward", "backward"):
+            s.begin(kind)
+            clock.advance(0.1)
+            s.end()
+            clock.advance(0.05)  # a wait between instructions: in the span
+        s.iteration_done()
+    assert [(span.start.at_s, span.end.at_s) for span in s.spans] == [
+        (pytest.approx(2.45), pytest.approx(2.9)),
+        (pytest.approx(3.9), pytest.approx(4.35)),
+    ]
+    assert [span.counts for span in s.spans] == [{"forward": 2, "backward": 1}] * 2
+    assert s.spans[0].seconds == pytest.approx(0.45)
+    # still sampled per kind while collecting, and nothing carries over into a new iteration
+    assert len(s.samples["forward"]) == 4
+    s.iteration_done()
+    assert len(s.spans) == 2
+
+
+def test_spans_are_bounded() -> None:
+    s, _ = sampler()
+    s.collecting = True
+    for _ in range(MAX_CALIBRATION_SPANS + 5):
+        s.begin("forward")
+        s.end()
+        s.iteration_done()
+    assert len(s.spans) == MAX_CALIBRATION_SPANS
+
+
+class ScriptedMeter:
+    """What StreamEnergy uses of a meter: reads cover the spans from the ``covered``-th call."""
+
+    def __init__(self, energies: list[float], covered: int = 0, failed: str | None = None):
+        self.energies = energies
+        self.covered = covered
+        self.failed = failed
+        self.calls = 0
+
+    def energies_between(self, windows: list[tuple[float, float]]) -> list[float] | None:
+        self.calls += 1
+        return self.energies if self.calls > self.covered else None
+
+
+def spans(*kinds: dict[str, int]) -> list[IterationSpan]:
+    return [
+        IterationSpan(Stamp(float(i)), Stamp(i + 0.5), counts) for i, counts in enumerate(kinds)
+    ]
+
+
+def test_stream_energy_sums_the_spans_once_the_meter_covers_them() -> None:
+    meter = ScriptedMeter([100.0, 120.0], covered=2)
+    energy = StreamEnergy(meter, spans({"forward": 2}, {"forward": 1, "backward": 3}), 10.0)  # type: ignore[arg-type]
+    assert energy.done.wait(5.0)
+    assert energy.error is None and meter.calls == 3
+    assert energy.window == StreamWindow(
+        iterations=2, time_s=1.0, energy_j=220.0, forwards=3, backwards=3
+    )
+
+
+@pytest.mark.parametrize(
+    ("meter", "counts", "error"),
+    [
+        (
+            ScriptedMeter([1.0], covered=10**9, failed="gone"),
+            {"forward": 1},
+            "counter failed: gone",
+        ),
+        (ScriptedMeter([1.0], covered=10**9), {"forward": 1}, "did not read past"),
+        (ScriptedMeter([1.0]), {"backward_weight": 1}, "the profile lacks"),
+    ],
+)
+def test_stream_energy_says_why_it_has_nothing(
+    meter: ScriptedMeter, counts: dict[str, int], error: str
+) -> None:
+    energy = StreamEnergy(meter, spans(counts), 0.0)  # type: ignore[arg-type]
+    assert energy.done.wait(5.0)
+    assert energy.window is None and error in (energy.error or "")
+
+
+# On the fake GPU: a stage whose waits draw WAIT_W (the fake models only idle outside its
+# brackets, so a "hot" wait is a unit of work of its own that no instruction bracket sees,
+# like a communication kernel spinning while the stage waits on a peer).
+WAIT_W = 400.0
+WORK = {
+    "forward": FakeWork(time_at_max_s=0.004, power_at_max_w=620.0),
+    "backward": FakeWork(time_at_max_s=0.008, power_at_max_w=760.0),
+    "wait": FakeWork(time_at_max_s=0.006, power_at_max_w=WAIT_W),
+}
+ORDER = ("forward", "forward", "backward", "forward", "backward", "forward", "backward", "backward")
+
+
+class Controller:
+    """What OnlineProfiling uses of a ClockController, with stamps on the host clock (the
+    fake GPU's work runs on the training thread)."""
+
+    def mark(self) -> Stamp:
+        return Stamp(time.monotonic())
+
+    def reset(self, reason: str = "") -> None:
+        pass
+
+
+class Nothing:
+    def forward(self) -> object:
+        return None
+
+    def backward(self, handle: object) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+def profile_online(gpu: FakeGpu, wait: str) -> tuple[OnlineProfiling, list[float | None]]:
+    """Train until the rank has reported, the way Rank drives the pieces."""
+    settings = ClientSettings(
+        rank=0,
+        stage=0,
+        budget=ProfileBudget(window_s=0.3, settle_s=0.05, clocks="1980", blocking_s=0.4),
+    )
+    meter = EnergyMeter(gpu, clock=time.monotonic)
+    meter.start()
+    reported: list[float | None] = []
+    profiling = OnlineProfiling(
+        RankState(settings),
+        gpu,
+        meter,
+        Controller(),  # type: ignore[arg-type]
+        Nothing(),
+        lambda rows, p_block_w: reported.append(p_block_w),
+        initial=ProfilingState.PENDING,
+        clock=time.monotonic,
+    )
+    deadline = time.monotonic() + 60
+    try:
+        while profiling.state in (ProfilingState.PENDING, ProfilingState.SWEEPING):
+            assert time.monotonic() < deadline
+            profiling.step()
+            s = profiling.sampler
+            for k, kind in enumerate(ORDER):
+                if k > 0 and wait == "hot":
+                    with gpu.working("wait"):
+                        pass
+                elif k > 0 and wait == "idle":
+                    time.sleep(0.006)
+                gpu.begin(kind)
+                if s is not None:
+                    s.begin(kind)
+                gpu.end()
+                if s is not None:
+                    s.end()
+            if s is not None:
+                s.iteration_done()
+    finally:
+        meter.stop()
+    return profiling, reported
+
+
+def test_waits_that_draw_more_than_idle_are_reported_as_the_blocking_power(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gpu = FakeGpu(work=WORK)
+    with caplog.at_level(logging.WARNING, logger="perseus.client"):
+        profiling, reported = profile_online(gpu, "hot")
+    idle_w = gpu.model.idle_power_w
+    assert profiling.state is ProfilingState.DONE
+    assert profiling.p_block_idle_w == pytest.approx(idle_w, rel=0.05)
+    wait = profiling.wait_power
+    assert wait is not None and wait.clamped is None
+    # The waits were 6 ms at 400 W; host gaps between brackets (at idle) dilute them a little.
+    assert wait.power_w == pytest.approx(WAIT_W, rel=0.08)
+    assert reported == [wait.power_w] and profiling.p_block_w == wait.power_w
+    window = profiling.stream_energy.window if profiling.stream_energy else None
+    assert window is not None and window.time_s >= CALIBRATION_S
+    assert window.forwards == window.backwards == 4 * window.iterations
+    assert "from the training stream at the default clock" in caplog.text
+    assert "(in-pipeline waits)" in caplog.text
+
+
+def test_idle_waits_come_out_at_the_fakes_idle_power() -> None:
+    gpu = FakeGpu(work=WORK)
+    profiling, reported = profile_online(gpu, "idle")
+    assert profiling.wait_power is not None
+    assert reported[0] == pytest.approx(gpu.model.idle_power_w, rel=0.08)
+
+
+def test_a_stage_that_hardly_waits_keeps_the_idle_power_with_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gpu = FakeGpu(work=WORK)
+    with caplog.at_level(logging.WARNING, logger="perseus.client"):
+        profiling, reported = profile_online(gpu, "none")
+    assert profiling.state is ProfilingState.DONE and profiling.wait_power is None
+    assert reported == [profiling.p_block_idle_w]
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if "not calibrated with the training" in r.getMessage()
+    ]
+    assert len(lines) == 1 and "too little waiting" in lines[0]
+    assert "(idle-measured)" in caplog.text
