@@ -1,32 +1,52 @@
-"""Applying each instruction's clock so that it is in effect when the instruction starts.
+"""Applying each instruction's clock so that no instruction runs slower than planned.
 
 A clock change is not instant: an NVML lock takes milliseconds to tens of milliseconds to
 take effect (the fake GPU models it with ``clock_change_delay_s``). Requested when an
-instruction starts, the change would land inside it, or after it: every planned instruction
-would run at its predecessor's clock. So the clock of instruction ``k + 1`` is requested
-*ahead*, while ``k`` runs::
+instruction starts, it would land inside it, or after it. So changes are requested ahead,
+and asymmetrically (as :mod:`perseus.solver.transitions` models them). Between consecutive
+instructions ``k`` and ``n`` on the GPU (wrapping around the iteration) with different
+clocks, with ``b`` their predicted boundary (the start of ``n``), ``L`` the measured latency
+and ``m`` the plan's margin (``clock_change_margin_s``):
 
-    issue_at = start_k + expected_k - latency - margin        (never before start_k)
+- a **raise** (``n`` higher) is aimed to take effect ``m`` *before* ``b``: requested at
+  ``b - m - L``. The tail of ``k`` runs faster, never slower. Where that time lies before
+  ``k`` starts (``k`` is short), it is requested from an earlier instruction's start: the
+  latest ``j <= k`` whose start precedes it, with ``b`` predicted from ``start_j``;
+- a **lowering** (``n`` lower) is aimed to take effect ``m`` *after* ``b``: requested at
+  ``b + m - L``, from ``k``'s own start, or, once the intervals in between have been measured,
+  from the latest earlier start that precedes it (predicted with a high estimate of those
+  intervals, so that it errs late). Where no start precedes it, it is requested at once: it
+  lands late, and the head of ``n`` runs at the higher clock, faster (it costs energy only).
 
-so that it lands ``margin`` before the boundary the controller predicts. ``expected_k`` is the
-instruction's expected duration from the plan (``PlanInstruction.time_s``), or the shortest
-start-to-start interval measured for that position under the same plan; the wrap-around from
-an iteration's last instruction to the next iteration's first is aimed the same way, from the
-measured interval (it includes the optimizer step). ``latency`` is measured: after a change it
-issues, the controller polls the clock in effect (``GpuControl.applied_clock_mhz``, about 1 us
-through NVML) every ~0.75 ms, sleeping in between, until the new clock shows or 200 ms pass,
-and keeps a high quantile of the recent samples (:class:`LatencyEstimate`); every change
-until 16 samples are in, then one in :data:`PROBE_EVERY`.
+So no instruction runs at a clock below its own because of a change that lands early or
+late, except by the error of a prediction beyond the margin. Predictions add up intervals
+from the plan and from measurement: each position's start-to-start interval is measured under
+each plan (the last few kept); a raise uses the shortest measured (or the plan's
+``PlanInstruction.time_s`` before one is measured: gaps only make a raise land earlier), a
+lowering the second longest (never shorter than the plan's time). The wrap-around from an
+iteration's last instruction to the next iteration's first is aimed the same way; its measured
+interval includes the optimizer step. Changes are issued in boundary order; a change whose
+successor is due no later is dropped (a short instruction between two higher clocks then runs
+at the higher ones, as the solver models it). ``L`` is measured: after a change it issues,
+the controller polls the clock in effect (``GpuControl.applied_clock_mhz``, about 1 us
+through NVML) every ~0.75 ms until the new clock shows or 200 ms pass, and keeps a high
+quantile of the recent samples (:class:`LatencyEstimate`); every change until 16 samples are
+in, then one in :data:`PROBE_EVERY`.
 
-Threads: the training thread only enqueues one small item per instruction (:meth:`step`) with
-the instruction's start marker: a CUDA event recorded at the boundary (the device reaches it
-when ``k`` starts) or, without CUDA (the CPU, the fake GPU), the host time. Every wait, timer
-and GPU call runs on the controller thread ``perseus-clocks``: it waits for the start of
-``k``, reads the clock ``k`` really started at where the training thread could not (the
-fake's work observer tells it directly), sleeps until ``issue_at`` and requests ``f(k + 1)``.
-A change the prediction could not place (the first instruction of a plan that nothing aimed
-for, an instruction shorter than the latency) is requested at once and lands late; the clock
-log records the clock that really ran.
+**What ran** (``ran_mhz`` in the clock log) is the SM clock in effect at the *middle* of each
+instruction's run. On a GPU the controller thread reads the clock once, at ``start_k +
+expected_k / 2`` (a timed read: never on the training thread); a simulated GPU computes it
+exactly from its lock timeline (the fake's :meth:`~perseus.client.fake.FakeGpu.end`). Under
+the asymmetric rule every instruction longer than ``2 * m`` is at its planned clock at its
+middle whenever its changes land within their aims.
+
+Threads: at each iteration's start the training thread hands over what it follows
+(:meth:`follow`: this iteration's plan, the next one's), then one tiny item per instruction
+(:meth:`started`: its index and start marker: a CUDA event recorded at the boundary, or
+without CUDA (the CPU, the fake GPU) the host time). Every wait, timer and GPU call runs on
+the controller thread ``perseus-clocks``: it stamps each start (polling the event while a
+change is due, else blocking on it), predicts, sleeps until the next change or read is due
+and issues it.
 
 A failure to set a clock never reaches training: the controller logs it once, stops changing
 clocks and resets the GPU to its default. At exit, on SIGTERM/SIGINT and on an exception in
@@ -47,6 +67,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from perseus.client.gpu import GpuControl
+from perseus.client.state import ActivePlan
 from perseus.defaults import CLOCK_CHANGE_MARGIN_S
 from perseus.errors import GpuControlError, NvmlPermissionError
 
@@ -170,20 +191,33 @@ class LatencyEstimate:
             self.value_s = max(self._initial_s, ordered[-1])
 
 
-@dataclass(slots=True)
-class _Step:
-    """Instruction ``position`` started: make sure it runs ``frequency_mhz`` and aim the next."""
+@dataclass(frozen=True, slots=True)
+class _Iteration:
+    """An iteration starts: what it runs and what the next one runs."""
 
-    start: BoundaryEvent | float  # an event (CUDA) or the host time the instruction started
-    position: int
-    frequency_mhz: int | None
-    next_mhz: int | None
-    expected_s: float | None
-    wrap: bool
+    clocks: tuple[int | None, ...]  # per position; None: the default clock
+    times_s: tuple[float | None, ...]  # the plan's expected durations (None: unknown)
     version: int | None
     margin_s: float
-    entry: LogEntry | None
+    following: _Iteration | None  # the next iteration (assumed to repeat after)
     generation: int
+
+
+def _iteration(
+    plan: ActivePlan | None, count: int, following: _Iteration | None, generation: int
+) -> _Iteration:
+    if plan is None:
+        n = max(count, 0)
+        margin = following.margin_s if following is not None else CLOCK_CHANGE_MARGIN_S
+        return _Iteration((None,) * n, (None,) * n, None, margin, following, generation)
+    return _Iteration(
+        tuple(plan.frequencies_mhz),
+        tuple(plan.times_s) if plan.times_s else (None,) * len(plan.keys),
+        plan.version,
+        plan.margin_s,
+        following,
+        generation,
+    )
 
 
 @dataclass(slots=True)
@@ -198,7 +232,17 @@ class _Now:
     generation: int
 
 
-_Item = _Step | _Mark | _Now | None  # None stops the thread
+# An instruction started: (index in its iteration, start marker, log entry to read into,
+# generation). A plain tuple: the training thread builds one per instruction.
+_Started = tuple[int, "BoundaryEvent | float", "LogEntry | None", int]
+_Item = _Started | _Iteration | _Mark | _Now | None  # None stops the thread
+
+
+@dataclass(slots=True)
+class _Change:
+    target_mhz: int | None
+    due_s: float
+    generation: int
 
 
 @dataclass(slots=True)
@@ -209,8 +253,12 @@ class _Probe:
     next_read_s: float
 
 
+_INTERVALS_KEPT = 5
+"""Start-to-start intervals kept per plan position."""
+
+
 class ClockController:
-    """Sets one GPU's SM clock so that each instruction starts at its own.
+    """Sets one GPU's SM clock so that no instruction runs slower than its plan.
 
     Args:
         gpu: The GPU.
@@ -248,18 +296,26 @@ class ClockController:
         self._lock = threading.RLock()
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         # Controller-thread state.
+        try:
+            self._default_mhz = int(gpu.default_clock_mhz())
+        except Exception:  # a GPU that cannot say: compare locks with none above them
+            self._default_mhz = 1 << 30
         self._requested: int | None = None  # the clock last requested (None: the default)
         self._probe: _Probe | None = None
-        self._held: _Item | None = None  # taken from the queue while waiting, not yet handled
-        self._holding = False
-        self._last_start: tuple[int, float, int | None] | None = None  # position, start, version
-        self._intervals: dict[tuple[int, bool], collections.deque[float]] = {}
-        self._intervals_version: int | None = None
+        self._waiting: _Started | _Mark | None = None  # its event is not reached yet
+        self._iteration: _Iteration | None = None  # what the running iteration follows
+        self._base = 0  # global index of its first instruction
+        self._g = -1  # global index of the last instruction started
+        self._last_start: tuple[tuple[int | None, int], float] | None = None
+        self._intervals: dict[tuple[int | None, int], collections.deque[float]] = {}
+        self._pending: dict[int, _Change] = {}  # boundary (global index before it) -> change
+        self._issued_upto = -2  # the latest boundary whose change was issued or dropped
+        self._reads: list[tuple[float, LogEntry]] = []  # timed reads of the clock that runs
         self._changes = 0
         self.applied = 0
         """Clock changes handed to the GPU."""
         self.late = 0
-        """Changes requested at once because nothing aimed them ahead (they land late)."""
+        """Changes requested once their instruction had started (nothing aimed them ahead)."""
         self.failure: str | None = None
         self._thread: threading.Thread | None = threading.Thread(
             target=self._run, name="perseus-clocks", daemon=True
@@ -283,50 +339,32 @@ class ClockController:
 
     # ------------------------------------------------------------------ training thread
 
-    def step(
-        self,
-        position: int,
-        frequency_mhz: int | None,
-        next_mhz: int | None,
-        expected_s: float | None,
-        *,
-        wrap: bool = False,
-        version: int | None = None,
-        margin_s: float = CLOCK_CHANGE_MARGIN_S,
-        entry: LogEntry | None = None,
+    def follow(
+        self, plan: ActivePlan | None, upcoming: ActivePlan | None = None, count: int = 0
     ) -> None:
-        """Instruction ``position`` starts now: it should run ``frequency_mhz``, the next one
-        ``next_mhz`` (None: the default clock). Training thread; a few microseconds.
+        """An iteration starts: it follows ``plan`` (None: default clocks, about ``count``
+        instructions), the next one ``upcoming`` (None: default clocks). Training thread;
+        once per iteration."""
+        generation = self._generation
+        n = len(upcoming.keys) if upcoming is not None else count
+        following = _iteration(upcoming, n, None, generation)
+        self._queue.put(_iteration(plan, count, following, generation))
+
+    def started(self, position: int, entry: LogEntry | None = None) -> None:
+        """Instruction ``position`` of the iteration starts now. Training thread; about a
+        microsecond, no wait.
 
         Args:
-            position: The instruction's index in its iteration.
-            frequency_mhz: Its planned clock.
-            next_mhz: The planned clock of the instruction after it (the first of the next
-                iteration when ``wrap``).
-            expected_s: Its expected duration at its clock (None: unknown).
-            wrap: It is the last instruction of its iteration.
-            version: The plan it follows (measured intervals are kept per plan).
-            margin_s: How long before the predicted boundary the change should land.
-            entry: Its clock log entry; the controller fills in ``ran_mhz`` if still None.
+            position: Its index in the iteration (its plan's position).
+            entry: Its clock log entry, for the controller to read ``ran_mhz`` into at the
+                instruction's middle (None: the caller records it, e.g. a simulated GPU).
         """
         start: BoundaryEvent | float = self._record() if self._record else self._clock()
-        self._queue.put(
-            _Step(
-                start,
-                position,
-                frequency_mhz,
-                next_mhz,
-                expected_s,
-                wrap,
-                version,
-                margin_s,
-                entry,
-                self._generation,
-            )
-        )
+        self._queue.put((position, start, entry, self._generation))
 
     def apply(self, frequency_mhz: int | None) -> None:
-        """Request ``frequency_mhz`` (None: the default) at once, on the controller thread."""
+        """Request ``frequency_mhz`` (None: the default) at once, on the controller thread,
+        and drop the changes scheduled (the plan is no longer followed)."""
         if self._enabled:
             self._queue.put(_Now(frequency_mhz, self._generation))
 
@@ -339,7 +377,8 @@ class ClockController:
         return stamp
 
     def fence(self) -> Stamp:
-        """A stamp set once the controller has handled everything queued before it."""
+        """A stamp set once the controller has handled everything queued before it (in event
+        mode: the device reached it, and every timed read before it is done)."""
         stamp = Stamp()
         self._queue.put(_Mark(self._record() if self._record else None, stamp))
         return stamp
@@ -377,129 +416,259 @@ class ClockController:
 
     def _run(self) -> None:
         while True:
-            item = self._take()
-            if item is None:
-                return
             try:
+                item = self._next()
+                if item is None:
+                    return
                 self._handle(item)
             except Exception:  # a bug here must not kill the thread silently
-                _log.exception("perseus: the clock controller failed on %r", item)
+                _log.exception("perseus: the clock controller failed")
 
-    def _take(self) -> _Item:
-        if self._holding:
-            self._holding = False
-            item, self._held = self._held, None
-            return item
+    def _next(self) -> _Item:
+        """Issue what is due, and return the next item to handle, waiting for it (and for
+        the start event of the instruction queued first) meanwhile."""
         while True:
-            if self._probe is None:
-                return self._queue.get()
+            now = self._clock()
+            self._issue_due(now)
+            self._read_probe()
+            wake = self._next_due()
+            waiting = self._waiting
+            if waiting is not None:
+                event = waiting.event if isinstance(waiting, _Mark) else waiting[1]
+                assert event is not None and not isinstance(event, float)
+                query = getattr(event, "query", None)
+                if query is None or (wake is None and self._probe is None):
+                    self._await(event)  # nothing due meanwhile: block on it
+                    return self._take_waiting()
+                try:
+                    reached = bool(query())
+                except Exception as err:
+                    _log.error("perseus: waiting for an instruction boundary failed: %s", err)
+                    reached = True
+                if reached:
+                    return self._take_waiting()
+                pause = PROBE_INTERVAL_S if wake is None else min(wake - now, PROBE_INTERVAL_S)
+                self._sleep(max(pause, 0.0))
+                continue
+            probe = self._probe
+            if probe is not None:
+                wake = probe.next_read_s if wake is None else min(wake, probe.next_read_s)
             try:
-                return self._queue.get(timeout=max(self._probe.next_read_s - self._clock(), 0))
+                item = (
+                    self._queue.get()
+                    if wake is None
+                    else self._queue.get(timeout=max(wake - self._clock(), 0.0))
+                )
             except queue.Empty:
-                self._read_probe()
+                continue
+            if (isinstance(item, tuple) and not isinstance(item[1], float)) or (
+                isinstance(item, _Mark) and item.event is not None
+            ):
+                self._waiting = item  # handled once its event is reached
+                continue
+            return item
 
-    def _handle(self, item: _Step | _Mark | _Now) -> None:
-        if isinstance(item, _Now):
+    def _take_waiting(self) -> _Started | _Mark:
+        item = self._waiting
+        assert item is not None
+        self._waiting = None
+        if isinstance(item, _Mark):
+            return item
+        return (item[0], self._clock(), item[2], item[3])
+
+    def _next_due(self) -> float | None:
+        due = [c.due_s for c in self._pending.values()]
+        if self._reads:
+            due.append(self._reads[0][0])
+        return min(due) if due else None
+
+    def _handle(self, item: _Started | _Iteration | _Mark | _Now) -> None:
+        if isinstance(item, tuple):
+            start = item[1]
+            assert isinstance(start, float)
+            self._start(item[0], start, item[2], item[3])
+        elif isinstance(item, _Iteration):
+            self._iteration = item if item.generation == self._generation else None
+            self._base = self._g + 1
+            self._forget(item)
+        elif isinstance(item, _Now):
+            self._iteration = None
+            self._pending.clear()
             if item.frequency_mhz != self._requested:
                 self._set(item.frequency_mhz, item.generation)
-        elif isinstance(item, _Mark):
-            if item.event is not None:
-                self._await(item.event)
-            item.stamp.at_s = self._clock()
         else:
-            self._step(item)
+            for _, entry in self._reads:  # everything before the fence is read
+                self._read_into(entry)
+            self._reads.clear()
+            item.stamp.at_s = self._clock()
 
-    def _step(self, item: _Step) -> None:
-        start = item.start if isinstance(item.start, float) else self._await(item.start)
-        entry = item.entry
-        if entry is not None and entry.ran_mhz is None and self._read_clock and self._enabled:
-            try:
-                entry.ran_mhz = self._read_clock()
-            except Exception as err:  # a reading is worth no failure
-                _log.debug("perseus: reading GPU %d's clock failed: %s", self._gpu.index, err)
-        predicted = self._predict(item, start)
-        # Nothing aimed this change ahead (a plan's first instruction, a mismatch, a change
-        # that was dropped): request it now; it lands late and the log shows it.
-        if item.frequency_mhz != self._requested and self._set(item.frequency_mhz, item.generation):
-            self.late += 1
-        if item.next_mhz == self._requested or item.generation != self._generation:
-            return
-        # The boundary to land before; the latency is read at every wake-up, since a
-        # measurement may finish while this change waits.
-        target = start if predicted is None else start + predicted - item.margin_s
-        if self._wait_until(start, target):
-            self._set(item.next_mhz, item.generation)
+    def _forget(self, item: _Iteration) -> None:
+        """Keep measured intervals only of the plans in use."""
+        keep = {item.version, item.following.version if item.following else None}
+        for key in [k for k in self._intervals if k[0] not in keep]:
+            del self._intervals[key]
 
-    def _predict(self, item: _Step, start: float) -> float | None:
-        """The expected time from this start to the next one; records the interval before."""
-        if item.version != self._intervals_version:
-            self._intervals.clear()
-            self._intervals_version = item.version
-            self._last_start = None
+    # Prediction -------------------------------------------------------------------------------
+
+    def _at(self, g: int) -> tuple[int | None, float | None, tuple[int | None, int]] | None:
+        """Instruction ``g`` (global index): its clock, plan time and interval key; None where
+        nothing is known."""
+        it = self._iteration
+        if it is None:
+            return None
+        p = g - self._base
+        if p < 0:
+            return None
+        n = len(it.clocks)
+        if p >= n:
+            it = it.following
+            if it is None or not it.clocks:
+                return None
+            p = (p - n) % len(it.clocks)
+        return it.clocks[p], it.times_s[p], (it.version, p)
+
+    def _mhz(self, frequency_mhz: int | None) -> int:
+        return self._default_mhz if frequency_mhz is None else frequency_mhz
+
+    def _low(self, key: tuple[int | None, int], time_s: float | None) -> float | None:
+        """A low estimate of a position's start-to-start interval (raises err early)."""
+        measured = self._intervals.get(key)
+        if measured:
+            return min(measured)
+        return time_s
+
+    def _high(self, key: tuple[int | None, int], time_s: float | None) -> float | None:
+        """A high estimate of it (lowerings err late); None until measured."""
+        measured = self._intervals.get(key)
+        if not measured:
+            return None
+        ordered = sorted(measured)
+        high = ordered[-2] if len(ordered) >= 3 else ordered[-1]
+        return high if time_s is None else max(high, time_s)
+
+    def _start(self, position: int, start_s: float, entry: LogEntry | None, gen: int) -> None:
+        """Instruction ``position`` started at ``start_s``: measure, check, aim ahead."""
+        it = self._iteration
+        g = self._base + position
         last = self._last_start
-        if last is not None and (last[0] + 1 == item.position or item.position == 0):
-            wrapped = item.position == 0
-            history = self._intervals.setdefault((last[0], wrapped), collections.deque(maxlen=4))
-            history.append(start - last[1])
-        self._last_start = (item.position, start, item.version)
-        measured = self._intervals.get((item.position, item.wrap))
-        shortest = min(measured) if measured else None
-        if item.wrap:
-            # The next start follows the optimizer step and the peers: the measured interval
-            # predicts it; the instruction's own time is a floor before one is measured.
-            return shortest if shortest is not None else item.expected_s
-        if item.expected_s is None:
-            return shortest
-        return item.expected_s if shortest is None else min(item.expected_s, shortest)
+        here = self._at(g)
+        if last is not None and g == self._g + 1 and here is not None:
+            history = self._intervals.get(last[0])
+            if history is None:
+                history = self._intervals[last[0]] = collections.deque(maxlen=_INTERVALS_KEPT)
+            history.append(start_s - last[1])
+        self._g = g
+        self._last_start = None if here is None else (here[2], start_s)
+        if entry is not None:
+            half = 0.0
+            if here is not None:
+                half = 0.5 * (self._low(here[2], here[1]) or 0.0)
+            self._reads.append((start_s + half, entry))
+        if it is None or here is None or gen != self._generation or not self._enabled:
+            return
+        self._check(g, here[0], start_s, gen)
+        self._aim(g, start_s, it.margin_s, gen)
 
-    def _wait_until(self, start_s: float, target_s: float) -> bool:
-        """Sleep until the latency before ``target_s``, never before ``start_s`` (reading the
-        clock in effect meanwhile); False when stopping.
+    def _check(self, g: int, frequency_mhz: int | None, start_s: float, gen: int) -> None:
+        """Make sure ``g`` gets its clock: a change nothing aimed ahead is requested now."""
+        if self._issued_upto >= g:
+            return  # a later change went out already: the clock is past g's
+        prior = [b for b in self._pending if b <= g - 1]
+        heading = self._pending[max(prior)].target_mhz if prior else self._requested
+        change = self._pending.get(g - 1)
+        if heading != frequency_mhz:
+            self._pending[g - 1] = _Change(frequency_mhz, start_s, gen)
+            self.late += 1
+        elif (
+            change is not None
+            and change.due_s > start_s
+            and self._mhz(frequency_mhz) > self._mhz(self._at_clock(g - 1, frequency_mhz))
+        ):
+            change.due_s = start_s  # a raise not out yet: late, out now
+            self.late += 1
 
-        Returns early when the next instruction has already started (the host queued it, or
-        its event completed): the change is then late, and issued at once.
-        """
-        while True:
-            due_s = max(start_s, target_s - self.latency.value_s)
-            now = self._clock()
-            if now >= due_s:
-                return True
-            wake = due_s
-            if self._probe is not None:
-                wake = min(wake, self._probe.next_read_s)
-            if not self._holding:
-                try:
-                    self._held = self._queue.get(timeout=max(wake - now, 0))
-                    self._holding = True
-                except queue.Empty:
-                    self._read_probe()
-                    continue
-            held = self._held
-            if held is None:
-                return False
-            if isinstance(held, _Mark) and held.event is None:
-                self._holding = False  # a fence: everything before it is handled
-                self._held = None
-                held.stamp.at_s = self._clock()
+    def _at_clock(self, g: int, otherwise: int | None) -> int | None:
+        here = self._at(g)
+        return otherwise if here is None else here[0]
+
+    def _aim(self, j: int, start_s: float, margin_s: float, gen: int) -> None:
+        """Schedule the changes this start is the latest anchor for (see the module)."""
+        latency = self.latency.value_s
+        low_acc = 0.0  # predicted start of i - start_j, low
+        high_acc: float | None = 0.0  # ... high (None: not measured)
+        first_low = 0.0
+        here = self._at(j)
+        limit = j + 512
+        i = j
+        while here is not None and i < limit:
+            after = self._at(i + 1)
+            if after is None:
+                break
+            clock_i, time_i, key_i = here
+            low_i = self._low(key_i, time_i)
+            high_i = self._high(key_i, time_i)
+            if i > self._issued_upto:
+                target = after[0]
+                if target == clock_i:
+                    self._pending.pop(i, None)
+                elif self._mhz(target) > self._mhz(clock_i):  # a raise
+                    if low_i is not None:
+                        due = start_s + low_acc + low_i - margin_s - latency
+                        self._pending[i] = _Change(target, max(due, start_s), gen)
+                    elif i == j:
+                        self._pending[i] = _Change(target, start_s, gen)
+                else:  # a lowering
+                    if i == j:
+                        own = high_i if high_i is not None else time_i
+                        due = start_s if own is None else start_s + own + margin_s - latency
+                        self._pending[i] = _Change(target, max(due, start_s), gen)
+                    elif high_acc is not None and high_i is not None:
+                        due = start_s + high_acc + high_i + margin_s - latency
+                        self._pending[i] = _Change(target, max(due, start_s), gen)
+            if low_i is None:
+                break
+            if i == j:
+                first_low = low_i
+            elif low_acc - first_low > latency + margin_s:
+                break  # later starts anchor the changes from here on
+            low_acc += low_i
+            high_acc = None if high_acc is None or high_i is None else high_acc + high_i
+            i += 1
+            here = after
+
+    # Issuing ----------------------------------------------------------------------------------
+
+    def _issue_due(self, now: float) -> None:
+        """Issue the changes and reads due by ``now``, changes in boundary order; a change
+        whose successor is due no later is dropped."""
+        pending = self._pending
+        while pending:
+            order = sorted(pending)
+            first = pending[order[0]]
+            if len(order) > 1 and pending[order[1]].due_s <= first.due_s:
+                del pending[order[0]]
+                self._issued_upto = max(self._issued_upto, order[0])
                 continue
-            if isinstance(held, _Now):
-                return True
-            event = held.start if isinstance(held, _Step) else held.event
-            if event is None or isinstance(event, float):
-                return True  # the host started the next instruction already
-            query = getattr(event, "query", None)
-            if query is not None and query():
-                if isinstance(held, _Mark):  # the iteration ended early; keep waiting
-                    self._holding = False
-                    self._held = None
-                    held.stamp.at_s = self._clock()
-                    continue
-                return True
-            self._sleep(min(max(wake - self._clock(), 0), PROBE_INTERVAL_S))
-            self._read_probe()
+            if first.due_s > now:
+                break
+            del pending[order[0]]
+            self._issued_upto = max(self._issued_upto, order[0])
+            if first.target_mhz != self._requested and first.generation == self._generation:
+                self._set(first.target_mhz, first.generation)
+        reads = self._reads
+        while reads and reads[0][0] <= now:
+            self._read_into(reads.pop(0)[1])
 
-    def _await(self, event: BoundaryEvent) -> float:
-        """Wait for ``event`` (reading the clock in effect meanwhile); when it completed."""
+    def _read_into(self, entry: LogEntry) -> None:
+        if entry.ran_mhz is not None or self._read_clock is None or not self._enabled:
+            return
+        try:
+            entry.ran_mhz = self._read_clock()
+        except Exception as err:  # a reading is worth no failure
+            _log.debug("perseus: reading GPU %d's clock failed: %s", self._gpu.index, err)
+
+    def _await(self, event: BoundaryEvent) -> None:
+        """Wait for ``event`` (reading the clock in effect meanwhile)."""
         query = getattr(event, "query", None)
         try:
             if self._probe is not None and query is not None:
@@ -510,9 +679,7 @@ class ClockController:
                 event.synchronize()
         except Exception as err:  # a CUDA error here must not kill the thread silently
             _log.error("perseus: waiting for an instruction boundary failed: %s", err)
-        now = self._clock()
         self._read_probe()
-        return now
 
     def _read_probe(self) -> None:
         probe = self._probe

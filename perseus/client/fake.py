@@ -51,10 +51,17 @@ what a clock change that is requested too late costs.
 :class:`FakeGpu` implements :class:`~perseus.client.gpu.GpuControl` over that model, and is its
 own :class:`~perseus.client.gpu.WorkObserver` (``work_observer``): the rank brackets each
 instruction with :meth:`FakeGpu.begin` and :meth:`FakeGpu.end`, never knowing it drives a
-fake; ``end`` sleeps
-until the instruction's modelled time has passed. Energy is integrated lazily and exactly
-(power is piecewise constant: busy power inside a bracket, idle power outside), at every state
-change and read, with no timer thread. The energy counter and the power reading move only at
+fake; ``end`` sleeps until the instruction's work is done. A lock or reset lands
+``clock_change_delay_s`` after it is requested, also in the middle of a unit of work, and
+changes the pace and power of the rest of that work, as on a real GPU: at clock ``f`` the work
+progresses by ``elapsed / time_s(work, f)``, so a unit that runs ``a`` seconds at ``f1`` and
+then the rest at ``f2`` takes ``a + (1 - a / time_s(f1)) * time_s(f2)`` and uses
+``a * power_w(f1)`` plus the rest's time at ``power_w(f2)``. Requests land in the order they
+were made. ``end`` returns the clock in effect at the midpoint of the unit's run (the clock
+log's ``ran_mhz``). Energy is integrated lazily and exactly (power is piecewise constant: busy
+power at the clock in effect inside a bracket, idle power outside; a bracket whose host work
+outlasts the modelled work stays busy until ``end``), at every state change and read, with no
+timer thread. The energy counter and the power reading move only at
 counter ticks (multiples of ``counter_period_s`` since the fake was created), like NVML's:
 ``energy_j()`` returns the exact integral up to the last tick and sleeps ``read_cost_s``;
 ``power_w()`` returns an exponential moving average, updated at each tick with that tick's mean
@@ -80,6 +87,10 @@ __all__ = ["FakeGpu", "FakeGpuModel", "FakeWork", "SweepProbe", "default_work"]
 
 #: The last stretch of :meth:`FakeGpu.end`'s wait is spent spinning: ``time.sleep`` overshoots.
 _SPIN_S = 0.0005
+#: Work this close to its finish is done (float rounding of the piecewise progress).
+_DONE_TOLERANCE_S = 1e-9
+#: With no clock-change delay a request lands at once: :meth:`FakeGpu.end` looks this often.
+_NO_DELAY_POLL_S = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,8 +251,15 @@ _DEFAULT_MODEL = FakeGpuModel()
 
 @dataclass(slots=True)
 class _Busy:
+    """The unit of work running: how much of it is done, at which clocks it ran."""
+
+    work: FakeWork
+    scale: float
     start_s: float
-    duration_s: float
+    clock_mhz: int  # the clock it runs at now
+    at_s: float  # progress is integrated up to here
+    done: float = 0.0  # the share of the work done by at_s
+    clocks: list[tuple[float, int]] = field(default_factory=list)  # (from, MHz), in order
 
 
 class FakeGpu:
@@ -283,7 +301,6 @@ class FakeGpu:
         self._locked_mhz: int | None = None
         self._pending: deque[tuple[float, int | None]] = deque()
         self._busy: _Busy | None = None
-        self._busy_clock_mhz = self._model.max_clock_mhz
         # Energy: exact integral up to _integrated_to_s at the constant _power_now_w.
         self._power_now_w = self._model.idle_power_w
         self._integrated_to_s = now
@@ -329,7 +346,7 @@ class FakeGpu:
     def locked_clock_mhz(self) -> int | None:
         """The lock in effect now (requests still within their delay are not), or None."""
         with self._lock:
-            self._apply_pending(self._clock())
+            self._advance(self._clock())
             return self._locked_mhz
 
     @property
@@ -353,17 +370,19 @@ class FakeGpu:
         return self._model.max_clock_mhz
 
     def current_clock_mhz(self) -> int:
-        """The clock of the work running now, else the lock in effect, else the top clock."""
+        """The SM clock now: the clock the running work runs at this instant (the lock in
+        effect, else its unlocked, possibly throttled clock; it changes mid-work when a lock
+        lands), else the lock in effect, else the top clock."""
         with self._lock:
-            self._apply_pending(self._clock())
+            self._advance(self._clock())
             if self._busy is not None:
-                return self._busy_clock_mhz
+                return self._busy.clock_mhz
             return self._locked_mhz if self._locked_mhz is not None else self._model.max_clock_mhz
 
     def applied_clock_mhz(self) -> int:
         """The lock in effect now, else the default (top) clock; what the controller polls."""
         with self._lock:
-            self._apply_pending(self._clock())
+            self._advance(self._clock())
             return self._locked_mhz if self._locked_mhz is not None else self._model.max_clock_mhz
 
     def lock_clock(self, frequency_mhz: int) -> None:
@@ -404,12 +423,13 @@ class FakeGpu:
     def begin(self, kind: str, scale: float = 1.0) -> int:
         """Start one unit of ``kind`` (``scale`` times its modelled time) on the calling thread.
 
-        The work runs at the clock in effect now, for its whole length: the lock, or else the
-        unlocked (possibly throttled) clock. A change that takes effect later applies from the
-        next unit on.
+        The work starts at the clock in effect now: the lock, or else its unlocked (possibly
+        throttled) clock. A lock or reset that takes effect while it runs changes the pace
+        and power of the rest of it, as on a real GPU: at clock ``f`` it progresses by
+        ``elapsed / time_s(work, f)`` (times ``1 / scale``).
 
         Returns:
-            The clock the unit runs at, in MHz.
+            The clock the unit starts at, in MHz.
 
         Raises:
             GpuControlError: ``kind`` is unknown, ``scale`` is not positive, or work is running.
@@ -426,34 +446,50 @@ class FakeGpu:
                 raise GpuControlError(f"GPU {self._index}: begin({kind!r}) while work is running")
             now = self._clock()
             self._advance(now)
-            self._apply_pending(now)
-            if self._locked_mhz is not None:
-                f = self._locked_mhz
-            else:
-                f = self._model.unlocked_clock_mhz(work)
-            self._busy_clock_mhz = f
-            self._busy = _Busy(now, scale * self._model.time_s(work, f))
+            f = self._clock_for(work)
+            self._busy = _Busy(work, scale, now, f, now, clocks=[(now, f)])
             self._power_now_w = self._model.power_w(work, f)
             return f
 
-    def end(self) -> None:
-        """Finish the running work: sleep until its modelled time has passed since :meth:`begin`.
+    def end(self) -> int:
+        """Finish the running work: sleep until it is done, given the locks that take effect
+        meanwhile; the clock it ran at in the middle of its run.
 
-        If the host work in between already took longer, it does not sleep. The last
-        ``0.5 ms`` is spun rather than slept, for precision.
+        Requests pending when it looks land at known times, so it computes the finish from
+        them; a request made while it sleeps lands at least ``clock_change_delay_s`` later,
+        so it looks again at most that often (every millisecond with no delay). If the host
+        work in between already took longer, it does not sleep; the work then stays busy
+        (at the clock in effect) until this call. The last ``0.5 ms`` is spun rather than
+        slept, for precision.
+
+        Returns:
+            The clock in effect at the midpoint of the run (from :meth:`begin` to the end of
+            this call's wait), exactly from the lock timeline, in MHz.
 
         Raises:
             GpuControlError: No work is running.
         """
-        with self._lock:
-            busy = self._busy
-        if busy is None:
-            raise GpuControlError(f"GPU {self._index}: end() without begin()")
-        self._wait_until(busy.start_s + busy.duration_s)
-        with self._lock:
-            self._advance(self._clock())
-            self._busy = None
-            self._power_now_w = self._model.idle_power_w
+        delay = self._model.clock_change_delay_s
+        while True:
+            with self._lock:
+                busy = self._busy
+                if busy is None:
+                    raise GpuControlError(f"GPU {self._index}: end() without begin()")
+                now = self._clock()
+                self._advance(now)
+                finish = self._finish_s(busy)
+                if finish - now <= _DONE_TOLERANCE_S:
+                    self._busy = None
+                    self._power_now_w = self._model.idle_power_w
+                    middle = 0.5 * (busy.start_s + now)
+                    ran = busy.clocks[0][1]
+                    for at, f in busy.clocks:
+                        if at > middle:
+                            break
+                        ran = f
+                    return ran
+                check = min(finish, now + (delay if delay > 0 else _NO_DELAY_POLL_S))
+            self._wait_until(check)
 
     @contextmanager
     def working(self, kind: str, scale: float = 1.0) -> Iterator[None]:
@@ -485,21 +521,64 @@ class FakeGpu:
     def _request(self, locked_mhz: int | None) -> None:
         with self._lock:
             now = self._clock()
-            self._apply_pending(now)
+            self._advance(now)
             self._pending.append((now + self._model.clock_change_delay_s, locked_mhz))
-            self._apply_pending(now)  # a zero delay takes effect at once
+            self._advance(now)  # a zero delay takes effect at once
 
-    def _apply_pending(self, now: float) -> None:
-        """Put requests whose delay has passed into effect (holds the lock)."""
-        while self._pending and self._pending[0][0] <= now:
-            self._locked_mhz = self._pending.popleft()[1]
+    def _clock_for(self, work: FakeWork) -> int:
+        """The clock ``work`` runs at under the lock in effect (holds the lock)."""
+        if self._locked_mhz is not None:
+            return self._locked_mhz
+        return self._model.unlocked_clock_mhz(work)
+
+    def _finish_s(self, busy: _Busy) -> float:
+        """When the running work will be done, given the requests pending (holds the lock).
+
+        Complexity: O(pending requests).
+        """
+        at, done, f = busy.at_s, busy.done, busy.clock_mhz
+        locked = self._locked_mhz
+        for land_s, mhz in self._pending:
+            length = busy.scale * self._model.time_s(busy.work, f)
+            finish = at + (1.0 - done) * length
+            if finish <= land_s:
+                return finish
+            done += (land_s - at) / length
+            at = land_s
+            locked = mhz
+            f = locked if locked is not None else self._model.unlocked_clock_mhz(busy.work)
+        return at + (1.0 - done) * busy.scale * self._model.time_s(busy.work, f)
 
     def _advance(self, now: float) -> None:
-        """Integrate energy and run counter ticks up to ``now`` (holds the lock).
+        """Put the requests due by ``now`` into effect at the times they land, integrating
+        energy and work progress piecewise in between (holds the lock)."""
+        pending = self._pending
+        while pending and pending[0][0] <= now:
+            land_s, locked = pending.popleft()
+            self._integrate(land_s)
+            self._locked_mhz = locked
+            busy = self._busy
+            if busy is not None:
+                f = self._clock_for(busy.work)
+                if f != busy.clock_mhz:
+                    busy.clock_mhz = f
+                    busy.clocks.append((max(land_s, busy.start_s), f))
+                    self._power_now_w = self._model.power_w(busy.work, f)
+        self._integrate(now)
+
+    def _integrate(self, now: float) -> None:
+        """Integrate energy, run counter ticks and progress the running work up to ``now``
+        (holds the lock).
 
         Power is constant since ``_integrated_to_s``, so the ticks in between are closed-form:
         the first may mix the previous power with this one, the rest see only this one.
         """
+        busy = self._busy
+        if busy is not None and now > busy.at_s:
+            busy.done += (now - busy.at_s) / (
+                busy.scale * self._model.time_s(busy.work, busy.clock_mhz)
+            )
+            busy.at_s = now
         if now <= self._integrated_to_s:
             return
         period = self._model.counter_period_s

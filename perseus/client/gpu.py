@@ -124,13 +124,17 @@ class WorkObserver(Protocol):
     def begin(self, kind: str, scale: float = 1.0) -> int | None:
         """One unit of ``kind`` (``"forward"``, ``"backward"``) starts, ``scale`` times its size.
 
-        Returns the clock the unit runs at, in MHz, if the simulation knows it (the clock log
-        records it as the clock the instruction really ran at).
+        Returns the clock the unit starts at, in MHz, if the simulation knows it.
         """
         ...
 
-    def end(self) -> None:
-        """The unit begun last ends (the simulation may wait for its modelled time)."""
+    def end(self) -> int | None:
+        """The unit begun last ends (the simulation may wait until its work is done).
+
+        Returns the clock in effect at the midpoint of the unit's run, in MHz, if the
+        simulation knows it: the clock log records it as the clock the instruction ran at
+        (``ran_mhz``).
+        """
         ...
 
     def working(self, kind: str, scale: float = 1.0) -> AbstractContextManager[object]:

@@ -1,10 +1,11 @@
 """One training rank: the hooks the training thread calls.
 
 The training thread only ever does cheap things: at each instruction boundary it compares
-the instruction with the plan and hands the controller the instruction's clock, the next
-instruction's clock and its expected time (one queued item, no wait), and appends one log
-entry; at each iteration boundary it adopts the plan chosen at the boundary before, steps
-online profiling and queues its telemetry, marked with the iteration's phase. Everything
+the instruction with the plan, tells the controller which plan position started (one queued
+tuple, no wait) and appends one log entry; at each iteration boundary it adopts the plan
+chosen at the boundary before, hands the controller this iteration's plan and the next one's
+(the controller aims every change from them), steps online profiling and queues its
+telemetry, marked with the iteration's phase. Everything
 slow runs elsewhere, one small class per thread or concern:
 
 - :class:`Rank` (this module), **training thread**: the iteration and instruction hooks,
@@ -17,8 +18,9 @@ slow runs elsewhere, one small class per thread or concern:
   and the clock log;
 - :class:`~perseus.client.meter.EnergyMeter`, its own thread: reads the energy counter;
 - :class:`~perseus.client.controller.ClockController`, thread ``perseus-clocks``: requests
-  each instruction's clock ahead, so that it is in effect when the instruction starts, and
-  reads the clock it really started at.
+  each clock change ahead, a raise to land the margin before its boundary, a lowering the
+  margin after it, so that no instruction runs slower than planned; reads the clock each
+  instruction ran at its middle (on a simulated GPU, the simulation says).
 
 They share one :class:`~perseus.client.state.RankState` (position, failure);
 :func:`~perseus.client.lifecycle.connect`
@@ -54,7 +56,6 @@ from perseus.client.reporter import Reporter
 from perseus.client.session import Session, read_saved_profile
 from perseus.client.settings import ClientSettings
 from perseus.client.state import ActivePlan, Expectation, RankState
-from perseus.defaults import CLOCK_CHANGE_MARGIN_S
 from perseus.schemas import IterationPhase
 from perseus.solver import InstructionKind
 
@@ -149,6 +150,7 @@ class Rank:
         self._baseline_done = 0
         self._planned_before = False
         self._entries: list[LogEntry] | None = None
+        self._entry: LogEntry | None = None  # the running instruction's (simulated GPU)
         self._t_first: Stamp | None = None
         self._sampler: StreamSampler | None = None
         if not self.active:
@@ -408,6 +410,12 @@ class Rank:
         ):
             upcoming = pending
         self._upcoming = upcoming
+        if state.stopped:
+            self._controller.follow(None, None, self._count)
+        else:
+            count = len(upcoming.keys) if upcoming is not None else self._count
+            plan = self._plan
+            self._controller.follow(plan, upcoming, len(plan.keys) if plan else count)
         self._k = 0
         self._t_first = None
         self._entries = [] if self._reporter.logs_clocks else None
@@ -452,65 +460,45 @@ class Rank:
         controller = self._controller
         if self._t_first is None:
             self._t_first = controller.mark()
-        # The simulated work starts first: the change to the next clock, which the controller
-        # may issue as soon as this instruction has started, must not reach this one.
-        ran = None if self._observer is None else self._observer.begin(kind, self._state.scale)
+        observer = self._observer
+        # The simulated work starts first: a change the controller issues as soon as this
+        # instruction has started must find it running.
+        if observer is not None:
+            observer.begin(kind, self._state.scale)
         k = self._k
         frequency: int | None = None
-        next_mhz: int | None = None
-        expected: float | None = None
-        margin = CLOCK_CHANGE_MARGIN_S
         plan = self._plan
         if plan is not None and not self._state.stopped:
             keys = plan.keys
-            n = len(keys)
-            if k < n and keys[k] == (kind, microbatch, chunk):
+            if k < len(keys) and keys[k] == (kind, microbatch, chunk):
                 frequency = plan.frequencies_mhz[k]
-                expected = plan.times_s[k] if plan.times_s else None
-                margin = plan.margin_s
-                if k + 1 < n:
-                    next_mhz = plan.frequencies_mhz[k + 1]
-                elif self._upcoming is not None:
-                    next_mhz = self._upcoming.frequencies_mhz[0]
-                last = k + 1 >= n
             else:
-                expected_key = keys[k] if k < n else "nothing more"
+                expected_key = keys[k] if k < len(keys) else "nothing more"
                 self._plan_mismatch(
                     f"instruction {k} of the iteration is {(kind, microbatch, chunk)}, plan "
                     f"version {plan.version} expects {expected_key}"
                 )
-                last = False
-        else:
-            upcoming = self._upcoming
-            if upcoming is not None and not self._state.stopped:
-                last = k + 1 == len(upcoming.keys)
-                if last:
-                    next_mhz = upcoming.frequencies_mhz[0]
-                    margin = upcoming.margin_s
-            else:
-                last = k + 1 == self._count
         entries = self._entries
         entry = None
         if entries is not None:
-            entry = LogEntry(kind, microbatch, chunk, frequency, ran)
+            entry = LogEntry(kind, microbatch, chunk, frequency, None)
             entries.append(entry)
-        controller.step(
-            k,
-            frequency,
-            next_mhz,
-            expected,
-            wrap=last,
-            version=self.plan_version,
-            margin_s=margin,
-            entry=entry,
-        )
+        if observer is None:
+            controller.started(k, entry)  # the controller reads ran_mhz at its middle
+        else:
+            self._entry = entry  # the simulation says at end()
+            controller.started(k)
         self._k = k + 1
         if self._sampler is not None:
             self._sampler.begin(kind)
 
     def _exit_instruction(self) -> None:
         if self._observer is not None:
-            self._observer.end()
+            ran = self._observer.end()
+            entry = self._entry
+            if entry is not None:
+                entry.ran_mhz = ran
+                self._entry = None
         if self._sampler is not None:
             self._sampler.end()
 

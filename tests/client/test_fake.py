@@ -169,14 +169,105 @@ def test_lock_takes_effect_after_the_delay() -> None:
     assert gpu.locked_clock_mhz is None
     clock.advance(0.019)
     assert gpu.current_clock_mhz() == 1980
-    gpu.begin("forward")  # the work keeps the clock in effect when it began
+    assert gpu.begin("forward") == 1980  # it starts at the clock in effect
     assert gpu.current_clock_mhz() == 1980
+    clock.advance(0.001)
+    assert gpu.current_clock_mhz() == 1200  # the lock landed: the rest runs at 1200 MHz
     gpu.end()
-    assert clock.now == pytest.approx(0.039)
+    # 1 ms at 1980 MHz did 1/20 of it; the other 19/20 take 19/20 of its time at 1200.
+    assert clock.now == pytest.approx(0.020 + 0.95 * MODEL.time_s(FORWARD, 1200), rel=1e-12)
     assert gpu.locked_clock_mhz == 1200 and gpu.current_clock_mhz() == 1200
     gpu.reset_clock()
     assert gpu.locked_clock_mhz == 1200
     clock.advance(0.02)
+    assert gpu.locked_clock_mhz is None
+
+
+def test_a_lock_landing_mid_work_changes_the_pace_and_power_of_the_rest() -> None:
+    gpu, clock = make()  # 20 ms delay
+    gpu.lock_clock(1500)
+    clock.advance(0.020)  # 1500 MHz in effect
+    t_1500 = 2 * MODEL.time_s(BACKWARD, 1500)
+    t_1200 = 2 * MODEL.time_s(BACKWARD, 1200)
+    before = gpu.true_energy_j()
+    assert gpu.begin("backward", scale=2.0) == 1500
+    clock.advance(0.004)
+    gpu.lock_clock(1200)  # lands 24 ms into the work
+    clock.advance(0.001)
+    gpu.lock_clock(1980)  # lands 25 ms into it
+    clock.advance(0.025)
+    assert gpu.current_clock_mhz() == 1980
+    gpu.reset_clock()  # lands 50 ms into it, while the work still runs
+    ran = gpu.end()
+    # By hand: 24 ms at 1500, 1 ms at 1200, 25 ms at 1980 (the lock), the rest unlocked
+    # (the backward throttles to 1890 MHz).
+    t_1980, t_1890 = 2 * MODEL.time_s(BACKWARD, 1980), 2 * MODEL.time_s(BACKWARD, 1890)
+    done = 0.024 / t_1500 + 0.001 / t_1200 + 0.025 / t_1980
+    assert done < 1
+    rest_s = (1 - done) * t_1890
+    assert clock.now - 0.020 == pytest.approx(0.050 + rest_s, rel=1e-12)
+    energy = (
+        0.024 * MODEL.power_w(BACKWARD, 1500)
+        + 0.001 * MODEL.power_w(BACKWARD, 1200)
+        + 0.025 * MODEL.power_w(BACKWARD, 1980)
+        + rest_s * MODEL.power_w(BACKWARD, 1890)
+    )
+    assert gpu.true_energy_j() - before == pytest.approx(energy, rel=1e-12)
+    # The run's midpoint, (50 ms + rest) / 2, lies in the 25 ms at 1980 MHz.
+    assert 0.025 <= (0.050 + rest_s) / 2 < 0.050
+    assert ran == 1980
+    clock.advance(0.010)
+    assert gpu.current_clock_mhz() == 1980 and gpu.locked_clock_mhz is None
+
+
+@pytest.mark.parametrize(
+    ("lands_s", "ran"), [(0.005, 1200), (0.010, 1200), (0.013, 1980), (0.030, 1980)]
+)
+def test_end_returns_the_clock_at_the_midpoint_of_the_run(lands_s: float, ran: int) -> None:
+    gpu, clock = make(replace(MODEL, clock_change_delay_s=lands_s))
+    gpu.lock_clock(1200)
+    assert gpu.begin("forward") == 1980  # lands lands_s into the work
+    assert gpu.end() == ran
+    t_1980, t_1200 = MODEL.time_s(FORWARD, 1980), MODEL.time_s(FORWARD, 1200)
+    if lands_s < t_1980:
+        total = lands_s + (1 - lands_s / t_1980) * t_1200
+        assert (total / 2 >= lands_s) == (ran == 1200)
+    else:
+        total = t_1980
+    assert clock.now == pytest.approx(total, rel=1e-12)
+
+
+def test_end_sleeps_only_until_a_request_made_meanwhile_could_land() -> None:
+    """A lock requested while end() sleeps (another thread) lands at least the delay later:
+    end() looks again then, and the work finishes at the pace the lock sets."""
+    clock = ManualClock()
+    gpu = FakeGpu(MODEL, WORK, clock=clock, sleep=lambda s: None)
+    requested = []
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if not requested:  # the controller thread issues a lock during the first sleep
+            requested.append(clock.now)
+            gpu.lock_clock(1200)
+
+    gpu._sleep = sleep  # type: ignore[method-assign]
+    gpu.begin("backward")  # unlocked: 1890 MHz; 44 ms
+    gpu.end()
+    assert requested and requested[0] <= 0.020 + 1e-12  # it slept at most the delay at once
+    lands = requested[0] + 0.020
+    t_1890, t_1200 = MODEL.time_s(BACKWARD, 1890), MODEL.time_s(BACKWARD, 1200)
+    assert clock.now == pytest.approx(lands + (1 - lands / t_1890) * t_1200, rel=1e-9)
+
+
+def test_requests_made_together_land_in_order() -> None:
+    gpu, clock = make()
+    gpu.lock_clock(1200)
+    gpu.lock_clock(1500)
+    clock.advance(0.020)
+    assert gpu.locked_clock_mhz == 1500
+    gpu.lock_clock(1200)
+    gpu.reset_clock()
+    clock.advance(0.020)
     assert gpu.locked_clock_mhz is None
 
 
@@ -359,8 +450,8 @@ def test_lazy_ticks_equal_reading_at_every_step(
         step_through(gap_s)
         lazy.begin(kind, scale)
         eager.begin(kind, scale)
-        duration = MODEL.time_s(WORK[kind], eager.current_clock_mhz()) * scale
-        step_through(duration * 0.999)
+        # Host work shorter than the work at any clock (a lock may land mid-work).
+        step_through(MODEL.time_s(WORK[kind], MODEL.max_clock_mhz) * scale * 0.999)
         lazy.end()
         eager.end()
     lazy_clock.now = eager_clock.now = max(lazy_clock.now, eager_clock.now) + tail_s
