@@ -527,10 +527,11 @@ class WaitPower:
         )
 
 
-MIN_WAIT_SHARE = 0.05
+MIN_WAIT_SHARE = 0.1
 """Waits must be at least this share of the spans to be solved for: the estimate's error is
-the busy energy's relative error times ``busy / wait`` (1 % of busy energy at 95 % busy is
-19 % of the wait power); a stage with fewer waits (a pipeline's last stage) is too noisy."""
+the busy energy's error times ``busy / wait`` (3 % of a 600 W busy power at 90 % busy is
+160 W on the wait power); a stage with fewer waits (a pipeline's last stage, ~2 % on two
+H200s) is too noisy and keeps the idle-measured power."""
 
 MIN_WAIT_S = 0.05
 """And at least this much wait time in all."""

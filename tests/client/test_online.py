@@ -169,6 +169,8 @@ WORK = {
     "backward": FakeWork(time_at_max_s=0.008, power_at_max_w=760.0),
     "wait": FakeWork(time_at_max_s=0.006, power_at_max_w=WAIT_W),
 }
+WORK_20MS = FakeWork(time_at_max_s=0.020, power_at_max_w=620.0)
+WORK_40MS = FakeWork(time_at_max_s=0.040, power_at_max_w=760.0)
 ORDER = ("forward", "forward", "backward", "forward", "backward", "forward", "backward", "backward")
 
 
@@ -270,7 +272,8 @@ def test_idle_waits_come_out_at_the_fakes_idle_power() -> None:
 def test_a_stage_that_hardly_waits_keeps_the_idle_power_with_one_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    gpu = FakeGpu(work=WORK)
+    # Only the host's gaps between instructions (well under 10 % of 20-40 ms instructions).
+    gpu = FakeGpu(work={**WORK, "forward": WORK_20MS, "backward": WORK_40MS})
     with caplog.at_level(logging.WARNING, logger="perseus.client"):
         profiling, reported = profile_online(gpu, "none")
     assert profiling.state is ProfilingState.DONE and profiling.wait_power is None
