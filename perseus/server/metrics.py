@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from perseus.schemas import JOB_STATES
 
-__all__ = ["BodyLimitMiddleware", "JobGauges", "Metrics", "MetricsMiddleware"]
+__all__ = ["BodyLimitMiddleware", "JobGauges", "Metrics", "MetricsMiddleware", "method_label"]
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:
@@ -64,6 +64,17 @@ class _Histogram:
         suffix = f"{{{labels}}}" if labels else ""
         out.append(f"{name}_sum{suffix} {self.total}")
         out.append(f"{name}_count{suffix} {self.count}")
+
+
+# Label values taken from a request come from closed sets: an unknown method counts as
+# "other" (a client may send any token as the method, each of kilobytes, and every distinct
+# label value is a series kept and rendered forever); routes are templates or "unmatched".
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def method_label(method: str) -> str:
+    """The ``method`` label of a request: the method when the API knows it, else ``other``."""
+    return method if method in _METHODS else "other"
 
 
 def _label(value: str) -> str:
@@ -224,7 +235,7 @@ class MetricsMiddleware:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             self.metrics.observe_request(
-                scope["method"], template, status, time.perf_counter() - started_s
+                method_label(scope["method"]), template, status, time.perf_counter() - started_s
             )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -693,6 +694,21 @@ def test_metrics_count_requests_jobs_and_planning(ready_job: Job) -> None:
     assert 'perseus_jobs{state="ready"} 1' in text
     assert 'perseus_planning_seconds_count{outcome="ok"} 1' in text
     assert "perseus_http_request_duration_seconds_bucket" in text
+
+
+def test_metrics_labels_come_from_a_closed_set(client: TestClient) -> None:
+    # Issue 24, item 1: any token is a valid HTTP method; each distinct one was a series
+    # kept and rendered forever (8 KB names made /metrics hundreds of MB).
+    before = client.get("/metrics").text
+    for i in range(50):
+        client.request(f"X{i:04d}" + "A" * 200, "/healthz")
+        client.request(f"Y{i:04d}", f"/nothing-{i}")
+    text = client.get("/metrics").text
+    assert "X0000" not in text and "Y0049" not in text and "nothing-" not in text
+    assert 'method="other",route="unmatched"' in text
+    methods = set(re.findall(r'method="([^"]*)"', text))
+    assert methods <= {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other"}
+    assert len(text) - len(before) < 10_000  # bounded by routes x statuses, not by requests
 
 
 # ----------------------------------------------------------------------------- strict numbers
