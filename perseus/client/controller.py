@@ -144,10 +144,14 @@ class LogEntry:
 class LatencyEstimate:
     """A robust estimate of the time from a clock request to the clock in effect.
 
-    Keeps the last ``window`` samples; the estimate is their ``quantile`` (the 90th by
-    default: a change issued that early lands in time nine times out of ten, and the margin
-    covers the rest); until ``min_samples`` are in, the largest of ``initial_s`` and the
-    samples (a first slow change must not make the next ones late). O(window log window) per
+    Keeps the last ``window`` samples; the estimate for raises (:attr:`value_s`) is their
+    ``quantile`` (the median by default: the margin a raise is aimed ahead of its boundary
+    covers the spread, and a higher quantile would land raises early, costing energy and the
+    lower-clocked instruction its clock); until ``min_samples`` are in, the largest sample
+    (every sample lies past the true latency: a read shows a change only once it landed), and
+    ``initial_s`` before the first. Where changes follow each other faster than twice the
+    latency, only the first changes of a plan can be measured.
+    Lowerings, which must not land early, use :attr:`low_s`. O(window log window) per
     sample.
 
     Args:
@@ -162,7 +166,7 @@ class LatencyEstimate:
         initial_s: float,
         *,
         window: int = 16,
-        quantile: float = 0.9,
+        quantile: float = 0.5,
         min_samples: int = 3,
     ) -> None:
         self._initial_s = initial_s
@@ -170,6 +174,11 @@ class LatencyEstimate:
         self._quantile = quantile
         self._min = min_samples
         self.value_s = initial_s
+        """The estimate raises are aimed with (a change requested this early lands in time)."""
+        self.low_s = initial_s
+        """The estimate lowerings are aimed with: the shortest sample (every sample lies past
+        the true latency, by up to one read interval), so a lowering errs late, never early;
+        ``initial_s`` until the first sample."""
 
     @property
     def settled(self) -> bool:
@@ -187,8 +196,10 @@ class LatencyEstimate:
         ordered = sorted(self._samples)
         if len(ordered) >= self._min:
             self.value_s = ordered[max(0, math.ceil(self._quantile * len(ordered)) - 1)]
+            self.low_s = ordered[0]
         else:
-            self.value_s = max(self._initial_s, ordered[-1])
+            self.value_s = ordered[-1]
+            self.low_s = ordered[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +312,8 @@ class ClockController:
         except Exception:  # a GPU that cannot say: compare locks with none above them
             self._default_mhz = 1 << 30
         self._requested: int | None = None  # the clock last requested (None: the default)
-        self._probe: _Probe | None = None
+        self._probes: collections.deque[_Probe] = collections.deque()  # changes on their way
+        self._last_issue_s = -math.inf  # when the last change was requested
         self._waiting: _Started | _Mark | None = None  # its event is not reached yet
         self._iteration: _Iteration | None = None  # what the running iteration follows
         self._base = 0  # global index of its first instruction
@@ -391,7 +403,8 @@ class ClockController:
             with self._lock:
                 self._generation += 1
                 self._requested = None
-                self._probe = None
+                self._probes.clear()
+                self._last_issue_s = self._clock()  # on its way: the next change waits
                 self._gpu.reset_clock()
         except Exception as err:
             _log.error("perseus: could not reset GPU %d clocks: %s", self._gpu.index, err)
@@ -437,7 +450,7 @@ class ClockController:
                 event = waiting.event if isinstance(waiting, _Mark) else waiting[1]
                 assert event is not None and not isinstance(event, float)
                 query = getattr(event, "query", None)
-                if query is None or (wake is None and self._probe is None):
+                if query is None or (wake is None and not self._probes):
                     self._await(event)  # nothing due meanwhile: block on it
                     return self._take_waiting()
                 try:
@@ -450,9 +463,9 @@ class ClockController:
                 pause = PROBE_INTERVAL_S if wake is None else min(wake - now, PROBE_INTERVAL_S)
                 self._sleep(max(pause, 0.0))
                 continue
-            probe = self._probe
-            if probe is not None:
-                wake = probe.next_read_s if wake is None else min(wake, probe.next_read_s)
+            if self._probes:
+                read_s = self._probes[0].next_read_s
+                wake = read_s if wake is None else min(wake, read_s)
             try:
                 item = (
                     self._queue.get()
@@ -531,10 +544,12 @@ class ClockController:
         return self._default_mhz if frequency_mhz is None else frequency_mhz
 
     def _low(self, key: tuple[int | None, int], time_s: float | None) -> float | None:
-        """A low estimate of a position's start-to-start interval (raises err early)."""
+        """A low estimate of a position's start-to-start interval (raises err early): the
+        shortest measured, never shorter than the plan's time (a change that landed early
+        shortens an instruction; predicting from that would make the next land earlier)."""
         measured = self._intervals.get(key)
         if measured:
-            return min(measured)
+            return min(measured) if time_s is None else max(time_s, min(measured))
         return time_s
 
     def _high(self, key: tuple[int | None, int], time_s: float | None) -> float | None:
@@ -594,6 +609,7 @@ class ClockController:
     def _aim(self, j: int, start_s: float, margin_s: float, gen: int) -> None:
         """Schedule the changes this start is the latest anchor for (see the module)."""
         latency = self.latency.value_s
+        latency_low = self.latency.low_s
         low_acc = 0.0  # predicted start of i - start_j, low
         high_acc: float | None = 0.0  # ... high (None: not measured)
         first_low = 0.0
@@ -620,10 +636,10 @@ class ClockController:
                 else:  # a lowering
                     if i == j:
                         own = high_i if high_i is not None else time_i
-                        due = start_s if own is None else start_s + own + margin_s - latency
+                        due = start_s if own is None else start_s + own + margin_s - latency_low
                         self._pending[i] = _Change(target, max(due, start_s), gen)
                     elif high_acc is not None and high_i is not None:
-                        due = start_s + high_acc + high_i + margin_s - latency
+                        due = start_s + high_acc + high_i + margin_s - latency_low
                         self._pending[i] = _Change(target, max(due, start_s), gen)
             if low_i is None:
                 break
@@ -671,7 +687,7 @@ class ClockController:
         """Wait for ``event`` (reading the clock in effect meanwhile)."""
         query = getattr(event, "query", None)
         try:
-            if self._probe is not None and query is not None:
+            if self._probes and query is not None:
                 while not query():
                     self._sleep(PROBE_INTERVAL_S)
                     self._read_probe()
@@ -682,25 +698,33 @@ class ClockController:
         self._read_probe()
 
     def _read_probe(self) -> None:
-        probe = self._probe
-        if probe is None or self._read_clock is None:
+        """Read the clock in effect if a change on its way is due a look; changes land in
+        the order issued, so each reading settles the oldest ones it shows."""
+        probes = self._probes
+        if not probes or self._read_clock is None:
             return
         now = self._clock()
-        if now < probe.next_read_s:
+        if now < probes[0].next_read_s:
             return
         try:
             seen = self._read_clock()
         except Exception:
-            self._probe = None
+            probes.clear()
             return
         read_s = self._clock()
-        if seen == probe.target_mhz:
-            self._probe = None
-            if read_s - probe.last_read_s <= _PROBE_UNSURE_S:
-                self.latency.add(read_s - probe.issued_s)
-        elif read_s - probe.issued_s > PROBE_TIMEOUT_S:
-            self._probe = None
-        else:
+        while probes and probes[0].target_mhz != seen and any(p.target_mhz == seen for p in probes):
+            probes.popleft()  # landed unseen, overtaken by a later one: no sample
+        while probes:
+            probe = probes[0]
+            if seen == probe.target_mhz:
+                probes.popleft()
+                if read_s - probe.last_read_s <= _PROBE_UNSURE_S:
+                    self.latency.add(read_s - probe.issued_s)
+            elif read_s - probe.issued_s > PROBE_TIMEOUT_S:
+                probes.popleft()
+            else:
+                break
+        for probe in probes:
             probe.last_read_s = read_s
             probe.next_read_s = read_s + PROBE_INTERVAL_S
 
@@ -719,6 +743,13 @@ class ClockController:
                 )
                 target = gpu.default_clock_mhz() if frequency_mhz is None else frequency_mhz
                 before = self._read_clock() if probing and self._read_clock else None
+                # Measured only where every change before it has surely landed (issued more
+                # than twice the latency ago): one still on its way with the same target
+                # would end the measurement early.
+                now = self._clock()
+                quiet = now - self._last_issue_s > 2.0 * self.latency.value_s + 0.005
+                self._last_issue_s = now
+                probing = probing and quiet
                 issued = self._clock()
                 if frequency_mhz is None:
                     gpu.reset_clock()
@@ -732,11 +763,8 @@ class ClockController:
                     gpu.reset_clock()
                     self._requested = None
                     return False
-            self._probe = (
-                _Probe(target, issued, issued, issued + PROBE_INTERVAL_S)
-                if probing and before != target
-                else None
-            )
+            if probing and before != target and not self._probes:
+                self._probes.append(_Probe(target, issued, issued, issued + PROBE_INTERVAL_S))
             return True
         except NvmlPermissionError as err:
             self._disable(f"{err}; training goes on at default clocks")

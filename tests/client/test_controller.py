@@ -13,6 +13,7 @@ import pytest
 
 from perseus.client.controller import ClockController, LatencyEstimate, LogEntry
 from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork
+from perseus.client.state import ActivePlan
 from perseus.errors import GpuControlError, NvmlPermissionError
 
 # Helpers ----------------------------------------------------------------------------------------
@@ -60,6 +61,16 @@ class SetterGpu:
 
     def power_w(self) -> float:
         return 0.0
+
+
+def plan(*clocks: int, times_s: float | None = None) -> ActivePlan:
+    """A plan of forwards at ``clocks``, each expected to last ``times_s``."""
+    return ActivePlan(
+        version=1,
+        keys=tuple(("forward", j, 0) for j in range(len(clocks))),  # type: ignore[misc]
+        frequencies_mhz=clocks,
+        times_s=(times_s,) * len(clocks),
+    )
 
 
 def settle(controller: ClockController) -> None:
@@ -135,8 +146,9 @@ def test_an_unexpected_setter_error_resets_the_gpu_and_spares_training_and_threa
     gpu = BrokenSetterGpu()
     controller = ClockController(gpu, DoneEvent if event_mode else None)
     try:
-        controller.step(0, 900, 1200, None)
-        controller.step(1, 1200, 1200, None)  # must not raise into the training thread
+        controller.follow(plan(900, 1200), plan(900, 1200))
+        controller.started(0)
+        controller.started(1)  # must not raise into the training thread
         deadline = time.monotonic() + 5.0
         while controller.enabled and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -186,19 +198,21 @@ def test_event_mode_sets_the_clock_only_once_the_boundary_is_reached(
     gpu, controller, events = gated
     # step() returns while the boundary's event is still pending: the training thread never
     # waits for the device (if it did, this line would block until the event gave up).
-    controller.step(0, 1500, 1200, None)
-    controller.step(1, 1200, 1200, None)
+    controller.follow(plan(1500, 1200), plan(1200, 1200))
+    controller.started(0)
+    controller.started(1)
     assert len(events) == 2
     assert events[0].waiting.wait(5.0)  # the controller thread waits on the first boundary
     assert gpu.calls == [] and controller.applied == 0
     events[0].released.set()
-    # 1500 at once (nothing aimed it ahead), then 1200 ahead of the second boundary (no
-    # expected time: at once), never before the first boundary is reached.
+    # 1500 at once (nothing aimed it ahead) and the lowering to 1200 (no expected time: at
+    # once) is due no later: only 1200 goes out (0 runs the default, higher, until it
+    # lands), never before the first boundary is reached.
     assert events[1].waiting.wait(5.0)
-    assert gpu.calls == [("lock", 1500), ("lock", 1200)]
+    assert gpu.calls == [("lock", 1200)]
     events[1].released.set()
     time.sleep(0.05)  # nothing more to request: 1200 is in effect
-    assert gpu.calls == [("lock", 1500), ("lock", 1200)]
+    assert gpu.calls == [("lock", 1200)]
     assert gpu.locked == 1200
 
 
@@ -206,7 +220,8 @@ def test_event_mode_close_resets_after_pending_boundaries(
     gated: tuple[SetterGpu, ClockController, list[GateEvent]],
 ) -> None:
     gpu, controller, events = gated
-    controller.step(0, 900, 900, None)
+    controller.follow(plan(900), plan(900))
+    controller.started(0)
     events[0].released.set()
     controller.close("exit")
     assert gpu.calls == [("lock", 900), ("reset", None)]
@@ -217,7 +232,8 @@ def test_event_mode_reset_is_not_undone_by_a_queued_boundary(
     gated: tuple[SetterGpu, ClockController, list[GateEvent]],
 ) -> None:
     gpu, controller, events = gated
-    controller.step(0, 600, 600, None)
+    controller.follow(plan(600), plan(600))
+    controller.started(0)
     assert events[0].waiting.wait(5.0)
     controller.reset("exception in training")  # whatever runs next must not run at 600 MHz
     assert gpu.locked is None
@@ -249,41 +265,6 @@ class TimedGpu(SetterGpu):
         super().reset_clock()
 
 
-@pytest.mark.parametrize(
-    ("expected_s", "latency_s"),
-    [(0.040, 0.010), (0.030, 0.050), (None, 0.010)],
-    ids=["ahead", "longer-than-the-instruction", "unknown-time"],
-)
-def test_a_change_is_never_requested_before_the_instruction_before_starts(
-    expected_s: float | None, latency_s: float
-) -> None:
-    """(d): the request for instruction k + 1 comes after k started, aimed at its end."""
-    gpu = TimedGpu()
-    controller = ClockController(gpu, latency_s=latency_s)
-    clocks = [1500, 1200, 1500, 1200, 1500, 1200]
-    margin = 0.005
-    starts = []
-    try:
-        for k, f in enumerate(clocks):
-            starts.append(time.perf_counter())
-            controller.step(
-                k, f, clocks[(k + 1) % 6], expected_s, wrap=k == 5, version=1, margin_s=margin
-            )
-            time.sleep(0.040)
-        settle(controller)
-    finally:
-        controller.close()
-    requests = gpu.at[1:-1]  # the first is the plan's first clock; the last the close
-    assert [f for _, f in requests] == [*clocks[1:], 1500]
-    for k, (at, _f) in enumerate(requests):
-        assert at >= starts[k]
-        if k + 1 < len(starts):
-            assert at <= starts[k + 1] + 0.002  # at the latest when k + 1 starts
-        if expected_s is not None and expected_s > latency_s + margin and k < 5:
-            aimed = starts[k] + expected_s - latency_s - margin
-            assert aimed - 0.001 <= at <= aimed + 0.005
-
-
 @pytest.mark.parametrize("delay_s", [0.02, 0.04])
 def test_the_latency_is_measured_on_the_fake(delay_s: float) -> None:
     """(b): polled until the new clock shows; the estimate comes to the fake's delay."""
@@ -292,7 +273,7 @@ def test_the_latency_is_measured_on_the_fake(delay_s: float) -> None:
     try:
         for f in (1500, 1200, 1500, 1200, 1500):
             controller.apply(f)
-            time.sleep(delay_s + 0.02)
+            time.sleep(max(2.5 * delay_s, 0.08) + 0.01)  # measured once the last landed
         settle(controller)
         samples = controller.latency.samples
         assert len(samples) == 5
@@ -300,6 +281,7 @@ def test_the_latency_is_measured_on_the_fake(delay_s: float) -> None:
         # polled every 0.75 ms; a loaded host may delay a read now and then
         assert statistics.median(samples) <= delay_s + 0.004, samples
         assert delay_s <= controller.latency_s <= delay_s + 0.010
+        assert delay_s <= controller.latency.low_s <= controller.latency_s
     finally:
         controller.close()
 
@@ -315,18 +297,19 @@ def test_a_dry_run_keeps_the_configured_latency() -> None:
     controller.close()
 
 
-def test_latency_estimate_is_a_high_quantile_and_starts_cautious() -> None:
+def test_latency_estimate_median_for_raises_shortest_for_lowerings() -> None:
     estimate = LatencyEstimate(0.03)
+    assert estimate.value_s == estimate.low_s == 0.03  # the setting until measured
     estimate.add(0.01)
-    assert estimate.value_s == 0.03  # one sample below the setting: keep the setting
+    assert estimate.value_s == estimate.low_s == 0.01  # samples lie past the true latency
     estimate.add(0.05)
-    assert estimate.value_s == 0.05  # ... one above it: take it
+    assert (estimate.value_s, estimate.low_s) == (0.05, 0.01)
     for _ in range(20):
         estimate.add(0.02)
-    assert estimate.value_s == 0.02  # 22 samples: the 90th percentile
-    for _ in range(3):
+    assert (estimate.value_s, estimate.low_s) == (0.02, 0.02)  # the last 16: the median
+    for _ in range(9):
         estimate.add(0.04)
-    assert estimate.value_s == 0.04
+    assert (estimate.value_s, estimate.low_s) == (0.04, 0.02)
 
 
 def test_the_controller_reads_the_clock_that_ran_where_nobody_told_it() -> None:
@@ -334,9 +317,10 @@ def test_the_controller_reads_the_clock_that_ran_where_nobody_told_it() -> None:
     controller = ClockController(gpu)
     told = LogEntry("forward", 0, 0, 1500, 1980)
     read = LogEntry("forward", 1, 0, 1500, None)
-    controller.step(0, 1500, 1500, None, entry=told)
+    controller.follow(plan(1500, 1500, times_s=0.01), plan(1500, 1500, times_s=0.01))
+    controller.started(0, told)
     settle(controller)
-    controller.step(1, 1500, 1500, None, entry=read)
+    controller.started(1, read)  # read at its middle, 5 ms in
     settle(controller)
     controller.close()
     assert told.ran_mhz == 1980  # as the training thread recorded it
