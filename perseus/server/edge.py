@@ -6,7 +6,9 @@
   and past ``max_connections`` open connections, a
   new one closes the connections that have waited longest for a request, those that never
   sent one first. Uvicorn alone closes neither: an idle socket holds a file descriptor
-  forever, and ~1,000 of them leave none for ``/healthz`` or the database.
+  forever, and ~1,000 of them leave none for ``/healthz`` or the database. A fourth rule
+  covers clients that send requests and never read the answers: output the client does not
+  take within ``write_timeout_s`` drops the connection (see :class:`EdgeProtocol`).
 * :func:`raise_open_file_limit` and :func:`connection_cap`: the soft file limit goes up to
   the hard one at start, and connections stop short of it, leaving descriptors for the
   database, the planning processes and the log files.
@@ -38,9 +40,11 @@ from perseus.errors import JobNotFound, PerseusError
 from perseus.schemas import JOBS_PATH
 from perseus.server.auth import bearer_token, check_admin, check_job_token
 from perseus.server.routes import ServerState, error_response
+from perseus.server.settings import Settings
 
 __all__ = [
     "FD_RESERVE",
+    "WRITE_TIMEOUT_S",
     "AccessLogFilter",
     "AuthBeforeBody",
     "EdgeConfig",
@@ -56,6 +60,13 @@ log = logging.getLogger("perseus.server")
 FD_RESERVE = 128
 """File descriptors kept free of client connections: database files and sockets, the
 planning processes' pipes, log files, the listening socket."""
+
+WRITE_TIMEOUT_S: float = Settings.model_fields["write_timeout_s"].default
+"""Default of :class:`EdgeConfig`'s ``write_timeout_s``: the server setting's."""
+
+# Past the connection cap, a connection whose output has waited this long for its client
+# to read may be dropped to make room (after every connection waiting for a request).
+_STALLED_EVICT_S = 1.0
 
 
 def raise_open_file_limit() -> tuple[int, int]:
@@ -102,7 +113,10 @@ class EdgeConfig(uvicorn.Config):
         header_timeout_s: seconds a connection has to send a complete request head.
         body_timeout_s: seconds a request has, from its complete head, to send its whole body.
         max_connections: the most open connections (see :func:`connection_cap`); past it,
-            idle connections are closed to make room; when none is idle, requests get 503.
+            idle connections are closed to make room, then those stalled on a client that
+            does not read; when none is either, requests get 503.
+        write_timeout_s: seconds a connection's pending output may wait for its client to
+            read (None: forever, as uvicorn).
         **kwargs: passed to :class:`uvicorn.Config`.
     """
 
@@ -113,6 +127,7 @@ class EdgeConfig(uvicorn.Config):
         header_timeout_s: float,
         max_connections: int,
         body_timeout_s: float | None = None,
+        write_timeout_s: float | None = WRITE_TIMEOUT_S,
         **kwargs: Any,
     ) -> None:
         # Uvicorn answers 503 once connections reach limit_concurrency: leave room above the
@@ -121,6 +136,7 @@ class EdgeConfig(uvicorn.Config):
         super().__init__(app, http=EdgeProtocol, **kwargs)
         self.header_timeout_s = header_timeout_s
         self.body_timeout_s = body_timeout_s
+        self.write_timeout_s = write_timeout_s
         self.max_connections = max_connections
 
 
@@ -133,8 +149,17 @@ class EdgeProtocol(H11Protocol):
     connection, the head must be complete within ``header_timeout_s``, however slowly it
     trickles in. Once the head is complete, the body must be too within ``body_timeout_s``
     (uvicorn waits for it forever: a client that sends its body a byte at a time, or stops
-    halfway, holds the connection and the request's task). Under a config without those limits
-    (a plain :class:`uvicorn.Config`), it behaves as uvicorn's protocol.
+    halfway, holds the connection and the request's task).
+
+    Output is bounded too: once more than the transport's high-water mark (64 KiB) of a
+    response waits for the client to read it, the client must take it down to the low-water
+    mark within ``write_timeout_s``, and a connection being closed must be rid of its pending
+    output within that time; else it is aborted. Uvicorn waits for a client that does not
+    read forever (its request task blocked, its connection busy and never evicted): sixty
+    such clients pipelining large GETs held every connection slot, and each fresh request
+    got 503. Closing is no remedy, as a closed socket with pending output stays open until
+    the output is gone. Under a config without those limits (a plain
+    :class:`uvicorn.Config`), it behaves as uvicorn's protocol.
     """
 
     def __init__(
@@ -148,6 +173,11 @@ class EdgeProtocol(H11Protocol):
         self._max_connections: int | None = getattr(config, "max_connections", None)
         self._head = _Deadline(getattr(config, "header_timeout_s", None), "request head")
         self._body = _Deadline(getattr(config, "body_timeout_s", None), "request body")
+        self._write = _Deadline(
+            getattr(config, "write_timeout_s", None), "output, unread by its client,", abort=True
+        )
+        self.stalled_since: float | None = None
+        """When this connection's output passed the high-water mark (None: it has not)."""
         self.waiting_since: float | None = None
         """When this connection started waiting for a request head (None: busy)."""
         self.requests = 0
@@ -164,7 +194,34 @@ class EdgeProtocol(H11Protocol):
         super().connection_lost(exc)
         self._head.cancel()
         self._body.cancel()
+        self._write.cancel()
         self.waiting_since = None
+        self.stalled_since = None
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.stalled_since = time.monotonic()
+        self._write.start(self)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.stalled_since = None
+        if not self.transport.is_closing():
+            # The client reads. (A closing connection must be rid of all its output.)
+            self._write.cancel()
+
+    def timeout_keep_alive_handler(self) -> None:
+        super().timeout_keep_alive_handler()
+        self._closing_with_output()
+
+    def close(self) -> None:
+        """Close this connection; abort it if its output is not gone within the write timeout."""
+        self.transport.close()
+        self._closing_with_output()
+
+    def _closing_with_output(self) -> None:
+        if self.transport.is_closing() and self.transport.get_write_buffer_size() > 0:
+            self._write.start(self)
 
     def handle_events(self) -> None:
         super().handle_events()
@@ -187,6 +244,7 @@ class EdgeProtocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._closing_with_output()  # a response with Connection: close
         self._body.cancel()
         if self.cycle is not None and self.cycle.response_complete:
             # Idle again: uvicorn's keep-alive timer governs until the next bytes arrive.
@@ -194,25 +252,39 @@ class EdgeProtocol(H11Protocol):
             self.waiting_since = time.monotonic()
 
     def _make_room(self, count: int) -> None:
-        """Close ``count`` waiting connections: never-used ones first, oldest first."""
-        waiting = [
+        """Close ``count`` connections: waiting ones (never-used first, oldest first), then
+        those whose unread output has waited over a second (longest first)."""
+        stalled_before = time.monotonic() - _STALLED_EVICT_S
+        candidates = [
             c
             for c in self.connections
-            if c is not self and isinstance(c, EdgeProtocol) and c.waiting_since is not None
+            if c is not self
+            and isinstance(c, EdgeProtocol)
+            and not c.transport.is_closing()
+            and (
+                c.waiting_since is not None
+                or (c.stalled_since is not None and c.stalled_since <= stalled_before)
+            )
         ]
-        for victim in heapq.nsmallest(count, waiting, key=_eviction_order):
-            victim.waiting_since = None
+        for victim in heapq.nsmallest(count, candidates, key=_eviction_order):
             victim._head.cancel()
-            victim.transport.close()
+            if victim.waiting_since is None or victim.transport.get_write_buffer_size() > 0:
+                # Its client does not read what it was sent: closing would wait for it.
+                victim.transport.abort()
+            else:
+                victim.transport.close()
+            victim.waiting_since = None
 
 
 class _Deadline:
-    """A one-shot timer that closes its connection when it expires; never, when ``seconds``
-    is None. Starting a running one leaves it running."""
+    """A one-shot timer that closes its connection when it expires (aborts it, with
+    ``abort``: pending output dropped); never, when ``seconds`` is None. Starting a running
+    one leaves it running."""
 
-    def __init__(self, seconds: float | None, what: str) -> None:
+    def __init__(self, seconds: float | None, what: str, *, abort: bool = False) -> None:
         self.seconds = seconds
         self.what = what
+        self.abort = abort
         self._handle: asyncio.TimerHandle | None = None
 
     def start(self, protocol: EdgeProtocol) -> None:
@@ -226,13 +298,18 @@ class _Deadline:
 
     def _expire(self, protocol: EdgeProtocol) -> None:
         self._handle = None
-        if not protocol.transport.is_closing():
+        if self.abort:
+            log.debug("aborted a connection whose %s waited over %s s", self.what, self.seconds)
+            protocol.transport.abort()
+        elif not protocol.transport.is_closing():
             log.debug("closed a connection whose %s took over %s s", self.what, self.seconds)
-            protocol.transport.close()
+            protocol.close()
 
 
-def _eviction_order(protocol: EdgeProtocol) -> tuple[bool, float]:
-    return protocol.requests > 0, protocol.waiting_since or 0.0
+def _eviction_order(protocol: EdgeProtocol) -> tuple[int, float]:
+    if protocol.waiting_since is not None:
+        return int(protocol.requests > 0), protocol.waiting_since
+    return 2, protocol.stalled_since or 0.0
 
 
 def bounded_accept_errors(

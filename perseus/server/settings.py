@@ -125,6 +125,15 @@ class Settings(BaseSettings):
         "its connection is closed and nothing of it is stored. The largest legitimate body "
         "(2 MiB at most) takes well under a second in a cluster.",
     )
+    write_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Output a client does not read must be taken within this long once "
+        "64 KiB of it wait (and a closing connection's within this long of closing); else "
+        "the connection is aborted. A client that sends requests and never reads the "
+        "answers would otherwise hold its connection, and its request, forever.",
+    )
     max_connections: int | None = Field(
         default=None,
         ge=16,

@@ -30,6 +30,13 @@ from .conftest import Job, create_job, free_port
 @contextlib.contextmanager
 def _edge_server(database: Path, **limits: Any) -> Iterator[tuple[str, int]]:
     """A real uvicorn with :class:`EdgeConfig` and ``limits`` on loopback: ``(url, port)``."""
+    with _edge_uvicorn(database, **limits) as (url, port, _):
+        yield url, port
+
+
+@contextlib.contextmanager
+def _edge_uvicorn(database: Path, **limits: Any) -> Iterator[tuple[str, int, uvicorn.Server]]:
+    """As :func:`_edge_server`, with the uvicorn server itself: ``(url, port, server)``."""
     app = create_app(Settings(database=f"sqlite:///{database}", warm_planner=False))
     port = free_port()
     config = EdgeConfig(app, host="127.0.0.1", port=port, log_level="error", **limits)
@@ -40,7 +47,7 @@ def _edge_server(database: Path, **limits: Any) -> Iterator[tuple[str, int]]:
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}", port
+        yield f"http://127.0.0.1:{port}", port, server
     finally:
         server.should_exit = True
         thread.join(30)
@@ -337,11 +344,87 @@ def test_a_body_in_time_is_served_and_the_connection_kept(
         assert _response(sock).startswith(b"HTTP/1.1 200")
 
 
+_SWAGGER_JS = "/docs/static/swagger-ui-bundle.js"  # ~1.4 MB
+
+
+def _never_reading(port: int, requests: int, window: int = 1024) -> socket.socket:
+    """A connection with a tiny receive window that pipelines big GETs and never reads."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, window)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(f"GET {_SWAGGER_JS} HTTP/1.1\r\nHost: x\r\n\r\n".encode() * requests)
+    time.sleep(0.03)  # its request is running (and its output stalled) before the next comes
+    return sock
+
+
+def test_clients_that_never_read_are_cut_off_and_fresh_requests_served(
+    tmp_path: Path,
+) -> None:
+    # Issue 24, item 2: 60 such clients held every slot (cap 16 + uvicorn's margin of 32)
+    # past every timeout, and each fresh /healthz got 503 for as long as they wished.
+    limits = {"header_timeout_s": 5.0, "max_connections": 16, "write_timeout_s": 0.5}
+    with _edge_uvicorn(tmp_path / "perseus.db", **limits) as (url, port, server):
+        assert httpx.get(url + _SWAGGER_JS).status_code == 200  # it exists, and is large
+        stalled = [_never_reading(port, 4) for _ in range(60)]
+        try:
+            time.sleep(2.0)
+            codes = [httpx.get(f"{url}/healthz", timeout=2).status_code for _ in range(5)]
+            assert codes == [200] * 5
+            deadline = time.monotonic() + 5
+            while len(server.server_state.connections) > 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(server.server_state.connections) <= 2  # none of the 60 is held
+        finally:
+            for sock in stalled:
+                sock.close()
+
+
+def test_unread_output_past_the_write_timeout_drops_the_connection(tmp_path: Path) -> None:
+    # Far under the connection cap: the write timeout alone cuts the client off.
+    limits = {"header_timeout_s": 5.0, "max_connections": 1000, "write_timeout_s": 0.5}
+    with (
+        _edge_uvicorn(tmp_path / "perseus.db", **limits) as (_, port, server),
+        _never_reading(port, 4),
+    ):
+        time.sleep(0.3)
+        assert len(server.server_state.connections) == 1
+        deadline = time.monotonic() + 5
+        while server.server_state.connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not server.server_state.connections
+        assert not server.server_state.tasks  # its request's task ended too
+
+
+def test_a_slow_reader_keeps_its_connection(tmp_path: Path) -> None:
+    # The write timeout bounds how long output waits unread, not how long a download takes.
+    with _edge_uvicorn(tmp_path / "perseus.db", header_timeout_s=5.0, max_connections=16,
+                       write_timeout_s=0.5) as (url, port, _):  # fmt: skip
+        total = len(httpx.get(url + _SWAGGER_JS).content)
+        sock = _never_reading(port, 1, window=64 * 1024)
+        got = 0
+        with sock:
+            sock.settimeout(5.0)
+            while got < total:
+                chunk = sock.recv(256 * 1024)
+                assert chunk, "closed mid-response"
+                got += len(chunk)
+                time.sleep(0.2)  # long pauses, each shorter than the write timeout
+        assert got >= total
+
+
 # What edge.py takes from uvicorn beyond its public Config and Server: the h11 protocol class
 # it subclasses, the methods it overrides and calls through super(), the attributes it reads
 # on the protocol and on its request cycle. pyproject.toml pins uvicorn to the tested minor
 # version; this says what to look at when that pin moves.
-_H11_METHODS = ("connection_made", "connection_lost", "handle_events", "on_response_complete")
+_H11_METHODS = (
+    "connection_made",
+    "connection_lost",
+    "handle_events",
+    "on_response_complete",
+    "pause_writing",
+    "resume_writing",
+    "timeout_keep_alive_handler",
+)
 _H11_ATTRIBUTES = ("connections", "cycle", "transport", "loop")
 _CYCLE_ATTRIBUTES = ("response_complete", "more_body")
 
