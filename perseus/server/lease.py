@@ -200,6 +200,17 @@ class PlanningLease:
         with self._store.write() as tx:
             tx.heartbeat(self.owner, job_ids, self._clock())
 
+    def lost(self, job_ids: Sequence[str]) -> list[str]:
+        """Those of ``job_ids`` that were deleted, or whose planning another process took
+        over: their runs here would store nothing."""
+        lost = []
+        with self._store.read() as tx:
+            for job_id in job_ids:
+                job = tx.job(job_id)
+                if job is None or (job.state == "planning" and job.planning_owner != self.owner):
+                    lost.append(job_id)
+        return lost
+
     def planning_input(self, job_id: str) -> PlanningInput:
         """Everything a worker process needs to compute the job's frontier.
 

@@ -341,6 +341,7 @@ async def delete_job(state: State, job_id: JobIdPath, credentials: Credentials) 
     if not _JOB_ID.fullmatch(job_id):
         raise JobNotFound(f"no job {job_id!r}")
     await run_in_threadpool(state.service.jobs.delete, job_id)
+    state.runner.cancel(job_id)  # queued or running: nothing would store what it computes
     state.heads.forget(job_id)
     state.telemetry.forget(job_id)
     state.activity.forget(job_id)

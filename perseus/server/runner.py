@@ -3,7 +3,9 @@
 :class:`PlanningRunner` computes frontiers in processes of their own (one per run, within
 a time and a memory limit), never on the event loop, keeps a reference to every background
 task, renews a heartbeat for the jobs it computes and takes over jobs whose owner stopped
-(a crashed or restarted server).
+(a crashed or restarted server). A job deleted while it waits or runs stops at once: its
+place in the queue or its planning process goes (deleted through another server process:
+at the next heartbeat, within ``lease_s / 3``).
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ class PlanningRunner:
         # spawn: a fresh interpreter, no copy of the server's threads, sockets or locks.
         self._context = multiprocessing.get_context("spawn")
         self._tasks: set[asyncio.Task[None]] = set()
+        self._runs: dict[str, asyncio.Task[None]] = {}  # each job's planning task
         self._computing: set[str] = set()
         self._running: dict[str, _PlanningProcess] = {}
         self._queue: list[_Queued] = []
@@ -133,17 +136,39 @@ class PlanningRunner:
     def start(self, job_id: str) -> None:
         """Compute the frontier of a job this process claimed, in the background."""
         self._computing.add(job_id)
-        self._spawn(self._run(job_id), f"planning {job_id}")
+        task = self._spawn(self._run(job_id), f"planning {job_id}")
+        self._runs[job_id] = task
+        task.add_done_callback(lambda t: self._forget_run(job_id, t))
+
+    def cancel(self, job_id: str) -> bool:
+        """Stop a job's planning, queued or running (its process is killed): the job was
+        deleted, and nothing would store what the run computes.
+
+        Returns:
+            Whether this process was planning the job.
+        """
+        task = self._runs.pop(job_id, None)
+        self._computing.discard(job_id)
+        if task is None or task.done():
+            return False
+        task.cancel()
+        log.info("job %s: deleted; its planning stopped", job_id)
+        return True
+
+    def _forget_run(self, job_id: str, task: asyncio.Task[None]) -> None:
+        if self._runs.get(job_id) is task:
+            del self._runs[job_id]
 
     def start_maintenance(self) -> None:
         """Heartbeats for our jobs and takeover of abandoned ones, every ``lease_s / 3``."""
         self._maintenance = asyncio.create_task(self._maintain(), name="planning maintenance")
 
-    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+    def _spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
         task.set_name(name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -309,7 +334,11 @@ class PlanningRunner:
             await asyncio.sleep(period_s)
             try:
                 if self._computing:
-                    await run_in_threadpool(self._service.heartbeat, sorted(self._computing))
+                    computing = sorted(self._computing)
+                    await run_in_threadpool(self._service.heartbeat, computing)
+                    # Deleted through another server process, or taken over: stop.
+                    for job_id in await run_in_threadpool(self._service.lost, computing):
+                        self.cancel(job_id)
                 for row in await run_in_threadpool(self._service.reclaim_stale, self._lease_s):
                     log.warning("job %s: taking over planning from a silent server", row.id)
                     self._heads.put(row)

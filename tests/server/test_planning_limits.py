@@ -329,3 +329,51 @@ def test_a_profile_that_puts_the_job_over_the_limit_gets_422(
     assert "planning_max_cells" in text
     assert "microbatches fit" in text and "resolution_s" in text
     assert job.view()["counts"]["profiles_reported"] == 0
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_deleting_a_job_stops_its_planning_queued_or_running(
+    settings: Settings, make_client: Make
+) -> None:
+    # Issue 24, item 4: jobs deleted right after their profiles arrived were planned anyway,
+    # and a job queued behind them waited for their runs.
+    client = make_client(
+        settings.model_copy(update={"planning_max_cells": 160_000_000, "polish_s": 0})
+    )
+    runner = _runner(client)
+    running = _submit(client, 16, 128)  # half a minute of planning
+    pid = _wait_running(runner, running)
+    queued = _submit(client, 16, 128)  # not small: it waits in the queue
+    assert queued.job_id in runner.computing and queued.job_id not in runner.processes
+    for job in (queued, running):
+        assert client.delete(job.url(), headers=job.auth).status_code == 204
+    deadline = time.monotonic() + 5
+    while (runner.computing or not _gone(pid)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not runner.computing and not runner.processes
+    assert _gone(pid)  # its planning process was killed, not left to finish
+    assert _wait(_submit(client, 4, 8))["state"] == "ready"
+
+
+def test_a_job_deleted_through_another_server_stops_planning_at_the_heartbeat(
+    settings: Settings, make_client: Make
+) -> None:
+    client = make_client(
+        settings.model_copy(update={"planning_max_cells": 160_000_000, "polish_s": 0})
+    )
+    runner = _runner(client)
+    job = _submit(client, 16, 128)
+    pid = _wait_running(runner, job)
+    # As another server process deletes it: straight in the store, this process not told.
+    client.app.state.perseus.service.jobs.delete(job.job_id)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 10  # heartbeats every lease_s / 3 = 1 s
+    while (runner.computing or not _gone(pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not runner.computing and _gone(pid)
