@@ -1,7 +1,11 @@
 """Profiles and the planning lease: who computes a job's frontier, and storing it.
 
 The last missing profile claims the job's planning for this process (or a request does,
-once every stage has a profile from each of its tensor-parallel ranks). The claim is a
+once every stage has a profile from each of its tensor-parallel ranks); so does a profile
+re-reported to a failed job, whose planning runs again on it. A stage is planned on the
+clocks every one of its ranks measured: a profile that would leave its stage no common clock,
+or pin it to one clock while its ranks measured several (a rank without clock rights measures
+only its default clock), is refused at upload, naming the ranks. The claim is a
 lease: the owner renews a heartbeat while it computes, and another process takes over a
 job whose heartbeat went stale (a crashed or restarted server). Only the owner may store
 the frontier or fail the job; a frontier comes with the choice of point, a new plan
@@ -32,7 +36,78 @@ from perseus.server.plans import FrontierCache
 from perseus.server.store import FrontierRow, JobRow, ProfileRecord, Store
 from perseus.solver import Frontier, Profile, profile_from_rows, profile_to_json
 
-__all__ = ["PlanningLease", "planned_profile"]
+__all__ = ["PlanningLease", "check_stage_clocks", "planned_profile"]
+
+ProfileRows = Sequence[tuple[str, int, float, float]]
+
+
+def _clocks(rows: ProfileRows) -> dict[str, set[int]]:
+    by_name: dict[str, set[int]] = {}
+    for name, frequency_mhz, _, _ in rows:
+        by_name.setdefault(name, set()).add(frequency_mhz)
+    return by_name
+
+
+def _shown(clocks: set[int]) -> str:
+    if len(clocks) == 1:
+        return f"{next(iter(clocks))} MHz"
+    return f"{len(clocks)} clocks, {min(clocks)}-{max(clocks)} MHz"
+
+
+def check_stage_clocks(
+    rank: int, stage: int, rows: ProfileRows, others: Sequence[tuple[int, ProfileRows]]
+) -> None:
+    """Refuse a profile its stage could not be planned with, beside the stage's others.
+
+    A stage is planned on the clocks all its ranks measured, per instruction. The profile
+    is refused when that leaves an instruction no clock (replicas that measured disjoint
+    clocks: planning would fail), or one clock while some rank measured several (a rank
+    that cannot set clocks measures only its default one: the whole stage would be pinned
+    to it, silently).
+
+    Args:
+        rank: the reporting rank.
+        stage: its stage.
+        rows: its rows ``(instruction, frequency_mhz, time_s, energy_j)``.
+        others: ``(rank, rows)`` of the stage's other ranks that reported.
+
+    Raises:
+        RequestFieldError: the profile conflicts with the stage's (422, at ``body.rows``).
+
+    Complexity: O(rows of the stage).
+    """
+    mine = _clocks(rows)
+    theirs = [(other, _clocks(other_rows)) for other, other_rows in others if other != rank]
+    for name, clocks in sorted(mine.items()):
+        measured = [(other, by_name[name]) for other, by_name in theirs if name in by_name]
+        if not measured:
+            continue
+        common = clocks.intersection(*(c for _, c in measured))
+        ranks = ", ".join(str(other) for other, _ in measured[:8])
+        if not common:
+            raise RequestFieldError(
+                ("body", "rows"),
+                f"rank {rank} measured {name} at {_shown(clocks)}, and stage {stage}'s ranks "
+                f"{ranks} share none of them ({_shown(set().union(*(c for _, c in measured)))}):"
+                " a stage is planned on the clocks all its ranks measured; profile its ranks "
+                "over the same clocks",
+            )
+        most = max(len(clocks), *(len(c) for _, c in measured))
+        if len(common) == 1 and most > 1:
+            narrow = [other for other, c in measured if len(c) == 1]
+            who = (
+                f"rank {rank} (this profile) measured {name} only at {_shown(common)}"
+                if len(clocks) == 1
+                else f"stage {stage}'s rank {', '.join(map(str, narrow[:8]))} measured {name} "
+                f"only at {_shown(common)}"
+            )
+            raise RequestFieldError(
+                ("body", "rows"),
+                f"{who} while its stage's ranks measured up to {most} clocks: the whole stage "
+                "would be pinned to that clock. A rank that cannot set clocks (no clock "
+                "rights) measures only its default one: give it clock control and profile "
+                "it again (its new profile replaces the old one)",
+            )
 
 
 def planned_profile(planning: PlanningInput) -> Profile | None:
@@ -87,7 +162,8 @@ class PlanningLease:
     def add_profile(
         self, job_id: str, report: ProfileReport
     ) -> tuple[ProfileAccepted, JobRow, bool]:
-        """Store a rank's profile; the last missing one claims the job's planning.
+        """Store a rank's profile; the last missing one claims the job's planning, as does
+        any one to a failed job with every profile in.
 
         Returns:
             The reply, the job, and whether this call claimed the job's planning (the
@@ -96,7 +172,8 @@ class PlanningLease:
         Raises:
             JobNotFound: no such job.
             JobStateError: the rank has not registered.
-            RequestFieldError, ProfileError: the rows are unusable.
+            RequestFieldError, ProfileError: the rows are unusable, or leave their stage no
+                clock, or one (:func:`check_stage_clocks`).
             PlanningTooLarge: planning the job would be over the work limit (judged from
                 this profile: the whole job's estimate is never smaller).
         """
@@ -119,6 +196,8 @@ class PlanningLease:
                         ("body", "rows", i, "frequency_mhz"),
                         f"{row[1]} MHz is not among rank {rank.rank}'s supported clocks",
                     )
+            others = tx.stage_profiles(job_id, report.stage)
+            check_stage_clocks(report.rank, report.stage, rows, [(p.rank, p.rows) for p in others])
             if self._max_cells is not None:
                 check_planning_work(
                     stages=job.spec.stages,
@@ -137,7 +216,8 @@ class PlanningLease:
             job = dataclasses.replace(
                 job, profiles_reported=job.profiles_reported + int(is_new), updated_at_s=now_s
             )
-            claimed = job.state in ("registering", "profiling") and (
+            # A failed job replans on a profile re-reported to it (a corrected one).
+            claimed = job.state in ("registering", "profiling", "failed") and (
                 job.profiles_reported == job.spec.world_size
             )
             if claimed:

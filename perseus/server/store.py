@@ -341,6 +341,15 @@ class Transaction:
         )
         return [profile_record(found) for found in self._conn.execute(query)]
 
+    def stage_profiles(self, job_id: str, stage: int) -> list[ProfileRecord]:
+        """The profiles of one stage's ranks, by rank."""
+        query = (
+            select(*PROFILE_COLUMNS)
+            .where(PROFILES.c.job_id == job_id, PROFILES.c.stage == stage)
+            .order_by(PROFILES.c.rank)
+        )
+        return [profile_record(found) for found in self._conn.execute(query)]
+
     def profiled_coverage(self, job_id: str) -> set[tuple[int, int]]:
         """``(stage, tensor_parallel_rank)`` pairs with at least one profile."""
         query = (

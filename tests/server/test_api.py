@@ -253,6 +253,85 @@ def test_planning_failure_sets_failed_with_the_reason(
     assert "blocking power" in view["reason"]
 
 
+def test_a_failed_job_replans_on_a_corrected_profile(
+    client: TestClient, example_rows: ProfileRows
+) -> None:
+    # Issue 24, item 7: it stayed failed, with the stale reason, and its ranks polled forever.
+    job = create_job(client, p_block_w=None, data_parallel=1)
+    job.register_all(clocks_of(example_rows))
+    job.report_all(example_rows)
+    assert job.wait_plan(wait_s=60).json()["state"] == "failed"
+    r = client.post(
+        job.url("/profiles"),
+        json={"rank": 0, "stage": 0, "rows": example_rows[0], "p_block_w": 90.0},
+        headers=job.auth,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["planning"] is True and r.json()["state"] == "planning"
+    assert job.wait_plan().status_code == 200
+    view = job.view()
+    assert view["state"] == "ready" and view["reason"] is None
+
+
+def _stage_rows(rows: list[dict[str, Any]], keep: Callable[[int], bool]) -> list[dict[str, Any]]:
+    return [r for r in rows if keep(r["frequency_mhz"])]
+
+
+def _report(job: Job, rank: int, stage: int, rows: list[dict[str, Any]]) -> Any:
+    return job.client.post(
+        job.url("/profiles"), json={"rank": rank, "stage": stage, "rows": rows}, headers=job.auth
+    )
+
+
+def test_a_replica_with_clocks_disjoint_from_its_stage_is_refused_at_upload(
+    client: TestClient, example_rows: ProfileRows
+) -> None:
+    # Issue 24, item 7: both got 200; the conflict surfaced only at planning.
+    job = create_job(client)
+    clocks = clocks_of(example_rows)
+    job.register_all(clocks)
+    middle = clocks[len(clocks) // 2]
+    assert (
+        _report(job, 0, 0, _stage_rows(example_rows[0], lambda f: f >= middle)).status_code == 200
+    )
+    r = _report(job, job.rank_of(0, 1), 0, _stage_rows(example_rows[0], lambda f: f < middle))
+    assert r.status_code == 422, r.text
+    msg = r.json()["detail"][0]["msg"]
+    assert "share none of them" in msg and "stage 0's ranks 0" in msg
+    assert job.view()["counts"]["profiles_reported"] == 1  # nothing stored
+
+
+def test_a_single_clock_replica_does_not_pin_its_stage(
+    client: TestClient, example_rows: ProfileRows
+) -> None:
+    # Issue 24, item 8: a replica without clock rights (it measures its default clock only)
+    # pinned its whole stage to that clock: a one-point frontier, state ready, no warning.
+    job = create_job(client)
+    clocks = clocks_of(example_rows)
+    job.register_all(clocks)
+    top = max(clocks)
+    single = _stage_rows(example_rows[0], lambda f: f == top)
+    replica = job.rank_of(0, 1)
+    assert _report(job, 0, 0, example_rows[0]).status_code == 200
+    r = _report(job, replica, 0, single)
+    assert r.status_code == 422, r.text
+    assert "(this profile) measured" in r.json()["detail"][0]["msg"]
+    assert "pinned" in r.json()["detail"][0]["msg"]
+    # The other order: the single-clock profile came first; the full one names it.
+    other = create_job(client)
+    other.register_all(clocks)
+    assert _report(other, replica, 0, single).status_code == 200
+    r = _report(other, 0, 0, example_rows[0])
+    assert r.status_code == 422, r.text
+    assert f"stage 0's rank {replica} measured" in r.json()["detail"][0]["msg"]
+    # Profiled again with clock control, its new profile replaces the old: both accepted.
+    assert _report(other, replica, 0, example_rows[0]).status_code == 200
+    assert _report(other, 0, 0, example_rows[0]).status_code == 200
+    other.report_all(example_rows)
+    assert other.wait_plan().status_code == 200
+    assert other.view()["frontier_points"] > 1
+
+
 def test_profile_blocking_power_is_used(client: TestClient, example_rows: ProfileRows) -> None:
     job = create_job(client, p_block_w=None, data_parallel=1)
     job.register_all(clocks_of(example_rows))
