@@ -82,9 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--resolution",
         metavar="SECONDS",
-        type=finite_number(0, inclusive=False, maximum=RESOLUTION_S),
-        default=RESOLUTION_S,
-        help=f"time step between frontier points (default and most {RESOLUTION_S:g})",
+        # at most perseus.solver.deadlines.MAX_RESOLUTION_S (not imported: --help stays light)
+        type=finite_number(0, inclusive=False, maximum=1.0),
+        default=None,
+        help=f"time step between frontier deadlines, at most 1 (default: follows the job: "
+        f"{RESOLUTION_S:g} where that grid is small, else about 2,048 deadlines or more "
+        "across the span of plan times; the frontier file records it)",
     )
     parser.add_argument(
         "--exact", action="store_true", help="solve every deadline exactly (MILP; small cases)"
@@ -147,7 +150,7 @@ class PlanRequest:
     schedule: str
     virtual_stages: int | None
     policy: Policy
-    resolution_s: float
+    resolution_s: float | None
     exact: bool
     exact_time_limit_s: float = EXACT_TIME_LIMIT_S
     polish_s: float = POLISH_S
