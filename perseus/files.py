@@ -143,6 +143,9 @@ class FrontierFile(_Model):
             raise takes effect, and after it a lowering (see
             :mod:`perseus.solver.transitions`); the stated times and energies include it (0
             in files written before it existed).
+        resolution_s: The spacing of the deadline grid the points were found on (by default
+            it follows the job's length: :func:`perseus.solver.deadlines.default_resolution`);
+            absent in files written before it was recorded.
     """
 
     format: Literal["perseus.frontier/1"]
@@ -157,6 +160,7 @@ class FrontierFile(_Model):
     baselines_deadline_s: Positive | None = None
     points: Annotated[list[FilePoint], Field(min_length=1)]
     clock_change_margin_s: Margin = 0.0
+    resolution_s: Positive | None = None
 
     @classmethod
     def of_run(
@@ -178,6 +182,9 @@ class FrontierFile(_Model):
                 },
                 "baselines_deadline_s": baselines_deadline_s,
                 "points": [FilePoint.from_point(frontier.point(i)) for i in range(len(frontier))],
+                "resolution_s": (
+                    None if frontier.resolution_s is None else float(frontier.resolution_s)
+                ),
             }
         )
 
@@ -232,6 +239,7 @@ class FrontierFile(_Model):
             frequencies_mhz=np.asarray(flat, dtype=np.uint16),
             baselines=baselines,
             clock_change_margin_s=self.clock_change_margin_s,
+            resolution_s=self.resolution_s,
         )
 
 

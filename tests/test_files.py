@@ -205,3 +205,20 @@ def test_a_bad_margin_names_the_field(timed: Frontier, tmp_path: Path, margin: o
         data["clock_change_margin_s"] = margin
         with pytest.raises(PlanError, match="clock_change_margin_s"):
             read_plan_or_frontier(_write(tmp_path, data))
+
+
+def test_the_grid_spacing_travels_with_frontier_files(timed: Frontier, tmp_path: Path) -> None:
+    """A frontier file records the deadline spacing it was planned on; older files, without
+    it, still read (spacing unknown)."""
+    from perseus.files import frontier_from_json, frontier_to_json
+
+    assert timed.resolution_s == 1e-3  # a small job keeps the 1 ms grid
+    data = json.loads(frontier_to_json(timed))
+    assert data["resolution_s"] == 1e-3
+    assert frontier_from_json(data).resolution_s == 1e-3
+    del data["resolution_s"]
+    read = read_plan_or_frontier(_write(tmp_path, data))
+    assert isinstance(read, FrontierFile) and read.to_frontier().resolution_s is None
+    data["resolution_s"] = -1.0
+    with pytest.raises(PlanError, match="resolution_s"):
+        read_plan_or_frontier(_write(tmp_path, data))

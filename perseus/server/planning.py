@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
-from perseus.defaults import CLOCK_CHANGE_MARGIN_S, RESOLUTION_S
+from perseus.defaults import CLOCK_CHANGE_MARGIN_S
 from perseus.errors import PerseusError, PlanningTooLarge, ProfileError
-from perseus.solver.deadlines import MAX_CELLS, deadline_count
+from perseus.solver.deadlines import MAX_CELLS, MIN_DEADLINES, deadline_count, default_resolution
 
 if TYPE_CHECKING:
     from perseus.solver import Frontier, Profile
@@ -327,13 +327,15 @@ def estimate_planning_work(
         virtual_stages: model chunks per GPU (1 unless interleaved).
         times: measured ranges, any number per (stage, instruction): several ranks of a
             stage, or several clocks, combine by the widest range.
-        resolution_s: the job's deadline spacing; the solver's default when None.
+        resolution_s: the job's deadline spacing; None: the solver's default, which follows
+            the job (:func:`perseus.solver.default_resolution` of the span and the
+            instructions), so the default grid never holds many more than
+            ``max(MIN_DEADLINES, GRID_CELLS / instructions)`` deadlines.
         polish_s: seconds the worker may spend polishing the no-slowdown point.
 
     Returns:
         The estimate. O(len(times)).
     """
-    resolution = RESOLUTION_S if resolution_s is None else resolution_s
     low: dict[tuple[int, str], float] = {}
     high: dict[tuple[int, str], float] = {}
     clocks: dict[tuple[int, str], int] = {}
@@ -348,6 +350,7 @@ def estimate_planning_work(
     spread_s = max(widest.values(), default=0.0) / virtual_stages
     span_s = (microbatches * virtual_stages + stages - 1) * spread_s
     instructions = 2 * stages * microbatches * virtual_stages
+    resolution = default_resolution(span_s, instructions) if resolution_s is None else resolution_s
     deadlines = deadline_count(span_s, resolution)
     per_gpu = max(clocks.values(), default=1)
     cells = instructions * deadlines
@@ -409,16 +412,19 @@ def check_planning_work(
         else:
             hi = mid - 1
     knobs = [f"at most {fits:,} microbatches fit" if fits else "no number of microbatches fits"]
-    resolution = RESOLUTION_S if resolution_s is None else resolution_s
-    if resolution < RESOLUTION_S:
-        coarsest = work(microbatches, RESOLUTION_S)
+    if resolution_s is not None:
+        by_default = work(microbatches, None)
         knobs.append(
-            f"resolution_s {RESOLUTION_S:g} would need {coarsest.cells:.3g} cells"
-            if coarsest.cells > max_cells
-            else f"a coarser resolution_s (now {resolution:g} s, at most {RESOLUTION_S:g}) helps"
+            f"the default resolution_s (following the job) would need {by_default.cells:.3g} cells"
+            if by_default.cells > max_cells
+            else f"a coarser resolution_s (now {resolution_s:g} s; or leave it to the default, "
+            "which follows the job) helps"
         )
     else:
-        knobs.append(f"resolution_s is already the coarsest ({RESOLUTION_S:g} s)")
+        knobs.append(
+            "resolution_s follows the job (the default): a coarser one gives fewer deadlines, "
+            f"but never fewer than {MIN_DEADLINES:,} across the span by default"
+        )
     if not fits:
         slowest_s = max((t.slowest_s for t in times), default=0.0)
         knobs.append(
@@ -506,7 +512,7 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
         profile,
         schedule,
         p_block_w=p_block_w,
-        resolution_s=RESOLUTION_S if inp.resolution_s is None else inp.resolution_s,
+        resolution_s=inp.resolution_s,  # None: the solver's default, following the job
         polish_s=inp.polish_s,
         max_cells=inp.max_cells,  # the server's own limit (checked above), or none
         # ranks aim every clock change this far ahead of its boundary: plan with its tails

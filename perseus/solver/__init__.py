@@ -9,7 +9,7 @@ from perseus.baselines import BaselineKey
 from perseus.solver.baselines import Baseline, baselines_at, default_time
 from perseus.solver.costs import CostTable, build_costs
 from perseus.solver.dag import PipelineDag, build_dag
-from perseus.solver.deadlines import MAX_CELLS, deadline_count
+from perseus.solver.deadlines import MAX_CELLS, deadline_count, default_resolution
 from perseus.solver.frontier import FRONTIER_FORMAT, Frontier, Point, compute_frontier
 from perseus.solver.policies import POLICY_KINDS, Policy, choose_point, straggler_point
 from perseus.solver.profiles import (
@@ -57,6 +57,7 @@ __all__ = [
     "choose_point",
     "compute_frontier",
     "deadline_count",
+    "default_resolution",
     "default_time",
     "effective_options",
     "instruction_times_s",

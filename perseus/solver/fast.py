@@ -24,7 +24,10 @@ __all__ = ["ANCHOR_SLOWDOWNS", "anchor_slowdowns", "fast_frontier"]
 # Relative chord-minus-tangent error of V between knots above which another knot is solved.
 _KNOT_TOLERANCE = 2e-4
 _MAX_KNOTS = 64
-_CHUNK = 1024  # grid deadlines per vectorised batch
+_CHUNK = 1024  # grid deadlines per vectorised batch, at most
+# (instruction, deadline) cells per batch: a batch's temporaries (a dozen (n, chunk) arrays)
+# stay near 16 MiB each however large the DAG (DAGs up to 2,048 instructions: _CHUNK deadlines)
+_CHUNK_CELLS = 1 << 21
 # Slowdowns (x the default plan's time) where fast mode searches hardest: the deadlines most
 # users pick (no-slowdown, a few percent), each solved by a hull dive and a local search.
 ANCHOR_SLOWDOWNS = (1.0, 1.005, 1.01, 1.015, 1.02, 1.03, 1.05, 1.075, 1.1)
@@ -192,7 +195,7 @@ def fast_frontier(
         sweep.best_time[keep],
         sweep.best_energy[keep],
         sweep.gaps,
-        sweep.best_choice[:, keep].T.copy(),
+        sweep.best_choice[:, keep].T.astype(np.int64),
     )
 
 
@@ -213,7 +216,10 @@ class _GridPlans:
         self.grid = grid
         self.knots = knots
         self.t_end = t_end
-        self.best_choice = np.empty((n, len(grid)), dtype=np.int64)
+        # the table of every deadline's plan is the largest array: option indices fit 16 bits
+        small = max(planner.class_top, default=0) < np.iinfo(np.int16).max
+        self.best_choice = np.empty((n, len(grid)), dtype=np.int16 if small else np.int64)
+        self.chunk = max(1, min(_CHUNK, _CHUNK_CELLS // max(n, 1)))
         self.best_time = np.empty(len(grid))
         self.best_energy = np.empty(len(grid))
         self.keep = np.empty(0, dtype=np.int64)
@@ -227,8 +233,8 @@ class _GridPlans:
         planner, grid, knots = self.planner, self.grid, self.knots
         anchor_plans, anchor_time, anchor_energy = anchors
         knot_deadlines = np.asarray([k.deadline_s for k in knots[:-1]] + [math.inf])
-        for lo in range(0, len(grid), _CHUNK):
-            deadlines = grid[lo : lo + _CHUNK]
+        for lo in range(0, len(grid), self.chunk):
+            deadlines = grid[lo : lo + self.chunk]
             right = np.clip(
                 np.searchsorted(knot_deadlines, deadlines, side="left"), 1, len(knots) - 1
             )
@@ -291,8 +297,8 @@ class _GridPlans:
                 np.searchsorted(self.best_time[self.keep], grid[where] * (1 + 1e-12), "right") - 1
             )
             where = where[(point >= 0) & (self.gaps[np.maximum(point, 0)] > _REPAIR_GAP)]
-        for lo in range(0, len(where), _CHUNK):
-            at = where[lo : lo + _CHUNK]
+        for lo in range(0, len(where), self.chunk):
+            at = where[lo : lo + self.chunk]
             deadlines = grid[at]
             current = (self.best_choice[:, at], self.best_time[at], self.best_energy[at])
             extra = planner.from_anchors(plans, plan_time, plan_energy, deadlines)

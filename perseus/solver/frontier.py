@@ -52,7 +52,12 @@ from perseus.errors import InfeasibleDeadline, PlanError, ProfileError
 from perseus.solver.baselines import Baseline, baselines_at, default_time
 from perseus.solver.costs import build_costs
 from perseus.solver.dag import build_dag
-from perseus.solver.deadlines import MAX_CELLS, deadline_count
+from perseus.solver.deadlines import (
+    MAX_CELLS,
+    MAX_RESOLUTION_S,
+    deadline_count,
+    default_resolution,
+)
 from perseus.solver.exact import exact_frontier, small_exact
 from perseus.solver.fast import ANCHOR_SLOWDOWNS, anchor_slowdowns, fast_frontier
 from perseus.solver.planner import FloatArray, Planner, Progress, pareto
@@ -77,6 +82,7 @@ __all__ = [
 ]
 
 FRONTIER_FORMAT = "perseus.frontier/1"
+_TRANSITION_CELLS = 1 << 21  # (instruction, plan) cells per batch of transition replays
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,9 @@ class Frontier:
         clock_change_margin_s: How long before each instruction boundary the plans assume a
             clock change takes effect; every stated time and energy includes those
             transitions (see :mod:`perseus.solver.transitions`). 0: none.
+        resolution_s: The spacing of the deadline grid the plans were found on (the
+            default follows the job); None where it is not known (a file
+            written before it was recorded).
     """
 
     schedule: Schedule
@@ -124,6 +133,7 @@ class Frontier:
     frequencies_mhz: npt.NDArray[np.uint16]
     baselines: dict[str, Baseline] = field(default_factory=dict)
     clock_change_margin_s: float = 0.0
+    resolution_s: float | None = None
 
     def __len__(self) -> int:
         return int(self.times_s.shape[0])
@@ -171,7 +181,7 @@ def compute_frontier(
     schedule: Schedule,
     *,
     p_block_w: float | None = None,
-    resolution_s: float = RESOLUTION_S,
+    resolution_s: float | None = None,
     exact: bool = False,
     exact_time_limit_s: float | None = EXACT_TIME_LIMIT_S,
     search_work: int = DEFAULT_SEARCH_WORK,
@@ -186,7 +196,12 @@ def compute_frontier(
         profile: Per-stage measurements.
         schedule: The pipeline schedule.
         p_block_w: Blocking power in watts; defaults to ``profile.p_block_w``.
-        resolution_s: Spacing of the deadline grid (at most 1 ms is allowed).
+        resolution_s: Spacing of the deadline grid, in seconds (at most
+            :data:`~perseus.solver.deadlines.MAX_RESOLUTION_S`). None (the default): it follows
+            the job, :func:`~perseus.solver.deadlines.default_resolution` of the span of plan
+            times and the instructions (1 ms where that grid is small, as on every job up to
+            8 x 96; else a bounded number of deadlines across the span). The frontier records
+            the spacing used.
         exact: Solve an MILP per frontier point instead of the fast relaxation-and-rounding.
             Small problems (at most 128 instruction-option pairs) are solved exactly anyway
             when their MILPs need little work (a fixed budget of branch-and-bound nodes).
@@ -228,8 +243,14 @@ def compute_frontier(
         raise ProfileError(f"{profile.source}: p_block_w: the blocking power is required")
     if not (math.isfinite(power) and power >= 0):
         raise ProfileError(f"{profile.source}: p_block_w: must be a finite number >= 0")
-    if not (math.isfinite(resolution_s) and 0 < resolution_s <= RESOLUTION_S):
-        raise PlanError(f"resolution: must be in (0, 0.001] seconds, got {resolution_s}")
+    if resolution_s is not None and not (
+        isinstance(resolution_s, int | float)
+        and math.isfinite(resolution_s)
+        and 0 < resolution_s <= MAX_RESOLUTION_S
+    ):
+        raise PlanError(
+            f"resolution: must be in (0, {MAX_RESOLUTION_S:g}] seconds or None, got {resolution_s}"
+        )
     if not (math.isfinite(polish_s) and polish_s >= 0):
         raise PlanError(f"polish: must be a number of seconds >= 0, got {polish_s}")
     if exact_time_limit_s is not None and not (
@@ -246,9 +267,12 @@ def compute_frontier(
     dag = build_dag(schedule)
     costs = build_costs(profile, schedule, power)
     planner = Planner(dag, costs)
+    span_s = planner.slowest_time_s - planner.fastest_time_s
+    if resolution_s is None:
+        resolution_s = default_resolution(span_s, dag.size)
     if max_cells is not None:
         slowest = planner.slowest_time_s
-        deadlines = deadline_count(slowest - planner.fastest_time_s, resolution_s)
+        deadlines = deadline_count(span_s, resolution_s)
         if deadlines * dag.size > max_cells:
             raise PlanError(
                 f"resolution: {resolution_s:g} s gives up to {deadlines:,} deadlines from "
@@ -288,6 +312,7 @@ def compute_frontier(
         frequencies_mhz=freqs,
         baselines=baselines,
         clock_change_margin_s=margin_s,
+        resolution_s=float(resolution_s),
     )
 
 
@@ -317,7 +342,15 @@ def _with_transitions(
         for key in (BaselineKey.DEFAULT, BaselineKey.ALL_FASTEST)
     ]
     candidates = np.concatenate([plans, np.stack(extra, axis=1)], axis=1)
-    new_times, new_energies = evaluate_plans(tables, dag, p_block_w, candidates, margin_s)
+    # In batches of columns: each plan's evaluation is its own, and a batch's temporaries
+    # (a dozen (n, P) arrays) stay small on a DAG of 16,384 instructions.
+    width = max(1, _TRANSITION_CELLS // max(dag.size, 1))
+    evaluated = [
+        evaluate_plans(tables, dag, p_block_w, candidates[:, lo : lo + width], margin_s)
+        for lo in range(0, candidates.shape[1], width)
+    ]
+    new_times = np.concatenate([t for t, _ in evaluated])
+    new_energies = np.concatenate([e for _, e in evaluated])
     keep = pareto(new_times, new_energies)
     kept_times = new_times[keep]
     # The bound of the margin-free point serving the deadlines just below the next point.

@@ -7,7 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perseus.solver import MAX_CELLS, compute_frontier, deadline_count
-from perseus.solver.deadlines import TAIL_DEADLINES, deadline_grid, served_deadline
+from perseus.solver.deadlines import (
+    GRID_CELLS,
+    MIN_DEADLINES,
+    MIN_RESOLUTION_S,
+    TAIL_DEADLINES,
+    deadline_grid,
+    default_resolution,
+    served_deadline,
+)
 from perseus.solver.fast import ANCHOR_SLOWDOWNS
 
 from .cases import Case, cases, examples
@@ -56,3 +64,33 @@ def test_each_point_serves_up_to_the_next_points_time() -> None:
     grid = np.arange(10) * 1e-3 + 1.0
     served = served_deadline(np.asarray([1.0, 1.0035, 1.008]), grid)
     assert served[0] == grid[3] and served[1] == grid[7] and served[2] == np.inf
+
+
+def test_the_default_spacing_keeps_1_ms_where_that_grid_is_small() -> None:
+    """1 ms while the grid stays within GRID_CELLS (every job up to 8 x 96 of the shared
+    profiles: 1,536 instructions and spans up to 13.4 s), else a bounded count of deadlines."""
+    assert default_resolution(13.4, 1536) == MIN_RESOLUTION_S
+    assert default_resolution(0.0, 1) == MIN_RESOLUTION_S
+    big = default_resolution(26.4, 16_384)  # 32 x 256 1F1B on the synthetic H200 profile
+    assert big == 26.4 / MIN_DEADLINES
+    assert 16_384 * deadline_count(26.4, big) <= GRID_CELLS + 16_384 * (TAIL_DEADLINES + 3)
+
+
+@given(st.floats(0.0, 1e6), st.integers(1, 1 << 20))
+def test_the_default_grid_is_bounded_and_follows_the_span(span_s: float, n: int) -> None:
+    resolution = default_resolution(span_s, n)
+    assert resolution >= MIN_RESOLUTION_S
+    assert deadline_count(span_s, resolution) <= max(MIN_DEADLINES, GRID_CELLS // n) + 515
+    assert default_resolution(2 * span_s, n) >= resolution
+
+
+def test_a_frontier_records_its_spacing_and_may_be_coarser_than_1_ms() -> None:
+    from perseus.solver import make_schedule, profile_from_rows
+    from perseus.solver.synthetic import synthetic_profile
+
+    profile = profile_from_rows(synthetic_profile(4))
+    schedule = make_schedule("1f1b", 4, 8)
+    assert compute_frontier(profile, schedule, p_block_w=100.0).resolution_s == 1e-3
+    coarse = compute_frontier(profile, schedule, p_block_w=100.0, resolution_s=0.02)
+    assert coarse.resolution_s == 0.02
+    assert (np.diff(coarse.times_s) > 0).all()
