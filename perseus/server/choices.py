@@ -16,6 +16,7 @@ from perseus.server.decisions import (
     detect_straggler,
     policy_to_solver,
     replica_measurements,
+    robust_time_s,
 )
 from perseus.server.jobs import JobPart, existing
 from perseus.server.plans import choice_of
@@ -94,7 +95,10 @@ class PlanChoices(JobPart):
             choice,
             job.straggler,
             replica_measurements(
-                windows, spec.stages * spec.tensor_parallel, spec.straggler_window
+                windows,
+                spec.stages * spec.tensor_parallel,
+                spec.straggler_window,
+                center=robust_time_s,
             ),
             data_parallel=spec.data_parallel,
             threshold=spec.straggler_threshold,

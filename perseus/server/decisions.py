@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from perseus.schemas import (
@@ -33,6 +33,7 @@ __all__ = [
     "policy_to_solver",
     "predicted_time_s",
     "replica_measurements",
+    "robust_time_s",
 ]
 
 AUTO_SLOWDOWN_TOLERANCE = 0.02
@@ -122,12 +123,17 @@ def predicted_time_s(
 
 
 def replica_measurements(
-    windows: Sequence[RankWindow], ranks_per_replica: int, min_samples: int
+    windows: Sequence[RankWindow],
+    ranks_per_replica: int,
+    min_samples: int,
+    center: Callable[[Sequence[float]], float] = statistics.fmean,
 ) -> list[Replica]:
-    """Per complete replica: slowest rank's mean time, sum of its ranks' mean energy.
+    """Per complete replica: slowest rank's time (``center`` of its window, the mean by
+    default), sum of its ranks' mean energy.
 
     A replica counts once each of its ``ranks_per_replica`` ranks has ``min_samples``.
-    Complexity: O(ranks x window).
+    Straggler detection passes :func:`robust_time_s`.
+    Complexity: O(ranks x window) (x log window for a median).
     """
     by_replica: dict[int, list[RankWindow]] = {}
     for window in windows:
@@ -136,12 +142,20 @@ def replica_measurements(
     return [
         Replica(
             dp_rank,
-            max(statistics.fmean(r.recent_times_s) for r in members),
+            max(center(r.recent_times_s) for r in members),
             sum(statistics.fmean(r.recent_energies_j) for r in members),
         )
         for dp_rank, members in sorted(by_replica.items())
         if len(members) >= ranks_per_replica
     ]
+
+
+def robust_time_s(times_s: Sequence[float]) -> float:
+    """A rank's recent iteration time as straggler detection sees it: the low median of its
+    window, so a replica is slow only when more than half its recent iterations are (one 3x
+    iteration in a window of 5 moved every other replica's plan when this was the mean; the
+    low median of a window of 2 is its faster iteration)."""
+    return float(statistics.median_low(times_s))
 
 
 def detect_straggler(
@@ -155,9 +169,10 @@ def detect_straggler(
 ) -> StragglerChange | None:
     """Whether the automatic straggler moves.
 
-    Each replica's recent mean time is divided by the time its plan predicts; a replica
-    whose ratio exceeds the median ratio by ``threshold`` is the straggler (its slowdown is
-    that relative ratio). When none does, a current straggler is cleared. A manually
+    Each replica's recent time (:func:`replica_measurements` with :func:`robust_time_s`:
+    one slow iteration does not make a straggler) is divided by the time its plan predicts;
+    a replica whose ratio exceeds the median ratio by ``threshold`` is the straggler (its
+    slowdown is that relative ratio). When none does, a current straggler is cleared. A manually
     declared straggler is never touched, and nothing moves until every replica reported.
 
     Returns:

@@ -466,6 +466,29 @@ def test_auto_straggler_switches_the_others_and_recovers(
     assert view["straggler"] is None
 
 
+def test_one_slow_iteration_does_not_make_a_straggler(
+    client: TestClient, example_rows: ProfileRows
+) -> None:
+    # Issue 24, item 9: one 3x iteration of one replica moved every other replica to a
+    # 16.5 % slower plan (the window mean let one outlier decide).
+    job = create_job(client, data_parallel=3, auto_straggler=True, straggler_window=5)
+    job.register_all(clocks_of(example_rows))
+    job.report_all(example_rows)
+    assert job.wait_plan().status_code == 200
+    predicted = job.view()["chosen"]["time_s"]
+    for it in range(7):  # iteration 2 stays in every window of 5 up to iteration 6
+        slow = 3.0 if it == 2 else 1.0
+        _report_iterations(
+            job, range(it, it + 1), lambda dp, s=slow: predicted * (s if dp == 1 else 1.0), 1
+        )
+        if it >= 4:
+            time.sleep(0.4)  # detection runs at most once a second per job
+    time.sleep(1.2)
+    _report_iterations(job, range(7, 8), lambda dp: predicted, 1)
+    view = job.view()
+    assert view["version"] == 1 and view["straggler"] is None
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

@@ -22,6 +22,7 @@ from perseus.server.decisions import (
     expected,
     predicted_time_s,
     replica_measurements,
+    robust_time_s,
 )
 from perseus.server.store import RankWindow
 from perseus.solver import Frontier, make_schedule
@@ -102,6 +103,15 @@ def test_replicas_need_every_rank_with_enough_samples() -> None:
     assert replica_measurements(windows, ranks_per_replica=2, min_samples=2) == [
         Replica(0, 4.0, 3.0)
     ]
+
+
+def test_the_robust_time_ignores_a_minority_of_slow_iterations() -> None:
+    outlier = [RankWindow(0, (1.0, 1.0, 3.0, 1.0, 1.0), (1.0,) * 5)]
+    mostly_slow = [RankWindow(0, (1.3, 1.0, 1.3, 1.3, 1.0), (1.0,) * 5)]
+    assert replica_measurements(outlier, 1, 5, center=robust_time_s)[0].time_s == 1.0
+    assert replica_measurements(mostly_slow, 1, 5, center=robust_time_s)[0].time_s == 1.3
+    assert robust_time_s((1.0, 3.0)) == 1.0  # a window of 2: both must be slow
+    assert replica_measurements(outlier, 1, 5)[0].time_s == pytest.approx(1.4)  # the mean
 
 
 def test_a_consistently_slower_replica_becomes_the_straggler(frontier: Frontier) -> None:
