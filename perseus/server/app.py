@@ -33,6 +33,7 @@ from perseus.server.auth import hash_token
 from perseus.server.edge import AuthBeforeBody, bounded_accept_errors
 from perseus.server.jobs import RequestFieldError
 from perseus.server.metrics import BodyLimitMiddleware, Metrics, MetricsMiddleware
+from perseus.server.quotas import Quotas
 from perseus.server.routes import PlanFastPath, ServerState, error_response, router
 from perseus.server.runner import PlanningRunner
 from perseus.server.runtime import JobHeads, TelemetryBuffer
@@ -243,8 +244,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = Store(settings.database)
         await run_in_threadpool(store.create_schema)
-        service = JobService(store, max_cells=settings.planning_max_cells)
-        heads = JobHeads(service.jobs, settings.cache_ttl_s, settings.change_poll_s)
+        quotas = Quotas(
+            max_jobs=settings.max_jobs,
+            max_ranks_per_job=settings.max_ranks_per_job,
+            max_profile_rows=settings.max_profile_rows,
+            max_job_profile_bytes=settings.max_job_profile_bytes,
+        )
+        service = JobService(store, max_cells=settings.planning_max_cells, quotas=quotas)
+        heads = JobHeads(
+            service.jobs,
+            settings.cache_ttl_s,
+            settings.change_poll_s,
+            max_jobs=settings.cached_jobs,
+        )
         heads.bind_loop()
         listener = await run_in_threadpool(store.listen, heads.changed_threadsafe)
         runner = PlanningRunner(

@@ -16,6 +16,7 @@ agree on every transition, and a rejected request changes nothing stored.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -34,12 +35,15 @@ from perseus.schemas import (
 from perseus.server.auth import hash_token, new_token
 from perseus.server.decisions import policy_to_solver
 from perseus.server.plans import FrontierCache, Plans
+from perseus.server.quotas import QuotaExceeded, Quotas
 from perseus.server.savings import BASELINE, PLAN, savings_view
 from perseus.server.store import JobRow, RankRow, Store, Transaction
 from perseus.server.telemetry import telemetry_view
 from perseus.solver import make_schedule
 
 __all__ = ["JobPart", "Jobs", "RequestFieldError", "existing", "stages_profiled"]
+
+log = logging.getLogger("perseus.server")
 
 
 class RequestFieldError(PerseusError):
@@ -79,6 +83,7 @@ class JobPart:
         frontiers: parsed frontiers.
         plans: rendered plans.
         clock: wall clock in seconds (tests pass a fake one).
+        quotas: the limits on jobs and what they hold (none by default).
     """
 
     def __init__(
@@ -88,11 +93,13 @@ class JobPart:
         plans: Plans,
         *,
         clock: Callable[[], float] = time.time,
+        quotas: Quotas | None = None,
     ) -> None:
         self._store = store
         self._frontiers = frontiers
         self._plans = plans
         self._clock = clock
+        self._quotas = quotas or Quotas()
 
 
 class Jobs(JobPart):
@@ -105,7 +112,16 @@ class Jobs(JobPart):
         Raises:
             ScheduleError: the schedule cannot be built from these sizes.
             PolicyError: the policy's parameter is invalid.
+            RequestFieldError: more ranks than ``max_ranks_per_job``.
+            QuotaExceeded: the server holds ``max_jobs`` jobs.
         """
+        most_ranks = self._quotas.max_ranks_per_job
+        if most_ranks is not None and spec.world_size > most_ranks:
+            raise RequestFieldError(
+                ("body",),
+                f"{spec.world_size} ranks (stages x data_parallel x tensor_parallel) is more "
+                f"than this server takes per job, {most_ranks} (setting max_ranks_per_job)",
+            )
         make_schedule(spec.schedule, spec.stages, spec.microbatches, spec.virtual_stages)
         policy_to_solver(spec.policy)
         token = new_token()
@@ -133,6 +149,12 @@ class Jobs(JobPart):
             planning_s=None,
         )
         with self._store.write() as tx:
+            most_jobs = self._quotas.max_jobs
+            if most_jobs is not None and tx.count_jobs() >= most_jobs:
+                raise QuotaExceeded(
+                    f"the server holds {most_jobs} jobs, its limit (setting max_jobs): "
+                    "delete finished jobs first"
+                )
             tx.insert_job(row)
         return JobCreated(job_id=row.id, token=token), row
 
@@ -311,6 +333,19 @@ class Jobs(JobPart):
                 )
                 tx.save_job(job)
             else:
+                clocks = tuple(reg.supported_clocks_mhz)
+                if known.host != host or known.supported_clocks_mhz != clocks:
+                    # A restart on another node is legitimate; two live processes with one
+                    # rank are not, and the second would silently replace the first's clocks.
+                    log.warning(
+                        "job %s: rank %d registered again from %s (first from %s)%s: two "
+                        "processes with one rank, or a restart on another host?",
+                        job_id,
+                        reg.rank,
+                        host,
+                        known.host,
+                        ", with another clock list" if known.supported_clocks_mhz != clocks else "",
+                    )
                 tx.put_rank(
                     dataclasses.replace(
                         known,

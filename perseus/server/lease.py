@@ -33,6 +33,7 @@ from perseus.server.planning import (
     merged_profile,
 )
 from perseus.server.plans import FrontierCache
+from perseus.server.quotas import QuotaExceeded, Quotas
 from perseus.server.store import FrontierRow, JobRow, ProfileRecord, Store
 from perseus.solver import Frontier, Profile, profile_from_rows, profile_to_json
 
@@ -129,6 +130,7 @@ class PlanningLease:
         clock: wall clock in seconds (tests pass a fake one).
         max_cells: the most planning work a job may imply
             (:func:`perseus.server.planning.check_planning_work`); None: no limit.
+        quotas: rows per profile and profile bytes per job (none by default).
     """
 
     def __init__(
@@ -139,7 +141,9 @@ class PlanningLease:
         owner: str | None = None,
         clock: Callable[[], float] = time.time,
         max_cells: int | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
+        self._quotas = quotas or Quotas()
         self._store = store
         self._frontiers = frontiers
         self.owner = owner or uuid.uuid4().hex
@@ -178,6 +182,14 @@ class PlanningLease:
                 this profile: the whole job's estimate is never smaller).
         """
         rows = tuple((r.instruction, r.frequency_mhz, r.time_s, r.energy_j) for r in report.rows)
+        most_rows = self._quotas.max_profile_rows
+        if most_rows is not None and len(rows) > most_rows:
+            raise RequestFieldError(
+                ("body", "rows"),
+                f"{len(rows)} rows is more than this server takes per profile, {most_rows} "
+                "(setting max_profile_rows)",
+            )
+        size = len(json.dumps([list(row) for row in rows]))
         # The solver's own checks (duplicates, both instructions present), on this stage alone.
         profile_from_rows(((0, *row) for row in rows), source="request")
         with self._store.write() as tx:
@@ -195,6 +207,14 @@ class PlanningLease:
                     raise RequestFieldError(
                         ("body", "rows", i, "frequency_mhz"),
                         f"{row[1]} MHz is not among rank {rank.rank}'s supported clocks",
+                    )
+            most_bytes = self._quotas.max_job_profile_bytes
+            if most_bytes is not None:
+                total = tx.profile_bytes(job_id, report.rank) + size
+                if total > most_bytes:
+                    raise QuotaExceeded(
+                        f"the job's profiles would take {total} bytes, more than this server "
+                        f"keeps per job, {most_bytes} (setting max_job_profile_bytes)"
                     )
             others = tx.stage_profiles(job_id, report.stage)
             check_stage_clocks(report.rank, report.stage, rows, [(p.rank, p.rows) for p in others])

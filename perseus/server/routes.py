@@ -82,6 +82,7 @@ from perseus.server.jobs import RequestFieldError
 from perseus.server.metrics import JobGauges, Metrics
 from perseus.server.planning import PlanningInput, merged_profile, unprofiled_stages
 from perseus.server.plans import has_plan, not_ready
+from perseus.server.quotas import QuotaExceeded
 from perseus.server.runner import PlanningRunner
 from perseus.server.runtime import Coalescer, JobHeads, RankPlace, TelemetryBuffer
 from perseus.server.service import JobService
@@ -110,6 +111,7 @@ _STATUS: tuple[tuple[type[PerseusError], int], ...] = (
     (JobNotFound, 404),
     (PlanNotReady, 409),
     (JobStateError, 409),
+    (QuotaExceeded, 409),
     (PlanError, 409),
     (RequestFieldError, 422),
     (ProfileError, 422),
@@ -661,9 +663,11 @@ class PlanFastPath:
             return self._queries[query_string]
         except KeyError:
             pass
-        if len(self._queries) >= _QUERY_MEMO:
-            self._queries.clear()
-        query = self._queries[query_string] = _plan_query(query_string)
+        query = _plan_query(query_string)
+        if len(query_string) <= _QUERY_MEMO_BYTES:  # a rank's is ~20 bytes; a long one is no rank's
+            if len(self._queries) >= _QUERY_MEMO:
+                self._queries.clear()
+            self._queries[query_string] = query
         return query
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -699,6 +703,9 @@ class PlanFastPath:
 
 _PLAN_PATH = re.compile(PLAN_PATH.replace("{job_id}", "([^/]+)"))
 _QUERY_MEMO = 16_384  # distinct plan queries remembered (a few per rank)
+# Longest query remembered: the memo holds at most 16,384 x 128 bytes (it held 16,384
+# unauthenticated query strings of any length, ~15 KB each: 240 MB).
+_QUERY_MEMO_BYTES = 128
 _FAST_ROUTE = SimpleNamespace(path=PLAN_PATH)
 
 

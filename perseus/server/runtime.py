@@ -70,10 +70,15 @@ class JobHeads:
         jobs: the jobs (their methods run in the thread pool).
         ttl_s: how long a cached row is trusted without re-reading the database.
         poll_s: how often waited-for jobs are checked for changes made elsewhere.
+        max_jobs: job rows (and rank layouts) kept; past it the oldest-stored not waited
+            for are dropped (read again when asked for).
     """
 
-    def __init__(self, jobs: Jobs, ttl_s: float, poll_s: float = 0.1) -> None:
+    def __init__(
+        self, jobs: Jobs, ttl_s: float, poll_s: float = 0.1, *, max_jobs: int = 4096
+    ) -> None:
         self._jobs = jobs
+        self._max_jobs = max_jobs
         self._ttl_s = ttl_s
         self._poll_s = poll_s
         self._rows: dict[str, tuple[float, JobRow]] = {}
@@ -84,6 +89,11 @@ class JobHeads:
         self._watch: asyncio.Task[None] | None = None
         self._refreshes: set[asyncio.Future[JobRow]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def cached(self) -> int:
+        """Job rows held in memory now."""
+        return len(self._rows)
 
     async def get(self, job_id: str) -> JobRow:
         """The job, from the cache when fresh enough.
@@ -121,9 +131,19 @@ class JobHeads:
             row.updated_at_s,
         ):
             return
+        self._rows.pop(row.id, None)  # to the end: dicts keep insertion order
         self._rows[row.id] = (time.monotonic(), row)
         if old is None or (old[1].version, old[1].state) != (row.version, row.state):
             self._wake(row.id)
+        if len(self._rows) > self._max_jobs:
+            self._evict()
+
+    def _evict(self) -> None:
+        """Drop the rows stored longest ago (and their layouts), but those waited for."""
+        excess = len(self._rows) - self._max_jobs
+        for job_id in [j for j in self._rows if j not in self._waiting][:excess]:
+            del self._rows[job_id]
+            self._layouts.pop(job_id, None)
 
     def forget(self, job_id: str) -> None:
         """Drop a deleted job; its waiters wake and find it gone."""
@@ -150,6 +170,8 @@ class JobHeads:
         # have registered through another server process, or while this one read the layout.
         async def load() -> dict[int, RankPlace]:
             layout = await run_in_threadpool(self._jobs.rank_layout, job_id)
+            if len(self._layouts) >= self._max_jobs:
+                self._layouts.pop(next(iter(self._layouts)))
             self._layouts[job_id] = (time.monotonic(), layout)
             return layout
 

@@ -21,6 +21,7 @@ from perseus.server.choices import PlanChoices
 from perseus.server.jobs import Jobs
 from perseus.server.lease import PlanningLease
 from perseus.server.plans import FrontierCache, Plans
+from perseus.server.quotas import Quotas
 from perseus.server.store import Store
 from perseus.server.telemetry import IterationLog
 
@@ -37,6 +38,7 @@ class JobService:
         frontier_cache_size: parsed frontiers kept.
         plan_cache_size: rendered plans kept.
         max_cells: the most planning work a job may imply (None: no limit).
+        quotas: what one job, and all of them, may hold (none by default).
     """
 
     def __init__(
@@ -48,13 +50,15 @@ class JobService:
         frontier_cache_size: int = 16,
         plan_cache_size: int = 4096,
         max_cells: int | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
+        quotas = quotas or Quotas()
         self.store = store
         self.frontiers = FrontierCache(store, frontier_cache_size)
         self.plans = Plans(self.frontiers, plan_cache_size)
-        self.jobs = Jobs(store, self.frontiers, self.plans, clock=clock)
+        self.jobs = Jobs(store, self.frontiers, self.plans, clock=clock, quotas=quotas)
         self.lease = PlanningLease(
-            store, self.frontiers, owner=owner, clock=clock, max_cells=max_cells
+            store, self.frontiers, owner=owner, clock=clock, max_cells=max_cells, quotas=quotas
         )
         self.choices = PlanChoices(store, self.frontiers, self.plans, clock=clock)
         self.iterations = IterationLog(store)

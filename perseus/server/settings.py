@@ -134,6 +134,36 @@ class Settings(BaseSettings):
         "the connection is aborted. A client that sends requests and never reads the "
         "answers would otherwise hold its connection, and its request, forever.",
     )
+    max_jobs: int | None = Field(
+        default=10_000,
+        ge=1,
+        description="Jobs stored at once; creating one more answers 409 (delete finished "
+        "jobs). Unset: no limit.",
+    )
+    max_ranks_per_job: int | None = Field(
+        default=16_384,
+        ge=1,
+        description="A job's ranks, stages x data_parallel x tensor_parallel; a larger job "
+        "answers 422 at creation. Unset: no limit.",
+    )
+    max_profile_rows: int | None = Field(
+        default=10_000,
+        ge=2,
+        description="Rows of one rank's profile; more answers 422 (a full sweep of an H200's "
+        "clocks is ~220 rows per instruction kind). Unset: no limit.",
+    )
+    max_job_profile_bytes: int | None = Field(
+        default=256 * 2**20,
+        ge=1024,
+        description="Profile rows one job stores, as JSON, over all its ranks; a profile past "
+        "it answers 409. Planning loads them all into the server. Unset: no limit.",
+    )
+    cached_jobs: int = Field(
+        default=4096,
+        ge=16,
+        description="Job rows kept in each server process's memory; the least recently "
+        "changed beyond it are read again from the database when asked for.",
+    )
     max_connections: int | None = Field(
         default=None,
         ge=16,

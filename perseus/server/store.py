@@ -166,6 +166,16 @@ class Transaction:
         )
         return [job_row(found) for found in self._conn.execute(query)]
 
+    def count_jobs(self) -> int:
+        return int(self._conn.execute(select(func.count()).select_from(JOBS)).scalar_one())
+
+    def profile_bytes(self, job_id: str, except_rank: int) -> int:
+        """Size of the job's stored profile rows as JSON text, but for one rank's."""
+        query = select(func.coalesce(func.sum(func.length(cast(PROFILES.c.rows, Text))), 0)).where(
+            PROFILES.c.job_id == job_id, PROFILES.c.rank != except_rank
+        )
+        return int(self._conn.execute(query).scalar_one())
+
     def count_jobs_by_state(self) -> dict[str, int]:
         query = select(JOBS.c.state, func.count()).group_by(JOBS.c.state)
         return {str(state): int(count) for state, count in self._conn.execute(query)}

@@ -905,3 +905,75 @@ def test_a_job_too_large_to_plan_is_refused_when_its_profile_arrives(
     assert r.json()["error"] == "PlanningTooLarge"
     assert "planning_max_cells" in r.text
     assert job.view()["counts"]["profiles_reported"] == 0
+
+
+# ----------------------------------------------------------------------------- quotas
+
+
+def test_quotas_answer_with_clear_4xx(
+    settings: Settings, make_client: Callable[[Settings], TestClient], example_rows: ProfileRows
+) -> None:
+    # Issue 24, item 6: no quota anywhere (3,000 jobs in 7 s, data_parallel=131072, ~15 GiB
+    # of profiles per job).
+    limits = {"max_jobs": 3, "max_ranks_per_job": 8, "max_profile_rows": 40,
+              "max_job_profile_bytes": 1_500}  # fmt: skip
+    client = make_client(settings.model_copy(update=limits))
+    r = client.post("/v1/jobs", json={**JOB_SPEC, "data_parallel": 8})
+    assert r.status_code == 422, r.text
+    assert "max_ranks_per_job" in r.json()["detail"][0]["msg"]
+    job = create_job(client, data_parallel=1)
+    job.register_all(clocks_of(example_rows))
+    too_many = example_rows[0] * 3
+    assert len(too_many) > 40
+    r = client.post(
+        job.url("/profiles"), json={"rank": 0, "stage": 0, "rows": too_many}, headers=job.auth
+    )
+    assert r.status_code == 422 and "max_profile_rows" in r.json()["detail"][0]["msg"]
+    codes = []
+    for stage in range(4):
+        top = sorted(clocks_of(example_rows))[-10:]
+        rows = [r for r in example_rows[stage] if r["frequency_mhz"] in top]  # ~1 KB
+        body = {"rank": stage, "stage": stage, "rows": rows}
+        codes.append(client.post(job.url("/profiles"), json=body, headers=job.auth))
+    refused = [r for r in codes if r.status_code != 200]
+    assert refused and refused[0].status_code == 409
+    assert "max_job_profile_bytes" in refused[0].json()["detail"]
+    create_job(client)
+    create_job(client)
+    r = client.post("/v1/jobs", json=JOB_SPEC)
+    assert r.status_code == 409 and r.json()["error"] == "QuotaExceeded"
+    assert "max_jobs" in r.json()["detail"]
+    assert client.delete(job.url(), headers=job.auth).status_code == 204
+    create_job(client)  # room again
+
+
+def test_cached_jobs_are_evicted(
+    settings: Settings, make_client: Callable[[Settings], TestClient]
+) -> None:
+    client = make_client(settings.model_copy(update={"cached_jobs": 16}))
+    jobs = [create_job(client) for _ in range(40)]
+    heads = client.app.state.perseus.heads  # type: ignore[attr-defined]
+    assert heads.cached <= 16
+    assert jobs[0].view()["state"] == "registering"  # read again from the database
+
+
+def test_long_plan_queries_are_not_remembered() -> None:
+    from perseus.server.routes import PlanFastPath
+
+    fast = PlanFastPath(None)  # type: ignore[arg-type]
+    for i in range(100):
+        fast._query(b"rank=0&wait_s=1&pad=" + b"%d" % i + b"x" * 15_000)
+    assert fast._query(b"rank=3&wait_s=30") is not None
+    assert len(fast._queries) == 1  # only the rank's own, short query
+
+
+def test_a_rank_registered_again_from_elsewhere_is_logged(
+    client: TestClient, example_rows: ProfileRows, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = create_job(client, data_parallel=1)
+    job.register_all(clocks_of(example_rows))
+    reg = {"rank": 0, "stage": 0, "data_parallel_rank": 0, "tensor_parallel_rank": 0,
+           "gpu_name": "NVIDIA H200", "supported_clocks_mhz": [1980]}  # fmt: skip
+    with caplog.at_level("WARNING", logger="perseus.server"):
+        assert client.post(job.url("/ranks"), json=reg, headers=job.auth).status_code == 200
+    assert "rank 0 registered again" in caplog.text and "another clock list" in caplog.text
