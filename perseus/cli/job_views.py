@@ -33,11 +33,22 @@ __all__ = [
     "format_savings",
     "policy_spec",
     "policy_text",
+    "printable",
     "validation_text",
     "version_text",
 ]
 
 _POLICY_FIELDS = {"max-slowdown": "factor", "deadline": "seconds", "zeus-cost": "eta"}
+
+
+def printable(text: str) -> str:
+    """Text a client chose (a job name, a reason quoting it) safe to print on a terminal:
+    control characters (escape sequences, newlines, carriage returns) shown escaped, as
+    Python writes them (``\\x1b``, ``\\n``), so a name can neither clear the screen nor fake
+    a line of its own."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def policy_spec(policy: Policy) -> PolicySpec:
@@ -74,9 +85,9 @@ def format_job(view: JobView) -> str:
         shape += f" x {spec.virtual_stages} chunks"
     shape += f"; {spec.data_parallel} data parallel x {spec.tensor_parallel} tensor parallel"
     counts = view.counts
-    state = view.state if view.reason is None else f"{view.state}: {view.reason}"
+    state = view.state if view.reason is None else f"{view.state}: {printable(view.reason)}"
     lines = [
-        ("job", view.job_id if view.name is None else f"{view.job_id} ({view.name})"),
+        ("job", view.job_id if view.name is None else f"{view.job_id} ({printable(view.name)})"),
         ("state", state),
         ("schedule", shape),
         (
@@ -128,9 +139,7 @@ def _iterations_text(counts: JobCounts) -> str:
         return "no iterations reported"
     if counts.iterations is None:  # an older server: only the reports' total
         return f"{counts.iterations_reported} reports (every rank's counted)"
-    return (
-        f"{counts.iterations} iterations ({counts.iterations_reported} reports from the ranks)"
-    )
+    return f"{counts.iterations} iterations ({counts.iterations_reported} reports from the ranks)"
 
 
 def format_job_list(jobs: Sequence[JobSummary]) -> str:
@@ -140,7 +149,7 @@ def format_job_list(jobs: Sequence[JobSummary]) -> str:
     rows = [["job", "state", "version", "created (UTC)", "name"]]
     for job in jobs:
         created = datetime.fromtimestamp(job.created_at_s, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
-        rows.append([job.job_id, job.state, str(job.version), created, job.name or ""])
+        rows.append([job.job_id, job.state, str(job.version), created, printable(job.name or "")])
     return format_table(rows, right=(2,))
 
 

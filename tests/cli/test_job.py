@@ -477,3 +477,16 @@ def test_status_counts_iterations_not_reports(
     counts = json.loads(run(capsys, "job", "status", "--json").out)["counts"]
     assert counts["iterations"] == 3
     assert counts["iterations_reported"] == 3 * STAGES
+
+
+def test_hostile_job_names_are_printed_escaped() -> None:
+    # Issue 24, item 14: a name could clear the screen or fake a "state ready" line.
+    from perseus.cli.job_views import format_job_list
+    from perseus.schemas import JobSummary
+
+    name = "x\x1b[2J\x1b[H\nstate        ready\r"
+    summary = JobSummary(job_id="a" * 32, name=name, state="failed", version=0, created_at_s=0.0)
+    text = format_job_list([summary])
+    assert "\x1b" not in text and "\r" not in text
+    assert text.count("\n") == 2  # the header and one job: no line of the name's own
+    assert "\\x1b[2J" in text and "\\nstate" in text
