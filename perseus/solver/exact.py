@@ -3,6 +3,10 @@
 Fast mode also uses it, under a work budget, for problems small enough to solve exactly
 (:func:`small_exact`). Budgets here are branch-and-bound nodes plus a fixed charge per solve:
 unlike a time limit, they decide the same way on a busy machine as on an idle one.
+
+What a sweep's time limit cut short (solves stopped before proving optimality, deadlines left
+to the fast frontier) is an :class:`ExactSweep`, handed to whoever listens with
+:func:`recorded_sweeps` (``perseus plan --exact`` says it).
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,8 +28,10 @@ __all__ = [
     "EXACT_UP_TO",
     "EXACT_WORK",
     "SOLVE_CHARGE",
+    "ExactSweep",
     "exact_estimate_s",
     "exact_frontier",
+    "recorded_sweeps",
     "small_exact",
 ]
 
@@ -37,6 +46,49 @@ SOLVE_CHARGE = 20
 # Exact mode with a time limit times one MILP root before it starts, up to this many
 # (instruction, option) pairs; beyond, it refuses from the size alone.
 _EXACT_TIMED_UP_TO = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class ExactSweep:
+    """What one exact sweep solved, and what its time limit cut short.
+
+    Attributes:
+        time_limit_s: The sweep's wall-clock limit (None: none).
+        deadlines: Deadlines in the sweep's grid (a solve covers every deadline down to its
+            plan's time, so there are usually fewer solves).
+        solves: MILPs run.
+        stopped: Of those, how many a limit stopped before they proved optimality (their best
+            plan stands, with its proven gap).
+        unsolved: The shortest deadlines the time limit left without a MILP (0: none); the fast
+            frontier's points stand there (where it was given), with their own gaps.
+    """
+
+    time_limit_s: float | None
+    deadlines: int
+    solves: int
+    stopped: int
+    unsolved: int
+
+    @property
+    def partial(self) -> bool:
+        """Whether a limit cut the sweep short: not every point is proven optimal by a MILP."""
+        return self.stopped > 0 or self.unsolved > 0
+
+
+_SWEEPS: ContextVar[list[ExactSweep] | None] = ContextVar("perseus_exact_sweeps", default=None)
+
+
+@contextlib.contextmanager
+def recorded_sweeps() -> Iterator[list[ExactSweep]]:
+    """Collect the :class:`ExactSweep` of every exact sweep that ends within the block (in this
+    thread or context), e.g. the one :func:`~perseus.solver.compute_frontier` runs with
+    ``exact=True``; a sweep that raises records nothing."""
+    sweeps: list[ExactSweep] = []
+    token = _SWEEPS.set(sweeps)
+    try:
+        yield sweeps
+    finally:
+        _SWEEPS.reset(token)
 
 
 def small_exact(
@@ -75,6 +127,8 @@ def exact_frontier(
             from its best plan that fits, and where the time limit ends the sweep its
             points stand (with their own gaps).
 
+    What the limits cut short goes, as an :class:`ExactSweep`, to :func:`recorded_sweeps`.
+
     Raises:
         SolverTimeout: All solves together needed more than ``work_budget``, or the sweep
             is estimated to need more than ``time_limit_s`` (refused before it starts).
@@ -88,16 +142,17 @@ def exact_frontier(
         grid = np.unique(np.concatenate([grid, [t_default]]))
     started = time.monotonic()
     if time_limit_s is not None:
-        solves = len(fast[0]) if fast is not None else len(grid)
-        estimate = exact_estimate_s(planner, program, t_default, time_limit_s / solves) * solves
+        planned = len(fast[0]) if fast is not None else len(grid)
+        estimate = exact_estimate_s(planner, program, t_default, time_limit_s / planned) * planned
         if estimate > time_limit_s:
             raise SolverTimeout(
-                f"exact mode: estimated to need at least {estimate:.0f} s ({solves} MILPs, "
+                f"exact mode: estimated to need at least {estimate:.0f} s ({planned} MILPs, "
                 f"each at least as long as one timed root solve), over the limit of "
                 f"{time_limit_s:g} s; use the fast mode, whose reported gaps bound what it "
                 "can lose, or allow more time"
             )
     plans: list[tuple[float, float, float, IntArray]] = []
+    solves = stopped = 0
     g = len(grid) - 1
     while g >= 0:
         left_s = None
@@ -124,6 +179,8 @@ def exact_frontier(
         )
         if work_budget is not None:
             work_budget -= solution.nodes
+        solves += 1
+        stopped += not solution.optimal
         choice = solution.choice[:, None]
         time_s, energy = planner.evaluate(choice)
         gap = float(energy[0]) / max(solution.bound_j, floor) - 1.0
@@ -136,6 +193,9 @@ def exact_frontier(
             for t, e, gp, c in zip(*fast, strict=True)
             if t <= grid[g] * (1 + 1e-12)
         )
+    record = _SWEEPS.get()
+    if record is not None:
+        record.append(ExactSweep(time_limit_s, len(grid), solves, stopped, max(g + 1, 0)))
     times = np.asarray([p[0] for p in plans])
     energies = np.asarray([p[1] for p in plans])
     keep = pareto(times, energies)
