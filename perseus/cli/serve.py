@@ -49,6 +49,7 @@ _FLAGS = (
     "keep_alive_s",
     "header_timeout_s",
     "body_timeout_s",
+    "write_timeout_s",
     "max_connections",
 )
 
@@ -118,6 +119,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="close connections whose request body has not arrived whole within S seconds of "
         "its head (default 60; PERSEUS_BODY_TIMEOUT_S)",
+    )
+    parser.add_argument(
+        "--write-timeout",
+        dest="write_timeout_s",
+        type=float,
+        metavar="S",
+        help="abort connections that leave 64 KiB of output unread for S seconds (default 30; "
+        "PERSEUS_WRITE_TIMEOUT_S)",
     )
     parser.add_argument(
         "--max-connections",
@@ -306,6 +315,7 @@ def run_serve(args: argparse.Namespace) -> int:
         "timeout_keep_alive": settings.keep_alive_s,
         "header_timeout_s": settings.header_timeout_s,
         "body_timeout_s": settings.body_timeout_s,
+        "write_timeout_s": settings.write_timeout_s,
         "max_connections": cap,
     }
     if settings.workers == 1:

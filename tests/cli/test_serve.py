@@ -53,6 +53,17 @@ def test_environment_then_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "s3cr3t-value" not in repr(settings)
 
 
+def test_write_timeout_from_the_environment_then_the_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PERSEUS_WRITE_TIMEOUT_S", raising=False)
+    assert serve_settings(_parse()).write_timeout_s == 30.0
+    monkeypatch.setenv("PERSEUS_WRITE_TIMEOUT_S", "7.5")
+    assert serve_settings(_parse()).write_timeout_s == 7.5
+    assert serve_settings(_parse("--write-timeout", "3")).write_timeout_s == 3.0
+    assert run_serve(_parse("--write-timeout", "0")) == 2
+
+
 def test_body_timeout_from_the_environment_then_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PERSEUS_BODY_TIMEOUT_S", raising=False)
     assert serve_settings(_parse()).body_timeout_s == 60.0
