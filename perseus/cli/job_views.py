@@ -114,7 +114,10 @@ def format_job(view: JobView) -> str:
         c = view.chosen
         by = policy_text(view.policy)
         if view.straggler is not None:
-            by = f"straggler, policy {by}"
+            slows = c.expected_iteration_time_s > c.time_s * (1 + 1e-12)
+            by = (
+                f"straggler plan, policy {by}" if slows else f"{by}; the straggler does not slow it"
+            )
         lines.append(
             (
                 "chosen",
@@ -215,8 +218,19 @@ def _straggler_text(view: JobView) -> str:
     return text
 
 
-def format_frontier(view: FrontierView) -> str:
-    """The frontier's span, baselines and chosen points as a table."""
+def format_frontier(view: FrontierView, *, blocking_w: float | None = None) -> str:
+    """The frontier's span, baselines and chosen points as a table.
+
+    Under a straggler that slows the pipeline (``view.straggler_time_s`` longer than the
+    chosen point's time), the rows are ``perseus plan --straggler``'s: the reference stretched
+    to the straggler's iteration time and the chosen (straggler) point at that time, its
+    saving against the stretched reference; its time and energy are those ``perseus job
+    status`` expects. Stretching needs ``blocking_w``, the pipeline's blocking power (stages
+    times the per-stage ``p_block_w``); without it the straggler point is shown at its own
+    time, and says so.
+    """
+    from perseus.cli.plan import straggler_note, stretched
+
     points = view.points
     if not points:
         return "frontier  no points\n"
@@ -224,18 +238,19 @@ def format_frontier(view: FrontierView) -> str:
     key = reference_key(view.baselines)
     reference = view.baselines[key] if key is not None else first
     ref_s, ref_j = reference.time_s, reference.energy_j
+    against = baseline_label(key) if key is not None else "the fastest point"
     head = (
         f"frontier  {len(points)} points\n"
         f"time      {first.time_s:.4f} s to {last.time_s:.4f} s\n"
         f"energy    {first.energy_j:.1f} J to {last.energy_j:.1f} J\n\n"
     )
 
-    def row(label: str, time_s: float, energy_j: float) -> list[str]:
+    def row(label: str, time_s: float, energy_j: float, base_j: float = ref_j) -> list[str]:
         return [
             label,
             f"{time_s:.4f}",
             f"{energy_j:.1f}",
-            saving_text(energy_j, ref_j),
+            saving_text(energy_j, base_j),
             f"{100 * (time_s / ref_s - 1):.2f} %",
         ]
 
@@ -245,18 +260,38 @@ def format_frontier(view: FrontierView) -> str:
     n = len(points)
     chosen = points[view.chosen_index]
     named = "policy" if view.policy is None else f"policy {policy_text(view.policy)}"
-    if view.policy_index == view.chosen_index:
+    notes = [f"saving and slowdown are against {against}"]
+    iteration_s = view.straggler_time_s
+    slows = iteration_s is not None and (
+        view.chosen_index != view.policy_index or iteration_s > chosen.time_s * (1 + 1e-12)
+    )
+    if iteration_s is None or not slows:
         rows.append(row(f"chosen: {named} (point {view.chosen_index} of {n})", *_te(chosen)))
+        if iteration_s is not None:
+            notes.append(
+                f"straggler: it does not slow this pipeline (the iteration takes "
+                f"{iteration_s:.4f} s,\nthe chosen plan's own time): the chosen plan runs as it is"
+            )
     else:
         policy = points[view.policy_index]
         rows.append(row(f"{named} (point {view.policy_index} of {n})", *_te(policy)))
-        rows.append(row(f"chosen: straggler (point {view.chosen_index} of {n})", *_te(chosen)))
-    against = baseline_label(key) if key is not None else "the fastest point"
-    return (
-        head
-        + format_table(rows, right=range(1, 5))
-        + f"saving and slowdown are against {against}\n"
-    )
+        label = f"chosen: straggler (point {view.chosen_index} of {n})"
+        if blocking_w is None:
+            rows.append(row(f"{label}, at its own time", *_te(chosen)))
+            notes.append(
+                f"straggler: the iteration takes {iteration_s:.4f} s because of another "
+                "pipeline;\nthis view lacks the blocking power to stretch the plans to it: the "
+                "point is at its own time\n(perseus job status: its energy at that time)"
+            )
+        else:
+            base_s, base_j = stretched(ref_s, ref_j, blocking_w, iteration_s)
+            if base_s > ref_s:
+                rows.append(row(f"{against}, stretched", base_s, base_j, base_j))
+            at_s, at_j = stretched(chosen.time_s, chosen.energy_j, blocking_w, iteration_s)
+            rows.append(row(label, at_s, at_j, base_j))
+            notes.append(straggler_note(against, iteration_s, ref_s))
+    table = format_table(rows, right=range(1, 5))
+    return head + table + "".join(f"{note}\n" for note in notes)
 
 
 def _te(point: FrontierPoint) -> tuple[float, float]:

@@ -34,15 +34,19 @@ from perseus.errors import InfeasibleDeadline, PlanError, ProfileError, SolverTi
 
 if TYPE_CHECKING:
     from perseus.solver import Baseline, Frontier, Policy, Profile, Schedule
+    from perseus.solver.exact import ExactSweep
 
 __all__ = [
     "PlanRequest",
     "PlanResult",
     "build_parser",
+    "exact_text",
     "margin_text",
     "plan",
     "print_result",
     "run",
+    "straggler_note",
+    "stretched",
 ]
 
 
@@ -97,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         type=positive_float,
         default=EXACT_TIME_LIMIT_S,
-        help="--exact: wall-clock limit; a sweep estimated to need more is refused at once "
-        f"(default {EXACT_TIME_LIMIT_S:g})",
+        help="--exact: wall-clock limit; a sweep estimated to need more is refused at once, and "
+        "one the limit cuts short says how many MILPs it stopped and how many deadlines it "
+        f"left to the fast plans (the frontier is then partial) (default {EXACT_TIME_LIMIT_S:g})",
     )
     parser.add_argument(
         "--polish",
@@ -122,13 +127,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--straggler",
         metavar="SECONDS",
         type=positive_float,
-        help="what-if: another pipeline imposes this iteration time",
+        help="what-if: another pipeline imposes this iteration time; longer than the chosen "
+        "plan's, the least-energy plan that fits it runs (the straggler plan) and its saving is "
+        "against the reference stretched to that time; not longer, the chosen plan runs as it is",
     )
     parser.add_argument("--output", metavar="FRONTIER.json", help="write the frontier as JSON")
-    parser.add_argument("--plan-output", metavar="PLAN.json", help="write the chosen plan as JSON")
+    parser.add_argument(
+        "--plan-output",
+        metavar="PLAN.json",
+        help="write the plan that runs as JSON: the chosen plan, or with a --straggler that "
+        "slows this pipeline, the straggler plan",
+    )
     parser.add_argument("--plot", metavar="FRONTIER.png", help="plot the frontier")
     parser.add_argument(
-        "--timeline", metavar="TIMELINE.png", help="plot the chosen plan's timeline"
+        "--timeline",
+        metavar="TIMELINE.png",
+        help="plot the timeline of the plan that runs (as --plan-output)",
     )
     return parser
 
@@ -247,6 +261,7 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
     """
     from perseus.files import FrontierFile, PlanFile, profile_fingerprint
     from perseus.solver import baselines_at, choose_point, compute_frontier, make_schedule, replay
+    from perseus.solver.exact import recorded_sweeps
 
     profile = request.profile
     p_block_w = _blocking_power(request.p_block_w, profile)
@@ -262,17 +277,18 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
     progress.phase("planning")
     started = time.monotonic()
     try:
-        frontier = compute_frontier(
-            profile,
-            schedule,
-            p_block_w=p_block_w,
-            resolution_s=request.resolution_s,
-            exact=request.exact,
-            exact_time_limit_s=request.exact_time_limit_s,
-            polish_s=request.polish_s,
-            progress=progress,
-            clock_change_margin_s=request.clock_change_margin_s,
-        )
+        with recorded_sweeps() as sweeps:
+            frontier = compute_frontier(
+                profile,
+                schedule,
+                p_block_w=p_block_w,
+                resolution_s=request.resolution_s,
+                exact=request.exact,
+                exact_time_limit_s=request.exact_time_limit_s,
+                polish_s=request.polish_s,
+                progress=progress,
+                clock_change_margin_s=request.clock_change_margin_s,
+            )
     except SolverTimeout as err:
         raise SolverTimeout(f"{err} (--exact-time-limit SECONDS)") from err
     solved_s = time.monotonic() - started
@@ -282,21 +298,32 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
         chosen = choose_point(frontier, policy)
     except InfeasibleDeadline as err:
         raise InfeasibleDeadline(f"--policy {policy}: {err}") from err
-    straggler = None
     warnings: list[str] = []
+    exact = _exact_sweep(sweeps) if request.exact else None
+    if exact is not None and exact.partial:
+        warnings.append(
+            f"--exact-time-limit {request.exact_time_limit_s:g} s cut the exact sweep short "
+            f"({_cut_text(exact)}): the frontier is partial; allow more time for a complete one"
+        )
+    # The plan that runs: the chosen one, or under a straggler that slows this pipeline, the
+    # least-energy plan that fits the straggler's time (as the planner server chooses).
+    running = chosen
+    straggler = None  # (the iteration time the straggler imposes, the straggler plan)
     if request.straggler_s is not None:
         from perseus.solver import straggler_point
 
-        try:
-            straggler = (request.straggler_s, straggler_point(frontier, request.straggler_s))
-        except InfeasibleDeadline as err:
-            raise InfeasibleDeadline(f"--straggler: {err}") from err
         chosen_s = float(frontier.times_s[chosen])
-        if request.straggler_s < chosen_s:
+        if request.straggler_s > chosen_s * (1 + 1e-12):
+            try:
+                running = straggler_point(frontier, request.straggler_s)
+            except InfeasibleDeadline as err:
+                raise InfeasibleDeadline(f"--straggler: {err}") from err
+            straggler = (request.straggler_s, running)
+        else:
             warnings.append(
-                f"--straggler {request.straggler_s:g} s is shorter than the chosen plan's "
-                f"{chosen_s:.4f} s: this pipeline, not the other, sets the pace; the straggler "
-                "rows show what fits the shorter time"
+                f"--straggler {request.straggler_s:g} s is not longer than the chosen plan's "
+                f"{chosen_s:.4f} s: this pipeline, not the other, sets the pace, and the chosen "
+                "plan runs as it is"
             )
     # The run's one set of baselines, shown alike by the table, frontier.json and the plot: at
     # the policy's own limit where it has one (max-slowdown, deadline), else at the chosen
@@ -321,7 +348,7 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
         outputs.put(request.output, document.render())
     if request.plan_output:
         outputs.put(
-            request.plan_output, PlanFile.of_point(frontier, chosen, profile=fingerprint).render()
+            request.plan_output, PlanFile.of_point(frontier, running, profile=fingerprint).render()
         )
     if request.plot or request.timeline:
         progress.phase("loading matplotlib")
@@ -344,7 +371,7 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
             )
         if request.timeline:
             progress.phase(f"drawing {request.timeline}")
-            point = frontier.point(chosen)
+            point = frontier.point(running)
             replayed = replay(
                 profile,
                 schedule,
@@ -359,14 +386,49 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
                     replayed,
                     point.frequencies_mhz,
                     clock_range_mhz=_clock_range(profile),
-                    title=f"{title}: {policy}, point {chosen}",
+                    title=f"{title}: {policy}, point {chosen}"
+                    if straggler is None
+                    else f"{title}: straggler at {straggler[0]:.4f} s, point {running}",
                 ),
             )
     progress.phase("writing files")
     written = outputs.write()
-    text = _describe(profile, schedule, frontier, solved_s) + "\n"
-    text += _plan_table(frontier, baselines, chosen, str(policy), straggler)
+    text = _describe(profile, schedule, frontier, solved_s)
+    if exact is not None:
+        text += f"exact     {exact_text(exact)}\n"
+    text += "\n" + _plan_table(
+        frontier, baselines, chosen, str(policy), straggler, request.straggler_s
+    )
     return PlanResult(text, written, warnings)
+
+
+def _exact_sweep(sweeps: Sequence[ExactSweep]) -> ExactSweep | None:
+    """The sweep of ``--exact`` (the last one with a time limit, else the last one)."""
+    timed = [sweep for sweep in sweeps if sweep.time_limit_s is not None] or list(sweeps)
+    return timed[-1] if timed else None
+
+
+def exact_text(sweep: ExactSweep) -> str:
+    """What an exact sweep solved, and what its time limit cut short, for the summary."""
+    if not sweep.partial:
+        return f"every point proven optimal ({sweep.solves} MILPs for {sweep.deadlines} deadlines)"
+    limit = "" if sweep.time_limit_s is None else f" of {sweep.time_limit_s:g} s"
+    return f"PARTIAL: the time limit{limit} cut {_cut_text(sweep)}"
+
+
+def _cut_text(sweep: ExactSweep) -> str:
+    parts = []
+    if sweep.stopped:
+        parts.append(
+            f"{sweep.stopped} of {sweep.solves} MILPs stopped before proving optimality (their "
+            "gaps stand)"
+        )
+    if sweep.unsolved:
+        parts.append(
+            f"{sweep.unsolved} of {sweep.deadlines} deadlines (the shortest) left to the fast "
+            "mode's plans"
+        )
+    return "; ".join(parts)
 
 
 def _check_feasible(
@@ -452,6 +514,7 @@ def _plan_table(
     chosen: int,
     policy: str,
     straggler: tuple[float, int] | None,
+    straggler_s: float | None,
 ) -> str:
     key = reference_key(baselines)
     if key is None:
@@ -485,27 +548,62 @@ def _plan_table(
     notes = [f"saving and slowdown are against {baseline_label(key)}"]
     if straggler is not None:
         imposed_s, index = straggler
-        stretched_s = max(imposed_s, reference.time_s)
-        stretched_j = reference.energy_j + frontier.p_block_w * frontier.schedule.stages * (
-            stretched_s - reference.time_s
-        )
-        rows.append(
-            row(f"{baseline_label(key)}, stretched", stretched_s, stretched_j, "-", stretched_j)
-        )
+        blocking_w = frontier.p_block_w * frontier.schedule.stages
+        base_s, base_j = stretched(reference.time_s, reference.energy_j, blocking_w, imposed_s)
+        if base_s > reference.time_s:
+            rows.append(row(f"{baseline_label(key)}, stretched", base_s, base_j, "-", base_j))
         rows.append(
             row(
                 f"straggler (point {index} of {len(frontier)})",
                 imposed_s,
                 frontier.energy_at(index, imposed_s),
                 f"{100 * frontier.point(index).gap:.2f} %",
-                stretched_j,
+                base_j,
             )
         )
+        notes.append(straggler_note(baseline_label(key), imposed_s, reference.time_s))
         notes.append(
-            f"straggler rows: the iteration takes {imposed_s:.4f} s because of another pipeline;\n"
-            f"their saving is against {baseline_label(key)} stretched to that time"
+            "the straggler plan is the one that runs: --plan-output and --timeline take it"
         )
+    elif straggler_s is not None:
+        notes.append(straggler_note(baseline_label(key), straggler_s, point.time_s, slows=False))
     return format_table(rows, right=range(1, 6)) + "".join(f"{note}\n" for note in notes)
+
+
+def stretched(
+    time_s: float, energy_j: float, blocking_w: float, iteration_s: float
+) -> tuple[float, float]:
+    """A plan of ``time_s`` and ``energy_j`` when every iteration takes ``iteration_s`` (a
+    straggler's): its GPUs block for the difference, drawing ``blocking_w`` together (the
+    pipeline's blocking power); a plan that takes longer is left as it is."""
+    if iteration_s <= time_s:
+        return time_s, energy_j
+    return iteration_s, energy_j + blocking_w * (iteration_s - time_s)
+
+
+def straggler_note(
+    reference: str, iteration_s: float, other_s: float, *, slows: bool = True
+) -> str:
+    """The footer of the straggler rows, alike in ``perseus plan`` and ``perseus job frontier``.
+
+    ``slows``: the straggler's ``iteration_s`` is longer than the chosen plan's, so the
+    straggler plan runs and the reference (of ``other_s``) is stretched to ``iteration_s``.
+    Else ``other_s`` is the chosen plan's time, which the straggler does not lengthen.
+    """
+    if not slows:
+        return (
+            f"straggler: its {iteration_s:.4f} s is not longer than the chosen plan's "
+            f"{other_s:.4f} s,\nso it does not slow this pipeline: the chosen plan runs as it is"
+        )
+    against = (
+        f"{reference} stretched to that time"
+        if iteration_s > other_s
+        else f"{reference}, which takes longer ({other_s:.4f} s) and is not stretched"
+    )
+    return (
+        f"straggler rows: the iteration takes {iteration_s:.4f} s because of another pipeline;\n"
+        f"their saving is against {against}"
+    )
 
 
 def _clocks_note(frequencies_mhz: Sequence[Sequence[int]]) -> str:

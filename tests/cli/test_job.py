@@ -4,6 +4,7 @@ loopback, in a thread of this process)."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import socket
 import subprocess
@@ -490,3 +491,109 @@ def test_hostile_job_names_are_printed_escaped() -> None:
     assert "\x1b" not in text and "\r" not in text
     assert text.count("\n") == 2  # the header and one job: no line of the name's own
     assert "\\x1b[2J" in text and "\\nstate" in text
+
+
+# ----------------------------------------------------------------------------- stragglers
+
+
+def _server_views(
+    frontier_json: bytes, policy_text: str, imposed_s: float
+) -> tuple[object, tuple[float, float]]:
+    """What the planner shows of ``frontier_json`` under a straggler of ``imposed_s``: its
+    FrontierView and the (time, energy) ``perseus job status`` expects, by the server's own
+    choice (as perseus.server.plans builds them)."""
+    from perseus.cli.job_views import policy_spec
+    from perseus.files import frontier_from_json
+    from perseus.schemas import Baseline, FrontierPoint, FrontierView, StragglerView
+    from perseus.server.decisions import choose, expected
+    from perseus.solver import Policy
+
+    frontier = frontier_from_json(frontier_json)
+    policy = policy_spec(Policy.parse(policy_text))
+    straggler = StragglerView(iteration_time_s=imposed_s)
+    choice = choose(frontier, policy, straggler)
+    status = expected(frontier, choice, straggler)
+    view = FrontierView(
+        version=1,
+        points=[FrontierPoint.from_point(frontier.point(i)) for i in range(len(frontier))],
+        baselines={k: Baseline.from_baseline(b) for k, b in frontier.baselines.items()},
+        policy_index=choice.policy_index,
+        chosen_index=choice.chosen_index,
+        policy=policy,
+        straggler_time_s=status[0],
+    )
+    return view, status
+
+
+@pytest.mark.parametrize(
+    ("imposed", "policy"), [("2.0", "no-slowdown"), ("1.8", "max-slowdown:1.1")]
+)
+def test_straggler_rows_agree_offline_on_the_server_and_in_status(
+    imposed: str, policy: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``perseus plan --straggler``, ``perseus job frontier`` and ``perseus job status`` show
+    the plan that runs at the same iteration time and energy, with the same saving against
+    the default plan stretched to the straggler's time; a straggler shorter than the chosen
+    plan (1.8 s against about 1.92 s) slows none of them."""
+    from perseus.cli.job_views import format_frontier
+    from perseus.schemas import FrontierView
+
+    with resources.as_file(resources.files("perseus") / "data" / "example_profile.csv") as path:
+        frontier_file, plan_file = tmp_path / "f.json", tmp_path / "p.json"
+        r = run(capsys, "plan", str(path), "--microbatches", "8", "--p-block", "100",
+                "--policy", policy, "--straggler", imposed, "--output", str(frontier_file),
+                "--plan-output", str(plan_file))  # fmt: skip
+    assert r.status == 0, r.err
+    view, (expected_s, expected_j) = _server_views(
+        frontier_file.read_bytes(), policy, float(imposed)
+    )
+    assert isinstance(view, FrontierView)
+    served = format_frontier(view, blocking_w=4 * 100.0)
+    saved = json.loads(plan_file.read_text())
+    assert saved["time_s"] == view.points[view.chosen_index].time_s  # the plan that runs
+
+    def rows(text: str, label: str) -> list[list[str]]:
+        pattern = rf"^{re.escape(label)}\s+([0-9.]+)\s+([0-9.]+)\s+(-?[0-9.]+ %)\s"
+        return [list(m.groups()) for m in re.finditer(pattern, text + "\n", re.M)]
+
+    offline_ref = rows(r.out, "default (max clock), stretched")
+    served_ref = rows(served, "default (max clock), stretched")
+    n = len(view.points)
+    if imposed == "2.0":
+        offline = rows(r.out, f"straggler (point {view.chosen_index} of {n})")
+        online = rows(served, f"chosen: straggler (point {view.chosen_index} of {n})")
+        assert offline and offline == online, (r.out, served)
+        assert offline_ref and offline_ref == served_ref, (r.out, served)
+        assert offline[0][:2] == [f"{expected_s:.4f}", f"{expected_j:.1f}"]
+        assert offline_ref[0][0] == "2.0000" and offline[0][2] != "0.00 %"
+        note = (
+            "straggler rows: the iteration takes 2.0000 s because of another pipeline;\n"
+            "their saving is against default (max clock) stretched to that time\n"
+        )
+        assert note in r.out and note in served
+    else:  # the straggler is the faster one: the policy's plan runs, unstretched
+        assert view.chosen_index == view.policy_index
+        chosen = view.points[view.chosen_index]
+        assert (expected_s, expected_j) == (chosen.time_s, chosen.energy_j)
+        assert not offline_ref and not served_ref
+        assert "straggler (point" not in r.out and "chosen: straggler" not in served
+        assert "does not slow this pipeline" in r.out and "does not slow this pipeline" in served
+        assert f"the iteration takes {chosen.time_s:.4f} s" in served
+
+
+def test_job_views_say_when_a_straggler_does_not_slow_the_plan(
+    planner: Planner, capsys: pytest.CaptureFixture[str], clean_env: pytest.MonkeyPatch
+) -> None:
+    make_ready(create(capsys, clean_env, planner.url))
+    r = run(capsys, "job", "straggler", "--iteration-time", "0.001")
+    assert r.status == 0, r.err
+    status = run(capsys, "job", "status").out
+    assert "chosen     point 0 (no-slowdown; the straggler does not slow it):" in status
+    frontier = run(capsys, "job", "frontier").out
+    assert "chosen: policy no-slowdown (point 0 of" in frontier
+    assert "straggler: it does not slow this pipeline" in frontier
+    r = run(capsys, "job", "straggler", "--slowdown", "1.2")
+    status = run(capsys, "job", "status").out
+    assert "(straggler plan, policy no-slowdown):" in status
+    frontier = run(capsys, "job", "frontier").out
+    assert re.search(r"^chosen: straggler \(point \d+ of \d+\)", frontier, re.M), frontier

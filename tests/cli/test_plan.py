@@ -148,7 +148,7 @@ def _csv(tmp_path: Path, example: Path, edit: tuple[int, str, str] | None = None
         (None, ["--schedule", "gpipe", "--virtual-stages", "2"], ["virtual"]),
         (None, ["--policy", "deadline:0.001"], ["--policy deadline:0.001", "fastest"]),
         (None, ["--straggler", "0.001"], ["--straggler", "fastest"]),
-        (None, ["--resolution", "0.01"], ["--resolution", "<= 0.001", "'0.01'"]),
+        (None, ["--resolution", "2"], ["--resolution", "<= 1", "'2'"]),
         (None, ["--virtual-stages", "2"], ["--virtual-stages", "interleaved-1f1b"]),
         (
             None,
@@ -284,19 +284,102 @@ def test_exact_refusal_names_the_flag_that_allows_more_time(
     assert not (tmp_path / "f.json").exists()
 
 
-def test_a_straggler_faster_than_the_chosen_plan_is_warned_about(
-    example: Path, capsys: pytest.CaptureFixture[str]
+def test_a_straggler_faster_than_the_chosen_plan_does_not_slow_it(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A straggler at 1.75 s with a policy that chose a 1.92 s plan: this pipeline is the slow
-    one, which the straggler rows alone do not say."""
+    one, so the chosen plan runs as it is (as the planner server decides): no row claims a
+    stretched reference or a 1.75 s iteration, and --plan-output saves the chosen plan."""
+    plan_file = tmp_path / "plan.json"
     argv = ["plan", str(example), "--microbatches", "8", "--p-block", "100",
-            "--policy", "max-slowdown:1.1", "--straggler", "1.75"]  # fmt: skip
+            "--policy", "max-slowdown:1.1", "--plan-output", str(plan_file),
+            "--straggler", "1.75"]  # fmt: skip
     assert main(argv) == 0
     captured = capsys.readouterr()
-    assert "straggler (point" in captured.out
-    assert "warning: --straggler 1.75 s is shorter than the chosen plan's" in captured.err
+    assert "straggler (point" not in captured.out
+    assert ", stretched" not in captured.out
+    assert "takes 1.7500 s" not in captured.out
+    chosen = re.search(r"^max-slowdown:1.1 \(point \d+ of \d+\)\s+([0-9.]+)", captured.out, re.M)
+    assert chosen, captured.out
+    assert (
+        f"straggler: its 1.7500 s is not longer than the chosen plan's {chosen.group(1)} s,\n"
+        "so it does not slow this pipeline: the chosen plan runs as it is\n"
+    ) in captured.out
+    assert "warning: --straggler 1.75 s is not longer than the chosen plan's" in captured.err
+    assert f"{json.loads(plan_file.read_text())['time_s']:.4f}" == chosen.group(1)
     assert main([*argv[:-2], "--straggler", "2.0"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_plan_output_under_a_straggler_is_the_straggler_plan(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plan that runs under the straggler is the one --plan-output saves (the table's
+    straggler row, stretched to the imposed time), not the policy's."""
+    plan_file, frontier_file = tmp_path / "plan.json", tmp_path / "frontier.json"
+    argv = ["plan", str(example), "--microbatches", "8", "--p-block", "100",
+            "--straggler", "2.0", "--plan-output", str(plan_file),
+            "--output", str(frontier_file)]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    row = re.search(r"^straggler \(point (\d+) of \d+\)\s+2\.0000\s+([0-9.]+)", out, re.M)
+    policy = re.search(r"^no-slowdown \(point (\d+) of", out, re.M)
+    assert row and policy, out
+    assert row.group(1) != policy.group(1)
+    assert "the straggler plan is the one that runs: --plan-output and --timeline take it" in out
+    saved = json.loads(plan_file.read_text())
+    point = json.loads(frontier_file.read_text())["points"][int(row.group(1))]
+    assert saved["frequencies_mhz"] == point["frequencies_mhz"]
+    assert saved["time_s"] == point["time_s"] <= 2.0
+    stretched_j = saved["energy_j"] + 4 * 100 * (2.0 - saved["time_s"])
+    assert f"{stretched_j:.1f}" == row.group(2)
+
+
+def test_exact_cut_short_by_its_limit_says_so(
+    example: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fake clock (one second a reading) lets three MILPs run within --exact-time-limit 3.5
+    before the limit ends the sweep: the summary and a warning say how much it cut short."""
+    import types
+
+    from perseus.solver import exact
+
+    readings = iter(range(10**6))
+    monkeypatch.setattr(
+        exact, "time", types.SimpleNamespace(monotonic=lambda: float(next(readings)))
+    )
+    monkeypatch.setattr(exact, "exact_estimate_s", lambda *args: 0.0)
+    argv = ["plan", str(example), "--microbatches", "1", "--p-block", "100", "--exact",
+            "--exact-time-limit", "3.5"]  # fmt: skip
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    line = re.search(r"^exact     PARTIAL: the time limit of 3.5 s cut (.*)$", captured.out, re.M)
+    assert line, captured.out
+    assert re.search(
+        r"\d+ of \d+ deadlines \(the shortest\) left to the fast mode's plans", line[1]
+    )
+    assert (
+        "warning: --exact-time-limit 3.5 s cut the exact sweep short (" in captured.err
+        and "the frontier is partial" in captured.err
+    )
+
+
+def test_exact_within_its_limit_says_every_point_is_proven(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(The fast mode says nothing of MILPs.)"""
+    tiny = tmp_path / "tiny.csv"
+    lines = example.read_text().splitlines()
+    kept = [lines[0]] + [line for line in lines[1:] if line.split(",")[2] in ("1980", "1005")]
+    tiny.write_text("\n".join(kept) + "\n")
+    argv = ["plan", str(tiny), "--microbatches", "1", "--p-block", "100"]
+    assert main([*argv, "--exact"]) == 0
+    captured = capsys.readouterr()
+    assert re.search(r"^exact     every point proven optimal \(\d+ MILPs for \d+ deadlines\)$",
+                     captured.out, re.M), captured.out  # fmt: skip
+    assert "warning" not in captured.err
+    assert main(argv) == 0
+    assert "exact " not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("given", "shown", "margin"), [([], "5 ms", 0.005),
