@@ -481,8 +481,14 @@ def _frontier(args: argparse.Namespace, ctx: _Context) -> None:
         if refused is not None:
             raise CommandError(refused)
     document: bytes | None = None
+    blocking_w: float | None = None
     with _open(args, ctx) as client:
         view = client.frontier()
+        if view.straggler_time_s is not None and not args.json:
+            # Stretching the default to the straggler's time needs the pipeline's blocking power.
+            job = client.job()
+            if job.p_block_w is not None:
+                blocking_w = job.p_block_w * job.spec.stages
         if args.output is not None or args.plot is not None:
             path = _job_path(FRONTIER_FILE_PATH, client.job_id)
             document = _get(ctx, args, path, _token(args, ctx.env, admin_first=False)).content
@@ -494,7 +500,7 @@ def _frontier(args: argparse.Namespace, ctx: _Context) -> None:
         ctx.out.write(view.model_dump_json(indent=2) + "\n")
     else:
         ctx.out.write(f"job {client.job_id}, plan version {view.version}\n")
-        ctx.out.write(format_frontier(view))
+        ctx.out.write(format_frontier(view, blocking_w=blocking_w))
 
 
 def _write_frontier_files(

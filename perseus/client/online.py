@@ -459,9 +459,12 @@ class OnlineProfiling:
             # reported all the same: the planner has nothing better, and the operator is told
             _log.warning(
                 "perseus: rank %d: %s; a lower clock never runs faster, so the measurement was "
-                "disturbed (another process on this GPU?)",
+                "disturbed (%s)",
                 rank,
                 inverted,
+                "CPU load: the fake GPU runs its work on the CPU"
+                if self._rank.settings.gpu == "fake"
+                else "another process on this GPU?",
             )
         self._report(profile.rows(), self.p_block_w)
 
