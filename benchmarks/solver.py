@@ -2,6 +2,7 @@
 
     python benchmarks/solver.py            # default grid (lowtime cases take a few minutes)
     python benchmarks/solver.py --quick    # small grid
+    python benchmarks/solver.py --scale    # doubling series up to 32 x 256 (synthetic H200)
 
 Each run (one case, one solver) happens in a fresh Python process, so its peak memory is its own:
 "peak MiB" is the growth of the process's ru_maxrss over the solve (after imports and profile
@@ -18,6 +19,14 @@ replay for 1F1B is `_lowtime_peer.replay_1f1b`, independent of both solvers; oth
 `perseus.solver.replay`. "stated s" is the iteration time the solver claims for that point,
 "replayed s" what the plan really takes, "fastest s" the all-minimum-time iteration time.
 Nothing is random; the seed is fixed anyway.
+
+``--scale`` prints one table instead: whole `perseus plan` processes with default settings on
+the synthetic H200-shaped profile (``perseus.solver.synthetic``, 110 clocks from 1980 down to
+345 MHz, blocking power 100 W), 1F1B doubling stages and microbatches from 4 x 8 up to
+32 x 256, plus 16 x 128 interleaved (V=2). "seconds" is the whole process's wall clock (the
+median of ``--repeat`` runs), "peak MiB" its ru_maxrss, "cells" instructions x clocks; the last
+lines fit time and memory to ``a * cells^b`` over the 1F1B series (least squares in log-log)
+and print ``b``.
 """
 
 from __future__ import annotations
@@ -80,6 +89,127 @@ def quick_grid() -> list[Case]:
         Case("bloom-a100", "gpipe", 8, 8),
         Case("bloom-a100", "interleaved-1f1b", 8, 8, virtual_stages=2),
     ]
+
+
+SCALE_CLOCKS_MHZ = tuple(range(1980, 344, -15))  # 110 clocks
+SCALE_P_BLOCK_W = 100.0
+SCALE_SERIES = [(4, 8), (8, 16), (8, 32), (16, 32), (16, 64), (16, 128), (32, 128), (32, 256)]
+
+
+def scale_cases() -> list[Case]:
+    cases = [Case("synthetic-h200", "1f1b", s, m) for s, m in SCALE_SERIES]
+    cases.insert(-2, Case("synthetic-h200", "interleaved-1f1b", 16, 128, virtual_stages=2))
+    return cases
+
+
+def _scale_run(case: Case, profile_path: Path) -> dict[str, Any]:
+    """One whole `perseus plan` process under /usr/bin/time-like accounting: wall seconds
+    and the child's peak RSS (ru_maxrss of the waited child)."""
+    argv = ["plan", str(profile_path), "--microbatches", str(case.microbatches),
+            "--p-block", repr(SCALE_P_BLOCK_W), "--schedule", case.schedule]  # fmt: skip
+    if case.virtual_stages > 1:
+        argv += ["--virtual-stages", str(case.virtual_stages)]
+    code = f"import sys; from perseus.cli import main; sys.exit(main({argv!r}))"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return {"error": f"timeout after {TIMEOUT_S:.0f} s"}
+    seconds = time.perf_counter() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the largest child so far
+    if proc.returncode != 0:
+        return {"error": f"exit {proc.returncode}: {(err.strip().splitlines() or ['?'])[-1]}"}
+    points = next(
+        (line.split()[1] for line in out.splitlines() if line.startswith("frontier")), "?"
+    )
+    return {"seconds": seconds, "peak_mib": usage.ru_maxrss / 1024.0, "points": points}
+
+
+def _fit_exponent(xs: list[float], ys: list[float]) -> float:
+    import math
+
+    lx = [math.log(x) for x in xs]
+    ly = [math.log(y) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / sum(
+        (a - mx) ** 2 for a in lx
+    )
+
+
+def run_scale(repeat: int) -> None:
+    """The doubling series (see the module's docstring), one table."""
+    import statistics
+    import tempfile
+
+    from perseus.solver import make_schedule
+    from perseus.solver.synthetic import synthetic_profile, to_csv
+
+    rows: list[tuple[str, ...]] = []
+    fit: list[tuple[float, float, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in scale_cases():
+            path = Path(tmp) / f"h200_{case.stages}.csv"
+            if not path.exists():
+                path.write_text(to_csv(synthetic_profile(case.stages, SCALE_CLOCKS_MHZ, SEED)))
+            schedule = make_schedule(
+                case.schedule, case.stages, case.microbatches, case.virtual_stages
+            )
+            n = schedule.num_instructions
+            cells = n * len(SCALE_CLOCKS_MHZ)
+            label = f"{case.schedule} {case.stages}x{case.microbatches}"
+            print(f"running {label} ...", file=sys.stderr, flush=True)
+            runs = []
+            # ru_maxrss of RUSAGE_CHILDREN is the largest child so far: run each case in a
+            # fresh interpreter that runs it once, so every figure is the case's own
+            for _ in range(repeat):
+                child = subprocess.run(
+                    [sys.executable, str(Path(__file__).resolve()), "--scale-child",
+                     json.dumps([asdict(case), str(path)])],
+                    capture_output=True, text=True, cwd=REPO,
+                )  # fmt: skip
+                lines = child.stdout.strip().splitlines()
+                runs.append(json.loads(lines[-1]) if lines else {"error": child.stderr[-200:]})
+            ok = [r for r in runs if "error" not in r]
+            head = (case.schedule, str(case.stages), str(case.microbatches),
+                    str(case.virtual_stages), f"{n:,}", f"{cells:,}")  # fmt: skip
+            if not ok:
+                rows.append((*head, runs[0]["error"]))
+                continue
+            seconds = statistics.median(r["seconds"] for r in ok)
+            peak = max(r["peak_mib"] for r in ok)
+            rows.append((*head, str(ok[0]["points"]), f"{seconds:.1f}", f"{peak:.0f}"))
+            if case.virtual_stages == 1:
+                fit.append((float(cells), seconds, peak))
+    header = ("schedule", "S", "M", "V", "instr", "instr x clocks", "points", "seconds",
+              "peak MiB")  # fmt: skip
+    widths = [max(len(h), *(len(r[i]) for r in rows if i < len(r))) for i, h in enumerate(header)]
+    print(
+        f"# perseus plan, default settings, synthetic H200 profile ({len(SCALE_CLOCKS_MHZ)} "
+        f"clocks), whole process, median of {repeat}; {os.cpu_count()} CPUs, "
+        f"Python {sys.version.split()[0]}"
+    )
+    print("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in
+                    enumerate(zip(header, widths, strict=True))))  # fmt: skip
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
+                        for i, c in enumerate(r)))  # fmt: skip
+    if len(fit) >= 2:
+        xs = [c for c, _, _ in fit]
+        print(f"time ~ (instr x clocks)^{_fit_exponent(xs, [s for _, s, _ in fit]):.2f}, "
+              f"memory ~ (instr x clocks)^{_fit_exponent(xs, [m for _, _, m in fit]):.2f} "
+              "(1F1B series, log-log least squares)")  # fmt: skip
+        big = [f for f in fit if f[0] >= fit[-1][0] / 8]
+        if len(big) >= 2:
+            xs = [c for c, _, _ in big]
+            print(f"largest three: time ^{_fit_exponent(xs, [s for _, s, _ in big]):.2f}, "
+                  f"memory ^{_fit_exponent(xs, [m for _, _, m in big]):.2f}")  # fmt: skip
 
 
 def _peak_rss_mib() -> float:
@@ -279,8 +409,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small grid")
     parser.add_argument("--no-lowtime", action="store_true", help="perseus only")
+    parser.add_argument("--scale", action="store_true", help="doubling series up to 32 x 256")
+    parser.add_argument("--repeat", type=int, default=1, help="--scale: runs per case (median)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--scale-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.scale_child:
+        case_fields, path = json.loads(args.scale_child)
+        print(json.dumps(_scale_run(Case(**case_fields), Path(path))))
+        return
+    if args.scale:
+        run_scale(args.repeat)
+        return
     if args.child:
         print(json.dumps(_perseus_child(Case(**json.loads(args.child)))))
         return

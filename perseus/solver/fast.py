@@ -24,6 +24,13 @@ __all__ = ["ANCHOR_SLOWDOWNS", "anchor_slowdowns", "fast_frontier"]
 # Relative chord-minus-tangent error of V between knots above which another knot is solved.
 _KNOT_TOLERANCE = 2e-4
 _MAX_KNOTS = 64
+# DAGs over _FINE_KNOTS_UP_TO instructions (beyond 8 x 96 1F1B and 8 x 32 interleaved) solve
+# fewer knots: each relaxation costs seconds there (16 x 128 interleaved: ~0.35 s, 32 x 256:
+# several), and 64 of them were 40 % of the run. The bound between knots is the higher of their
+# tangents, so a looser tolerance costs at most that much of a reported gap.
+_FINE_KNOTS_UP_TO = 4096
+_COARSE_KNOT_TOLERANCE = 1e-3
+_COARSE_MAX_KNOTS = 16
 _CHUNK = 1024  # grid deadlines per vectorised batch, at most
 # (instruction, deadline) cells per batch: a batch's temporaries (a dozen (n, chunk) arrays)
 # stay near 16 MiB each however large the DAG (DAGs up to 2,048 instructions: _CHUNK deadlines)
@@ -99,7 +106,14 @@ def fast_frontier(
     def report(first: int, last: int, done: int, total: int) -> None:
         progress(first + (last - first) * min(done, total) // max(total, 1), 1000)
 
-    knots = _knots(relaxation, t_fast, free, resolution_s, lambda d, t: report(0, 150, d, t))
+    knots = _knots(
+        relaxation,
+        t_fast,
+        free,
+        resolution_s,
+        lambda d, t: report(0, 150, d, t),
+        fine=n <= _FINE_KNOTS_UP_TO,
+    )
 
     # The anchors: a dive through the relaxation (rounding to hull options), then a local
     # search. Every grid deadline also gets the best anchor plan that fits, refilled.
@@ -339,8 +353,12 @@ def _knots(
     free: RelaxedSolution,
     resolution_s: float,
     progress: Progress,
+    fine: bool = True,
 ) -> list[RelaxedSolution]:
-    """Relaxed solutions at adaptively chosen deadlines, the unconstrained one last."""
+    """Relaxed solutions at adaptively chosen deadlines, the unconstrained one last (with
+    ``fine``, to a tighter tolerance and up to more knots)."""
+    tolerance = _KNOT_TOLERANCE if fine else _COARSE_KNOT_TOLERANCE
+    most = _MAX_KNOTS if fine else _COARSE_MAX_KNOTS
     if free.iteration_time_s <= t_fast + resolution_s:
         first = relaxation.solve(max(t_fast, min(free.iteration_time_s, t_fast)))
         return [first, free]
@@ -348,8 +366,9 @@ def _knots(
     start = relaxation.solve(t_fast)
     knots = [start, end]
     pending = [(start, end)]
-    while pending and len(knots) < _MAX_KNOTS:
-        a, b = pending.pop()
+    while pending and len(knots) < most:
+        # breadth first when knots are few, so that they spread over the whole range
+        a, b = pending.pop() if fine else pending.pop(0)
         cut = _tangent_crossing(a, b)
         if cut is None or not (a.deadline_s + resolution_s < cut < b.deadline_s - resolution_s):
             continue
@@ -357,12 +376,12 @@ def _knots(
             b.deadline_s - a.deadline_s
         )
         tangent = a.value_j + a.slope_j_per_s * (cut - a.deadline_s)
-        if chord - tangent <= _KNOT_TOLERANCE * b.value_j:
+        if chord - tangent <= tolerance * b.value_j:
             continue
         middle = relaxation.solve(cut, a if cut - a.deadline_s < b.deadline_s - cut else b)
         knots.append(middle)
         pending.extend([(a, middle), (middle, b)])
-        progress(len(knots), _MAX_KNOTS)
+        progress(len(knots), most)
     knots.sort(key=lambda k: k.deadline_s)
     return [*knots, free]
 

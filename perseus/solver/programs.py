@@ -286,7 +286,11 @@ class Relaxation:
         )
 
     def dive(
-        self, deadline_s: float, option_times: Sequence[FloatArray], fraction: float
+        self,
+        deadline_s: float,
+        option_times: Sequence[FloatArray],
+        fraction: float,
+        rounds: int | None = None,
     ) -> IntArray:
         """Round the relaxation to measured options by diving: fix, re-solve, repeat.
 
@@ -300,6 +304,8 @@ class Relaxation:
             deadline_s: The deadline.
             option_times: Per node, its options' times, ascending.
             fraction: Share of the unfixed instructions fixed per round beyond exact ones.
+            rounds: After this many solves, fix every instruction left (rounded down); None:
+                no limit. On large DAGs each solve costs seconds.
 
         Returns:
             The option index of every node.
@@ -310,6 +316,7 @@ class Relaxation:
         fixed = np.zeros(n, dtype=bool)
         try:
             solution = self.solve(deadline_s)
+            solves = 1
             while not fixed.all():
                 free = np.flatnonzero(~fixed)
                 picks = np.empty(len(free), dtype=np.int64)
@@ -320,18 +327,28 @@ class Relaxation:
                     picks[k] = max(int(np.searchsorted(times, d * (1 + 1e-12), "right")) - 1, 0)
                     distance[k] = max(d - times[picks[k]], 0.0)
                 exact = distance <= 1e-9 * max(deadline_s, 1.0)
-                count = max(1, math.ceil(fraction * len(free)))
+                last = rounds is not None and solves >= rounds
+                count = len(free) if last else max(1, math.ceil(fraction * len(free)))
                 chosen = exact.copy()
                 chosen[np.argsort(distance, kind="stable")[:count]] = True
-                for j, pick in zip(free[chosen].tolist(), picks[chosen].tolist(), strict=True):
-                    self._fix(j, float(option_times[j][pick]))
-                    choice[j] = pick
-                    fixed[j] = True
+                nodes = free[chosen]
+                durations = np.asarray(
+                    [option_times[j][pick] for j, pick in zip(nodes, picks[chosen], strict=True)]
+                )
+                self._fix(nodes, durations)
+                choice[nodes] = picks[chosen]
+                fixed[nodes] = True
                 if not fixed.all():
                     solution = self.solve(deadline_s)
+                    solves += 1
         finally:
-            for col, length in enumerate(self._lengths.tolist()):
-                highs.changeColBounds(n + 1 + col, 0.0, length)
+            segments = len(self._lengths)
+            highs.changeColsBounds(
+                segments,
+                np.arange(n + 1, n + 1 + segments, dtype=np.int32),
+                np.zeros(segments),
+                self._lengths,
+            )
         return choice
 
     @contextlib.contextmanager
@@ -351,13 +368,26 @@ class Relaxation:
             # solves after the block start where they would have without it
             self._highs.setBasis(basis)
 
-    def _fix(self, node: int, duration_s: float) -> None:
-        """Pin ``node``'s hull segments so that its duration is ``duration_s``."""
-        remaining = duration_s - self._base_time[node]
-        for col in range(int(self._segment_start[node]), int(self._segment_start[node + 1])):
-            value = min(max(remaining, 0.0), float(self._lengths[col]))
-            self._highs.changeColBounds(self._n + 1 + col, value, value)
-            remaining -= value
+    def _fix(self, nodes: IntArray, durations_s: FloatArray) -> None:
+        """Pin the hull segments of ``nodes`` so that their durations are ``durations_s``:
+        each node's segments filled in order, all nodes side by side (one HiGHS call)."""
+        start = self._segment_start[nodes]
+        counts = self._segment_start[nodes + 1] - start
+        remaining = durations_s - self._base_time[nodes]
+        columns, values = [], []
+        for k in range(int(counts.max(initial=0))):
+            has = counts > k
+            col = start[has] + k
+            value = np.minimum(np.maximum(remaining[has], 0.0), self._lengths[col])
+            remaining[has] -= value
+            columns.append(col)
+            values.append(value)
+        if columns:
+            column = np.concatenate(columns)
+            value = np.concatenate(values)
+            self._highs.changeColsBounds(
+                len(column), (self._n + 1 + column).astype(np.int32), value, value
+            )
 
 
 def _highs_model(

@@ -18,7 +18,7 @@ from perseus.solver import Frontier, compute_frontier, make_schedule, profile_fr
 from .cases import Case, cases, examples
 
 TOP_KEYS = {"format", "schedule", "stages", "microbatches", "virtual_stages", "p_block_w",
-            "order", "baselines", "points", "clock_change_margin_s"}  # fmt: skip
+            "order", "baselines", "points", "clock_change_margin_s", "resolution_s"}  # fmt: skip
 POINT_KEYS = {"time_s", "energy_j", "gap", "frequencies_mhz"}
 BASELINE_KEYS = {"default", "all_fastest", "global_clock", "per_stage_clock"}
 
@@ -49,6 +49,7 @@ def test_shape_and_round_trip(case: Case) -> None:
     assert (doc["stages"], doc["microbatches"]) == (case.stages, case.microbatches)
     assert doc["p_block_w"] == case.p_block_w
     assert doc["clock_change_margin_s"] == 0.0  # planned without transitions
+    assert doc["resolution_s"] == 1e-3  # small cases keep the 1 ms grid by default
     # order: per GPU, ["forward", mb] or, when interleaved, ["forward", mb, chunk]
     expected_order = [
         [[k, mb, c] if case.chunks > 1 else [k, mb] for k, mb, c in seq] for seq in case.order
