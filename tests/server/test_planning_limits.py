@@ -82,13 +82,26 @@ def test_the_issues_pathological_jobs_are_refused(
 ) -> None:
     scale = 1.0 if time_s is None else time_s / 0.1  # synthetic instructions take ~0.1 s
     times = _times(stages, scale)
+    # Very long instructions are refused on a 1 ms grid; by default the grid follows the
+    # job's length (a bounded number of deadlines), so they plan.
+    resolution_s = None if time_s is None else 1e-3
+    if time_s is not None:
+        admitted = check_planning_work(
+            stages=stages,
+            microbatches=microbatches,
+            virtual_stages=1,
+            times=times,
+            resolution_s=None,
+            max_cells=DEFAULT_MAX_CELLS,
+        )
+        assert admitted.cells <= DEFAULT_MAX_CELLS
     with pytest.raises(PlanningTooLarge) as caught:
         check_planning_work(
             stages=stages,
             microbatches=microbatches,
             virtual_stages=1,
             times=times,
-            resolution_s=None,
+            resolution_s=resolution_s,
             max_cells=DEFAULT_MAX_CELLS,
         )
     message = str(caught.value)
@@ -100,7 +113,7 @@ def test_the_issues_pathological_jobs_are_refused(
 
 
 def test_the_refusal_says_how_many_microbatches_fit_and_that_many_do() -> None:
-    limit = 50_000_000
+    limit = 10_000_000  # below the default grid's bound on cells, so a large job passes it
     with pytest.raises(PlanningTooLarge, match=r"at most ([\d,]+) microbatches fit") as caught:
         check_planning_work(
             stages=8,
@@ -184,11 +197,18 @@ def _rows(stages: int, scale: float = 1.0) -> ProfileRows:
     return rows
 
 
-def _submit(client: TestClient, stages: int, microbatches: int, scale: float = 1.0) -> Job:
+def _submit(
+    client: TestClient, stages: int, microbatches: int, scale: float = 1.0, **spec: Any
+) -> Job:
     """Create a one-replica job and report every profile; the last one starts planning."""
     rows = _rows(stages, scale)
     job = create_job(
-        client, stages=stages, microbatches=microbatches, data_parallel=1, tensor_parallel=1
+        client,
+        stages=stages,
+        microbatches=microbatches,
+        data_parallel=1,
+        tensor_parallel=1,
+        **spec,
     )
     job.register_all(clocks_of(rows))
     job.report_all(rows)
@@ -244,12 +264,13 @@ def test_a_run_over_its_time_limit_fails_alone_and_a_small_job_is_planned_meanwh
 def test_a_run_over_its_memory_limit_fails_with_a_readable_reason(
     settings: Settings, make_client: Make
 ) -> None:
-    # The issue's 2 x 2 job with ~1e6 s instructions, past the work limit on purpose: the
-    # memory limit stops it (its deadline grid alone would take GiBs).
+    # The issue's 2 x 2 job with ~1e6 s instructions on a 1 ms grid (by default the grid
+    # follows the job and it would plan), past the work limit on purpose: the memory limit
+    # stops it (its deadline grid alone would take GiBs).
     client = make_client(
         settings.model_copy(update={"planning_memory_mb": 512, "planning_max_cells": 10**18})
     )
-    view = _wait(_submit(client, 2, 2, scale=1e7))
+    view = _wait(_submit(client, 2, 2, scale=1e7, resolution_s=1e-3))
     assert view["state"] == "failed"
     assert "ran out of memory" in view["reason"]
     assert "512 MiB" in view["reason"] and "planning_memory_mb" in view["reason"]
