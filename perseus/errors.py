@@ -19,6 +19,7 @@
     ├── JobStateError           the job is not in a state that allows the request
     │   └── PlanNotReady            no plan or frontier yet; ``state`` says where the job stands
     ├── AuthError               a token is missing (401) or wrong (403)
+    ├── QuotaExceeded           the planner holds as much as its settings allow (409)
     └── StoreError              the job database cannot be reached, read or migrated
 """
 
@@ -39,6 +40,7 @@ __all__ = [
     "PlanningTooLarge",
     "PolicyError",
     "ProfileError",
+    "QuotaExceeded",
     "RequestRejected",
     "ScheduleError",
     "SolverTimeout",
@@ -160,6 +162,10 @@ class AuthError(PerseusError):
     def __init__(self, message: str, status_code: int = 401) -> None:
         super().__init__(message)
         self.status_code = status_code
+
+
+class QuotaExceeded(PerseusError):
+    """The planner holds as much as its settings allow (409): delete something first."""
 
 
 class StoreError(PerseusError):

@@ -52,6 +52,7 @@ from perseus.errors import (
     PlanNotReady,
     PolicyError,
     ProfileError,
+    QuotaExceeded,
     RequestRejected,
     ScheduleError,
 )
@@ -126,6 +127,7 @@ _ERROR_CLASSES: Mapping[str, type[PerseusError]] = {
         PolicyError,
         InfeasibleDeadline,
         PlanningTooLarge,
+        QuotaExceeded,
     )
 }
 _GARBAGE_SHOWN = 200  # characters of an unexpected body quoted in the error

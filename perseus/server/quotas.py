@@ -11,13 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from perseus.errors import PerseusError
+from perseus.errors import QuotaExceeded
 
 __all__ = ["QuotaExceeded", "Quotas"]
-
-
-class QuotaExceeded(PerseusError):
-    """The server holds as much as its settings allow (409): delete something first."""
 
 
 @dataclass(frozen=True, slots=True)
