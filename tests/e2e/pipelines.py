@@ -40,6 +40,9 @@ FAST_PROFILE = {
 
 Plan = dict[str, Any]
 
+WARM_UP_ITERATIONS = 3
+"""Iterations of a new plan version whose clocks are not held to the plan (see below)."""
+
 
 def create_job(server: LiveServer, **spec: Any) -> tuple[str, str]:
     body = {"data_parallel": 1, "tensor_parallel": 1, **spec}
@@ -205,7 +208,8 @@ def check_log_follows(
     ``strict``: every planned iteration ran under one of ``plans`` and none was cut short.
     """
     by_iteration: dict[int, list[dict[str, Any]]] = {}
-    late_total = [0, 0]  # planned instructions that did not start at their clock, all
+    late_total = [0, 0]  # planned instructions that did not run at their clock, all
+    first_of_version: dict[int, int] = {}
     for entry in launch.entries(rank):
         by_iteration.setdefault(entry["iteration"], []).append(entry)
     checked = 0
@@ -224,7 +228,8 @@ def check_log_follows(
             assert not strict, f"rank {rank} iteration {iteration}: plan {version}"
             continue
         expected = [
-            (i["instruction"], i["microbatch"], i.get("chunk"), i["frequency_mhz"])
+            # chunk: null on the wire for schedules without chunks, 0 inside the rank
+            (i["instruction"], i["microbatch"], i.get("chunk") or 0, i["frequency_mhz"])
             for i in plans[version]["instructions"]
         ]
         ran = [(e["instruction"], e["microbatch"], e["chunk"], e["frequency_mhz"]) for e in entries]
@@ -239,6 +244,12 @@ def check_log_follows(
             (steps[k - 1].get("time_s") or 1.0) >= FAKE_DELAY_S + CLOCK_CHANGE_MARGIN_S
             for k in range(len(steps))
         ]
+        checked += 1
+        first = first_of_version.setdefault(version, iteration)
+        if iteration < first + WARM_UP_ITERATIONS:
+            # The rank aims changes from the intervals it measures under the plan; the first
+            # iterations of a plan predict from its times alone.
+            continue
         late = [
             (e["instruction"], e["microbatch"], e["chunk"], e["frequency_mhz"], e["ran_mhz"])
             for k, e in enumerate(entries)
@@ -246,7 +257,6 @@ def check_log_follows(
         ]
         late_total[0] += len(late)
         late_total[1] += len(entries)
-        checked += 1
     # A loaded 2-core host may now and then deschedule the clock thread past a boundary: a
     # handful in thousands; a change requested too late would miss at every change instead.
     assert late_total[0] <= max(2, late_total[1] // 200), (
