@@ -101,6 +101,10 @@ def test_the_solver_is_a_pure_core() -> None:
     assert not offenders, offenders
 
 
+#: The fake GPU: the GpuControl (fake), its model (fake_model) and its profiling probe (fake_probe).
+_FAKE_MODULES = ("perseus.client.fake", "perseus.client.fake_model", "perseus.client.fake_probe")
+
+
 def test_rank_side_code_knows_neither_the_server_nor_the_fake() -> None:
     """The rank talks to the planner over HTTP (schemas only) and sees the GPU through its
     protocol: no client module imports the server, the command line or the fake GPU at module
@@ -108,9 +112,9 @@ def test_rank_side_code_knows_neither_the_server_nor_the_fake() -> None:
     offenders = []
     for path in sorted((PACKAGE / "client").rglob("*.py")):
         module = _module_name(path)
-        if module in ("perseus.client.fake", "perseus.client.standalone"):
+        if module in (*_FAKE_MODULES, "perseus.client.standalone"):
             continue
         for name in _top_level_imports(path):
-            if _within(name, "perseus.server", "perseus.cli", "perseus.client.fake"):
+            if _within(name, "perseus.server", "perseus.cli", *_FAKE_MODULES):
                 offenders.append(f"{module} imports {name}")
     assert not offenders, offenders

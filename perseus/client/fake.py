@@ -1,48 +1,8 @@
 """A fake H200 for tests and CPU runs: clocks, power limit and an energy counter, in a model.
 
-Nothing here is measured; the model is small enough to read in one go and shaped like the
-H200 facts in ``docs/BACKGROUND.md`` (and like :mod:`perseus.solver.synthetic`, whose example
-profile uses the same knee and voltage). A unit of work (:class:`FakeWork`) is described by its
-time and its power at the top clock ``F_MAX``. At SM clock ``f`` (MHz):
-
-    time_s(f)  = time_at_max_s * (c * F_MAX / f + (1 - c))        c = compute_fraction
-
-    v(f)       = v_min                                              f <= knee
-               = v_min + (1 - v_min) * (f - knee) / (F_MAX - knee)  above the knee
-    power_w(f) = P_idle + (power_at_max_w - P_idle) * (f / F_MAX) * v(f)**2
-
-    energy_j(f) = time_s(f) * power_w(f)
-
-``c`` is the compute-bound share of the time at ``F_MAX`` (it scales with the clock; the rest is
-memory-bound and does not). ``v`` is the voltage relative to its value at ``F_MAX``: flat below
-the knee, rising linearly above it, so dynamic power ``~ f V^2`` falls steeply from ``F_MAX`` to
-the knee and only linearly below it. Energy per instruction therefore falls from ``F_MAX`` down to
-about the knee and rises again below it, where the idle (static) power is paid over an ever
-longer time. With the defaults, :func:`default_work`'s forward and backward both use the least
-energy at 1200 MHz (27 % and 32 % less than at 1980 MHz) and take 1.55 times as long there.
-
-Power limit: the clock a work runs at is the locked clock when a lock is in effect (the fake
-lets a lock override the limit, a simplification), else the highest supported clock whose busy
-power stays within ``power_limit_w`` (the lowest clock if none does). With the defaults,
-:func:`default_work`'s forward (620 W at ``F_MAX``) runs unlocked at 1980 MHz and its backward
-(760 W at ``F_MAX``) throttles to 1890 MHz.
-
-Defaults (:class:`FakeGpuModel`):
-
-=========================  ===============================  =====================================
-field                      default                          why
-=========================  ===============================  =====================================
-``clocks_mhz``             1980 down to 345, step 15 (110)  the H200's supported SM clocks
-``power_limit_w``          700                              the H200's top power limit
-``idle_power_w``           150                              drawn outside work (idle, blocking)
-``knee_clock_mhz``         1200                             voltage flat below this clock
-``min_voltage``            0.70                             voltage at the knee, relative
-``compute_fraction``       0.85                             share of time that scales with 1/f
-``counter_period_s``       0.1                              the energy counter's update period
-``read_cost_s``            0.003                            one energy read (real: ~3.6 ms)
-``power_time_constant_s``  1.0                              smoothing of the power reading
-``clock_change_delay_s``   0.02                             a lock takes effect this much later
-=========================  ===============================  =====================================
+The model (:class:`FakeGpuModel`, :class:`FakeWork`, :func:`default_work`; its equations and
+defaults) lives in :mod:`perseus.client.fake_model`, and the profiling probe
+(:class:`SweepProbe`) in :mod:`perseus.client.fake_probe`; both are re-exported here.
 
 ``PERSEUS_FAKE_CLOCK_DELAY_S`` sets ``clock_change_delay_s`` for ``PERSEUS_GPU=fake`` (a rank's
 :func:`~perseus.client.gpu.open_gpu`); the default stays a realistic 20 ms, so the fake shows
@@ -71,16 +31,17 @@ power and factor ``1 - exp(-counter_period_s / power_time_constant_s)``.
 
 from __future__ import annotations
 
-import itertools
 import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from perseus.client.fake_model import FakeGpuModel, FakeWork, default_work
+from perseus.client.fake_probe import SweepProbe
 from perseus.errors import GpuControlError
 
 __all__ = ["FakeGpu", "FakeGpuModel", "FakeWork", "SweepProbe", "default_work"]
@@ -91,159 +52,6 @@ _SPIN_S = 0.0005
 _DONE_TOLERANCE_S = 1e-9
 #: With no clock-change delay a request lands at once: :meth:`FakeGpu.end` looks this often.
 _NO_DELAY_POLL_S = 0.001
-
-
-@dataclass(frozen=True, slots=True)
-class FakeWork:
-    """One kind of instruction on one stage, described at the top clock.
-
-    Attributes:
-        time_at_max_s: Its time at the highest supported clock, in seconds (> 0).
-        power_at_max_w: Its busy power at the highest clock, in watts, if not throttled; may
-            exceed the model's power limit (then it throttles when the clock is not locked).
-    """
-
-    time_at_max_s: float
-    power_at_max_w: float
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.time_at_max_s) and self.time_at_max_s > 0):
-            raise ValueError(f"time_at_max_s must be finite and > 0, got {self.time_at_max_s}")
-        if not (math.isfinite(self.power_at_max_w) and self.power_at_max_w > 0):
-            raise ValueError(f"power_at_max_w must be finite and > 0, got {self.power_at_max_w}")
-
-
-def _default_clocks() -> tuple[int, ...]:
-    return tuple(range(1980, 344, -15))
-
-
-@dataclass(frozen=True, slots=True)
-class FakeGpuModel:
-    """How the SM clock changes an instruction's time and power; see the module docstring.
-
-    Attributes:
-        name: The name the fake GPU reports.
-        clocks_mhz: Supported SM clocks, strictly descending.
-        power_limit_w: Busy power an unlocked clock must stay within.
-        idle_power_w: Power outside work (idle or blocking), and the static part of busy power.
-        knee_clock_mhz: Below this clock the voltage stays flat.
-        min_voltage: Voltage at and below the knee, relative to the voltage at the top clock.
-        compute_fraction: Share of the time at the top clock that scales with ``1 / f``.
-        counter_period_s: The energy counter and the power reading move this often.
-        read_cost_s: How long one :meth:`FakeGpu.energy_j` call takes.
-        power_time_constant_s: Time constant of the power reading's moving average.
-        clock_change_delay_s: A lock or reset takes effect this long after it is requested.
-    """
-
-    name: str = "perseus fake H200"
-    clocks_mhz: tuple[int, ...] = field(default_factory=_default_clocks)
-    power_limit_w: float = 700.0
-    idle_power_w: float = 150.0
-    knee_clock_mhz: int = 1200
-    min_voltage: float = 0.70
-    compute_fraction: float = 0.85
-    counter_period_s: float = 0.1
-    read_cost_s: float = 0.003
-    power_time_constant_s: float = 1.0
-    clock_change_delay_s: float = 0.02
-
-    def __post_init__(self) -> None:
-        clocks = self.clocks_mhz
-        if not clocks or any(f <= 0 for f in clocks):
-            raise ValueError(f"clocks_mhz must be positive and non-empty, got {clocks}")
-        if any(a <= b for a, b in itertools.pairwise(clocks)):
-            raise ValueError("clocks_mhz must be strictly descending")
-        if not 0 < self.knee_clock_mhz < clocks[0]:
-            raise ValueError(
-                f"knee_clock_mhz must lie in (0, {clocks[0]}), got {self.knee_clock_mhz}"
-            )
-        if not 0 < self.min_voltage <= 1:
-            raise ValueError(f"min_voltage must lie in (0, 1], got {self.min_voltage}")
-        if not 0 <= self.compute_fraction <= 1:
-            raise ValueError(f"compute_fraction must lie in [0, 1], got {self.compute_fraction}")
-        if not 0 < self.idle_power_w < self.power_limit_w:
-            raise ValueError("need 0 < idle_power_w < power_limit_w")
-        if self.counter_period_s <= 0 or self.power_time_constant_s <= 0:
-            raise ValueError("counter_period_s and power_time_constant_s must be > 0")
-        if self.read_cost_s < 0 or self.clock_change_delay_s < 0:
-            raise ValueError("read_cost_s and clock_change_delay_s must be >= 0")
-
-    @property
-    def max_clock_mhz(self) -> int:
-        """The highest supported clock, ``F_MAX``."""
-        return self.clocks_mhz[0]
-
-    def time_s(self, work: FakeWork, frequency_mhz: float) -> float:
-        """Time of ``work`` at ``frequency_mhz`` (any positive clock), in seconds."""
-        c = self.compute_fraction
-        return work.time_at_max_s * (c * self.max_clock_mhz / frequency_mhz + (1.0 - c))
-
-    def voltage(self, frequency_mhz: float) -> float:
-        """Voltage at ``frequency_mhz``, relative to the voltage at the top clock."""
-        if frequency_mhz <= self.knee_clock_mhz:
-            return self.min_voltage
-        rise = (frequency_mhz - self.knee_clock_mhz) / (self.max_clock_mhz - self.knee_clock_mhz)
-        return self.min_voltage + (1.0 - self.min_voltage) * rise
-
-    def power_w(self, work: FakeWork, frequency_mhz: float) -> float:
-        """Busy power of ``work`` at ``frequency_mhz``, in watts, ignoring the power limit.
-
-        Raises:
-            ValueError: ``work.power_at_max_w`` is below the model's idle power.
-        """
-        dynamic_w = work.power_at_max_w - self.idle_power_w
-        if dynamic_w < 0:
-            raise ValueError(
-                f"power_at_max_w {work.power_at_max_w} W is below the idle power "
-                f"{self.idle_power_w} W"
-            )
-        v = self.voltage(frequency_mhz)
-        return self.idle_power_w + dynamic_w * (frequency_mhz / self.max_clock_mhz) * v * v
-
-    def energy_j(self, work: FakeWork, frequency_mhz: float) -> float:
-        """Energy of one ``work`` at ``frequency_mhz``, in joules: time times busy power."""
-        return self.time_s(work, frequency_mhz) * self.power_w(work, frequency_mhz)
-
-    def unlocked_clock_mhz(self, work: FakeWork) -> int:
-        """The clock ``work`` runs at with no lock: the highest one within the power limit.
-
-        Complexity: O(number of clocks).
-        """
-        for f in self.clocks_mhz:
-            if self.power_w(work, f) <= self.power_limit_w:
-                return f
-        return self.clocks_mhz[-1]
-
-    def min_energy_clock_mhz(self, work: FakeWork) -> int:
-        """The supported clock at which ``work`` uses the least energy (the highest on a tie)."""
-        return min(self.clocks_mhz, key=lambda f: (self.energy_j(work, f), -f))
-
-
-def default_work(stage: int, stages: int) -> dict[str, FakeWork]:
-    """Forward and backward of one stage of a GPT-like pipeline on the default model.
-
-    A middle stage's forward takes 20 ms at 620 W and its backward 40 ms at 760 W at the top
-    clock (so the backward throttles when unlocked). Stage 0 takes 1.1 times as long (the
-    embedding), the last stage 1.3 times (LM head and loss), both with one stage; powers do not
-    change. The pipeline is therefore imbalanced, like real ones.
-
-    Args:
-        stage: The stage, ``0 <= stage < stages``.
-        stages: Number of pipeline stages, >= 1.
-
-    Returns:
-        ``{"forward": ..., "backward": ...}``.
-
-    Raises:
-        ValueError: ``stage`` or ``stages`` is out of range.
-    """
-    if stages < 1 or not 0 <= stage < stages:
-        raise ValueError(f"need 0 <= stage < stages, got stage={stage}, stages={stages}")
-    scale = (1.1 if stage == 0 else 1.0) * (1.3 if stage == stages - 1 else 1.0)
-    return {
-        "forward": FakeWork(time_at_max_s=0.020 * scale, power_at_max_w=620.0),
-        "backward": FakeWork(time_at_max_s=0.040 * scale, power_at_max_w=760.0),
-    }
 
 
 _DEFAULT_MODEL = FakeGpuModel()
@@ -612,79 +420,3 @@ class FakeGpu:
                 self._sleep(deadline_s - now)
                 return
             last = now
-
-
-@dataclass
-class SweepProbe:
-    """A profiling workload on a :class:`FakeGpu` that records what the fake really did.
-
-    Pass it to ``ClockSweep`` as both the workload and the bracket (``probe.work``); then
-    :meth:`realized` gives the ground truth the sweep's measurements are checked against (the
-    profiler's tests and ``benchmarks/profiler_accuracy.py``).
-
-    ClockSweep synchronizes three times per loop (start, end of settling, end) and runs two
-    loops per clock, so sync ``6c + 1`` to ``6c + 2`` is the forward loop's window of the c-th
-    clock and ``6c + 4`` to ``6c + 5`` the forward+backward loop's.
-    """
-
-    gpu: FakeGpu
-    syncs: list[tuple[float, float]] = field(default_factory=list)  # (time, exact energy)
-    brackets: list[tuple[int, str, float]] = field(default_factory=list)  # (sync no, kind, s)
-
-    def forward(self) -> object:
-        return None
-
-    def backward(self, handle: object) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        self.syncs.append((time.perf_counter(), self.gpu.true_energy_j()))
-
-    def work(self, kind: str) -> AbstractContextManager[object]:
-        return self._work(kind)
-
-    @contextmanager
-    def _work(self, kind: str) -> Iterator[None]:
-        start = time.perf_counter()
-        self.gpu.begin(kind)
-        try:
-            yield
-        finally:
-            self.gpu.end()
-            self.brackets.append((len(self.syncs), kind, time.perf_counter() - start))
-
-    def realized(self, c: int) -> dict[str, float]:
-        """What the fake really did at the c-th clock: per-instruction time and energy.
-
-        Times are the mean bracket durations (the fake's sleeps overshoot on a loaded host and
-        it counts the overshoot as busy time); energies are the fake's exact integral over each
-        loop's window divided by the loop's runs.
-        """
-
-        def mean(sync_no: int, kind: str) -> float:
-            d = [s for n, k, s in self.brackets if n == sync_no and k == kind]
-            return sum(d) / len(d)
-
-        def energy(sync_no: int, kind: str) -> float:
-            runs = sum(1 for n, k, _ in self.brackets if n == sync_no and k == kind)
-            return (self.syncs[sync_no][1] - self.syncs[sync_no - 1][1]) / runs
-
-        def gap(sync_no: int, kinds: tuple[str, ...]) -> float:
-            # Host time per loop body outside the fake's brackets (Python between bodies, a
-            # busy host descheduling the thread): a GPU's queue hides it, the fake cannot.
-            runs = sum(1 for n, k, _ in self.brackets if n == sync_no and k == kinds[0])
-            wall = self.syncs[sync_no][0] - self.syncs[sync_no - 1][0]
-            inside = sum(mean(sync_no, k) for k in kinds)
-            return max(0.0, wall / runs - inside)
-
-        f_window, fb_window = 6 * c + 2, 6 * c + 5  # brackets seen before these syncs
-        t_f = mean(f_window, "forward")
-        e_f = energy(f_window, "forward")
-        return {
-            "t_f": t_f,
-            "e_f": e_f,
-            "t_b": mean(fb_window, "forward") + mean(fb_window, "backward") - t_f,
-            "e_b": energy(fb_window, "backward") - e_f,
-            "gap_f": gap(f_window, ("forward",)),
-            "gap_fb": gap(fb_window, ("forward", "backward")),
-        }
