@@ -1,0 +1,1 @@
+"""The wire models, one module per concern; :mod:`perseus.schemas` re-exports them all."""

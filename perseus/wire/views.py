@@ -1,0 +1,200 @@
+"""Wire models the planner shows of a job: its view (telemetry, measured and predicted
+savings), the frontier, and the ranks' recent activity."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from perseus.wire.common import JobState, WireModel
+from perseus.wire.jobs import ChosenPoint, JobCounts, JobCreate, PolicySpec, StragglerView
+from perseus.wire.ranks import IterationPhase
+
+if TYPE_CHECKING:
+    from perseus.solver import Baseline as SolverBaseline
+    from perseus.solver import Point
+
+
+class ReplicaTelemetry(WireModel):
+    data_parallel_rank: int
+    time_s: float
+    energy_j: float
+    predicted_time_s: float | None
+
+
+class Telemetry(WireModel):
+    """Predicted against measured, per pipeline and iteration, over the recent window."""
+
+    predicted_time_s: float | None
+    predicted_energy_j: float | None
+    measured_time_s: float | None
+    measured_energy_j: float | None
+    replicas: list[ReplicaTelemetry]
+
+
+class SampleStats(WireModel):
+    """Measured iterations of one phase (the baseline, or the current plan), over ranks.
+
+    Each rank's own statistics are over its most recent samples; across ranks, times take
+    the median of the ranks' values (a pipeline iteration's time as its ranks see it) and
+    energies their sum (the energy of one iteration of the whole job, every replica).
+    """
+
+    iterations: int = Field(description="Iterations reported in this phase, every rank.")
+    ranks: int = Field(description="Ranks with samples in this phase.")
+    samples: int = Field(description="Recent samples the statistics are over, every rank.")
+    time_s: float = Field(description="Median over ranks of each rank's median time.")
+    time_p10_s: float
+    time_p90_s: float
+    energy_j: float = Field(description="Sum over ranks of each rank's median energy.")
+    energy_p10_j: float
+    energy_p90_j: float
+
+
+class SavingsView(WireModel):
+    """The saving measured (plan against baseline) beside the saving predicted.
+
+    Slowdowns and savings are fractions (0.01: 1 %). Realized ones compare the ranks that
+    have both baseline and plan samples; predicted ones the chosen point with the
+    frontier's default plan (every instruction at the highest clock).
+    """
+
+    baseline: SampleStats | None = Field(description="Iterations at default clocks.")
+    plan: SampleStats | None = Field(description="Iterations under the current plan version.")
+    plan_version: int
+    realized_slowdown: float | None
+    realized_saving: float | None
+    predicted_slowdown: float | None
+    predicted_saving: float | None
+    energy_j: float = Field(description="Energy of every iteration reported, every phase.")
+    energy_saved_j: float = Field(
+        description="Sum over plan iterations (every version) of the rank's baseline median "
+        "energy when the iteration was recorded minus the iteration's energy."
+    )
+    energy_saved_kwh: float
+    warning: str | None = Field(
+        description="Set when realized and predicted slowdown or saving differ by more than "
+        "3 points."
+    )
+
+
+class JobView(WireModel):
+    """``GET /v1/jobs/{id}``."""
+
+    job_id: str
+    name: str | None
+    state: JobState
+    reason: str | None = Field(description="Why the job failed; null unless state is 'failed'.")
+    spec: JobCreate
+    policy: PolicySpec
+    straggler: StragglerView | None
+    version: int = Field(description="Plan version; 0 until the first plan exists.")
+    counts: JobCounts
+    frontier_points: int | None
+    planning_s: float | None
+    chosen: ChosenPoint | None
+    telemetry: Telemetry | None
+    savings: SavingsView | None = Field(
+        default=None, description="Measured against predicted saving; null before any report."
+    )
+    p_block_w: float | None = Field(
+        default=None,
+        description="Blocking power of one stage (W) that planning uses: the frontier's, else "
+        "the job's p_block_w times the tensor-parallel size, else the ranks' reported mean "
+        "times it; null while neither the job nor any profile gives one.",
+    )
+
+
+class JobViews(WireModel):
+    """``GET /v1/overview``: every job's view (the admin token, if the server has one)."""
+
+    jobs: list[JobView]
+
+
+# ----------------------------------------------------------------------------- frontier
+
+
+class FrontierPoint(WireModel):
+    # A perseus.solver.Point on the wire, without its clocks.
+
+    time_s: float
+    energy_j: float
+    gap: float
+
+    @classmethod
+    def from_point(cls, point: Point) -> FrontierPoint:
+        return cls(time_s=point.time_s, energy_j=point.energy_j, gap=point.gap)
+
+
+class Baseline(WireModel):
+    # A perseus.solver.Baseline on the wire, without its clocks.
+
+    time_s: float
+    energy_j: float
+
+    @classmethod
+    def from_baseline(cls, baseline: SolverBaseline) -> Baseline:
+        return cls(time_s=baseline.time_s, energy_j=baseline.energy_j)
+
+
+class FrontierView(WireModel):
+    """``GET /v1/jobs/{id}/frontier``: energies are of one pipeline (one replica)."""
+
+    version: int
+    points: list[FrontierPoint]
+    baselines: dict[str, Baseline]
+    policy_index: int
+    chosen_index: int
+    policy: PolicySpec | None = Field(
+        default=None, description="The policy that chose policy_index."
+    )
+    straggler_time_s: float | None = Field(
+        default=None,
+        description="The iteration time a straggler imposes (chosen_index is its point), if any.",
+    )
+
+
+# ----------------------------------------------------------------------------- activity
+
+
+class RankStatus(WireModel):
+    """One rank as the planner last heard from it (this server process's memory)."""
+
+    rank: int
+    stage: int
+    data_parallel_rank: int
+    tensor_parallel_rank: int
+    host: str | None
+    iterations: int = Field(description="Iteration reports this rank sent.")
+    phase: IterationPhase | None = Field(description="The phase of its last report.")
+    plan_version: int | None = Field(description="The plan version of its last report.")
+    following: bool = Field(description="Its last report ran the job's current plan version.")
+    last_report_age_s: float | None = Field(
+        description="Seconds since its last report reached this server process; null if none."
+    )
+
+
+class IterationPoint(WireModel):
+    """One iteration of the job: its ranks' reports combined (time: the median over ranks;
+    energy: the sum over ranks, every replica)."""
+
+    iteration: int
+    received_s: float = Field(description="When its last report arrived (Unix seconds).")
+    time_s: float
+    energy_j: float
+    ranks: int
+    phase: IterationPhase | None
+    plan_version: int | None
+
+
+class ActivityView(WireModel):
+    """``GET /v1/jobs/{id}/activity``: the ranks and the recent iterations, for the web page.
+
+    Kept in the memory of the server process that received the reports (the last few
+    hundred iterations); a restart starts it afresh.
+    """
+
+    version: int
+    ranks: list[RankStatus]
+    iterations: list[IterationPoint]
