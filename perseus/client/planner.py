@@ -113,7 +113,7 @@ DEFAULT_LIMITS = httpx.Limits(
 LONG_POLL_MARGIN_S = 10.0
 """A long poll's read timeout is its ``wait_s`` plus this: the server's time to answer."""
 
-# The server's error names read back into our classes: its status table (routes._STATUS)
+# The server's error names read back into our classes: its status table (http_errors._STATUS)
 # inverted once, by name. 5xx answers (SolverTimeout among them) are PlannerUnavailable
 # whatever they name; names not listed here answer RequestRejected.
 _ERROR_CLASSES: Mapping[str, type[PerseusError]] = {

@@ -102,7 +102,7 @@ def _job(http: httpx.Client, name: str, *, reports: bool) -> tuple[str, str]:
                 "data_parallel": 1,
                 "tensor_parallel": 1,
                 "p_block_w": 100.0,
-            },  # fmt: skip
+            },
             headers={"Authorization": f"Bearer {ADMIN}"},
         )
         .raise_for_status()
