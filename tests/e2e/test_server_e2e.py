@@ -166,6 +166,7 @@ async def _drive(url: str) -> None:
             "profiles_reported": 32,
             "stages_profiled": 8,
             "iterations_reported": 0,
+            "iterations": 0,
         }
         baseline = view["chosen"]
 
