@@ -40,7 +40,7 @@ __all__ = [
     "profile_to_json",
 ]
 
-INSTRUCTIONS: tuple[InstructionKind, ...] = tuple(InstructionKind)
+INSTRUCTIONS: tuple[InstructionKind, ...] = (InstructionKind.FORWARD, InstructionKind.BACKWARD)
 """Every instruction kind a profile measures (strings: ``("forward", "backward")``)."""
 PROFILE_FORMAT = "perseus.profile/1"
 _CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")

@@ -23,8 +23,12 @@ from perseus.errors import ScheduleError
 
 __all__ = [
     "BACKWARD",
+    "BACKWARD_INPUT",
+    "BACKWARD_WEIGHT",
+    "CHUNKED_SCHEDULES",
     "FORWARD",
     "SCHEDULE_NAMES",
+    "SPLIT_BACKWARD_SCHEDULES",
     "Instruction",
     "InstructionKind",
     "Schedule",
@@ -42,10 +46,18 @@ class InstructionKind(StrEnum):
 
     FORWARD = "forward"
     BACKWARD = "backward"
+    BACKWARD_INPUT = "backward_input"
+    """The input-gradient half of a split backward (torch's ``I``); the loss's gradient flows
+    on to the previous stage once it is done."""
+    BACKWARD_WEIGHT = "backward_weight"
+    """The weight-gradient half of a split backward (torch's ``W``); nothing waits for it but
+    the end of the iteration."""
 
 
 FORWARD = InstructionKind.FORWARD
 BACKWARD = InstructionKind.BACKWARD
+BACKWARD_INPUT = InstructionKind.BACKWARD_INPUT
+BACKWARD_WEIGHT = InstructionKind.BACKWARD_WEIGHT
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +167,14 @@ _BUILDERS: dict[str, Callable[[int, int, int], list[list[Instruction]]]] = {
     "gpipe": _gpipe,
     "interleaved-1f1b": _interleaved,
 }
-SCHEDULE_NAMES = tuple(_BUILDERS)
+SCHEDULE_NAMES: tuple[str, ...] = (*_BUILDERS, "interleaved-zb", "zbv", "dualpipev", "looped-bfs")
+"""Every named schedule (the wire's ``ScheduleName`` restates them)."""
+CHUNKED_SCHEDULES = frozenset(
+    {"interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev", "looped-bfs"}
+)
+"""Schedules that run more than one model chunk per GPU."""
+SPLIT_BACKWARD_SCHEDULES = frozenset({"interleaved-zb", "zbv", "dualpipev"})
+"""Schedules that split the backward into ``backward_input`` and ``backward_weight``."""
 
 
 def make_schedule(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
@@ -175,7 +194,11 @@ def make_schedule(name: str, stages: int, microbatches: int, virtual_stages: int
     """
     builder = _BUILDERS.get(name)
     if builder is None:
-        raise ScheduleError(f"unknown schedule {name!r}; expected one of {', '.join(_BUILDERS)}")
+        if name in SCHEDULE_NAMES:
+            raise ScheduleError(f"schedule {name!r} cannot be planned yet")
+        raise ScheduleError(
+            f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULE_NAMES)}"
+        )
     for label, value, low in (
         ("stages", stages, 1),
         ("microbatches", microbatches, 1),

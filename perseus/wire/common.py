@@ -40,8 +40,10 @@ MAX_PROFILE_ROWS = 10_000
 MAX_CLOCKS = 1_000
 
 # The wire names of the solver's schedules (tests/server/test_schemas.py keeps them equal).
-ScheduleName = Literal["1f1b", "gpipe", "interleaved-1f1b"]
-InstructionName = Literal["forward", "backward"]
+ScheduleName = Literal[
+    "1f1b", "gpipe", "interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev", "looped-bfs"
+]
+InstructionName = Literal["forward", "backward", "backward_input", "backward_weight"]
 """The values of :class:`perseus.solver.InstructionKind` as a type (kept for old imports; the
 models use the enum, so the OpenAPI document names it)."""
 JobState = Literal["registering", "profiling", "planning", "ready", "failed"]

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from perseus.defaults import RESOLUTION_S
+from perseus.solver.schedules import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES
 from perseus.wire.common import (
     MAX_INSTRUCTIONS,
     MAX_WORLD_SIZE,
@@ -95,17 +96,20 @@ class JobCreate(WireModel):
 
     @model_validator(mode="after")
     def _check_sizes(self) -> JobCreate:
-        if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
-            raise ValueError("virtual_stages > 1 needs schedule 'interleaved-1f1b'")
+        if self.virtual_stages > 1 and self.schedule not in CHUNKED_SCHEDULES:
+            raise ValueError(
+                f"virtual_stages > 1 needs one of {', '.join(sorted(CHUNKED_SCHEDULES))}"
+            )
         world = self.stages * self.data_parallel * self.tensor_parallel
         if world > MAX_WORLD_SIZE:
             raise ValueError(
                 f"stages x data_parallel x tensor_parallel = {world} exceeds {MAX_WORLD_SIZE}"
             )
-        instructions = 2 * self.stages * self.microbatches * self.virtual_stages
+        per_action = 3 if self.schedule in SPLIT_BACKWARD_SCHEDULES else 2
+        instructions = per_action * self.stages * self.microbatches * self.virtual_stages
         if instructions > MAX_INSTRUCTIONS:
             raise ValueError(
-                f"2 x stages x microbatches x virtual_stages = {instructions} "
+                f"{per_action} x stages x microbatches x virtual_stages = {instructions} "
                 f"exceeds {MAX_INSTRUCTIONS}"
             )
         return self

@@ -28,7 +28,15 @@ INTERLEAVED = [(s, m, v) for s in range(1, 6) for v in (2, 3, 4) for m in range(
 
 
 def test_names() -> None:
-    assert set(SCHEDULE_NAMES) == {"1f1b", "gpipe", "interleaved-1f1b"}
+    assert set(SCHEDULE_NAMES) == {
+        "1f1b",
+        "gpipe",
+        "interleaved-1f1b",
+        "interleaved-zb",
+        "zbv",
+        "dualpipev",
+        "looped-bfs",
+    }
 
 
 def test_1f1b_stage0_of_4_is_the_textbook_order() -> None:
@@ -207,7 +215,7 @@ def test_instruction_kinds_are_strings_and_plain_strings_are_converted() -> None
     unknown kind is refused."""
     from perseus.solver import InstructionKind
 
-    assert list(InstructionKind) == ["forward", "backward"]
+    assert list(InstructionKind) == ["forward", "backward", "backward_input", "backward_weight"]
     assert {InstructionKind.FORWARD: 1}["forward"] == 1
     assert f"{InstructionKind.BACKWARD}" == "backward"
     built = Instruction("backward", 3)  # type: ignore[arg-type]
