@@ -62,7 +62,9 @@ def connect(
 
     Raises:
         SettingsError: A setting is malformed.
-        GpuControlError: The GPU cannot be opened (NVML missing, bad index).
+        GpuControlError: The GPU cannot be opened (NVML missing, bad index) and
+            ``PERSEUS_STRICT=1``; otherwise the rank logs one error line and is off (training
+            goes on at default clocks, :attr:`Rank.failure` says why).
     """
     global _said_off
     if isinstance(gpu, str):
@@ -81,6 +83,8 @@ def connect(
     rank = Rank(
         resolved, gpu=gpu, planner=planner, workload=workload, record_event=cuda_events(resolved)
     )
+    if not rank.active:  # the GPU could not be opened (logged): nothing to reset at exit
+        return rank
     _ranks.append(rank)
     _install_exit_hooks(install_signal_handlers)
     return rank

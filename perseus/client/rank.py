@@ -56,6 +56,7 @@ from perseus.client.reporter import Reporter
 from perseus.client.session import Session, read_saved_profile
 from perseus.client.settings import ClientSettings
 from perseus.client.state import ActivePlan, Expectation, RankState
+from perseus.errors import GpuControlError
 from perseus.schemas import IterationPhase
 from perseus.solver import InstructionKind
 
@@ -156,13 +157,26 @@ class Rank:
         if not self.active:
             return
         saved = read_saved_profile(settings)
-        self._gpu = (
-            gpu
-            if gpu is not None
-            else open_gpu(
-                settings.gpu, settings.gpu_index, fake_clock_delay_s=settings.fake_clock_delay_s
-            )
-        )
+        if gpu is None:
+            try:
+                gpu = open_gpu(
+                    settings.gpu, settings.gpu_index, fake_clock_delay_s=settings.fake_clock_delay_s
+                )
+            except GpuControlError as err:
+                if settings.strict:
+                    raise
+                # perseus never stops training: without a GPU to drive there is nothing to
+                # plan, so the rank is off, and says so in one line (no traceback).
+                self.active = False
+                self._state.failure = f"the GPU cannot be controlled: {err}"
+                _log.error(
+                    "perseus: rank %d: %s; training goes on at default clocks "
+                    "(PERSEUS_STRICT=1 makes this fatal)",
+                    settings.rank,
+                    self._state.failure,
+                )
+                return
+        self._gpu = gpu
         self._observer = work_observer(self._gpu)
         if self._observer is not None:
             record_event = None  # its work runs on this thread: no device stream to mark

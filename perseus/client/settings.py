@@ -17,6 +17,8 @@ variable                      meaning                             default
 ``PERSEUS_TENSOR_PARALLEL_RANK`` rank within the tensor group      from the layout
 ``PERSEUS_GPU_INDEX``         NVML index of this rank's GPU        ``LOCAL_RANK``, else 0
 ``PERSEUS_GPU``               ``nvml``, ``dry-run`` or ``fake``    ``nvml``
+``PERSEUS_STRICT``            ``1``: a GPU that cannot be opened   ``0`` (go on at
+                              fails ``connect()``                  default clocks)
 ``PERSEUS_PROFILE``           a saved profile to upload instead    unset (profile online)
 ``PERSEUS_PROFILE_WINDOW_S``  seconds measured per loop and clock  0.6
 ``PERSEUS_PROFILE_SETTLE_S``  seconds after a clock change         0.2
@@ -145,6 +147,9 @@ class ClientSettings:
     """Iterations at default clocks, reported as the baseline, before the first plan."""
     fake_clock_delay_s: float | None = None
     """The fake GPU's clock-change delay (None: the model's 20 ms)."""
+    strict: bool = False
+    """Fail ``connect()`` when the GPU cannot be opened (NVML missing, bad index) instead of
+    training on at default clocks."""
 
     def with_position(
         self,
@@ -294,7 +299,21 @@ def load_settings(environ: Mapping[str, str] | None = None, **arguments: object)
             or env.get("PERSEUS_FAKE_CLOCK_DELAY_S", "").strip()
             else None
         ),
+        strict=_flag(arguments.get("strict"), env.get("PERSEUS_STRICT", ""), "PERSEUS_STRICT"),
     )
+
+
+def _flag(given: object, text: str, variable: str) -> bool:
+    if given is not None:
+        if not isinstance(given, bool):
+            raise SettingsError(f"strict: must be True or False, got {given!r}")
+        return given
+    text = text.strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise SettingsError(f"{variable}: expected 1 or 0, got {text!r}")
 
 
 def _baseline(given: int | None) -> int:
