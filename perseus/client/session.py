@@ -2,7 +2,8 @@
 
 It reads the job (filling in the rank's position from the job's sizes), registers the rank,
 uploads the profile (a saved one, or the one online profiling hands over), then long-polls
-for plans, with backoff and jitter while the planner is down, logging once per outage. A new
+for plans, with backoff and jitter while the planner is down, logging once per outage, and
+never starting two polls less than :data:`POLL_FLOOR_S` apart. A new
 plan waits in :attr:`Session.pending` until the training thread adopts it at an iteration
 boundary. Any refusal from the planner gives up on planning, never on training.
 """
@@ -38,6 +39,11 @@ if TYPE_CHECKING:
 __all__ = ["Outage", "Session", "read_saved_profile", "saved_profile_rows"]
 
 _log = logging.getLogger("perseus.client")
+
+POLL_FLOOR_S = 1.0
+"""The least time between the starts of two plan polls, whatever the server answers: a 304
+that comes back at once (a server with a tiny ``max_wait_s``, a proxy that ends long polls
+early) must not make the rank poll in a loop."""
 
 
 class Outage:
@@ -132,6 +138,8 @@ class Session:
         observer: WorkObserver | None,
         stop: threading.Event,
         saved: Profile | None,
+        *,
+        poll_floor_s: float = POLL_FLOOR_S,
     ) -> None:
         self._state = state
         self._planner = planner
@@ -139,6 +147,7 @@ class Session:
         self._observer = observer
         self._stop = stop
         self._saved = saved
+        self._poll_floor_s = poll_floor_s
         self.pending: ActivePlan | None = None
         """The newest plan received; the training thread adopts it at an iteration boundary."""
         self.registered = threading.Event()
@@ -235,7 +244,13 @@ class Session:
         attempt = 0
         not_ready_logged = ""
         settings = self._state.settings
+        last_start: float | None = None
         while not self._stop.is_set():
+            if last_start is not None:
+                rest = self._poll_floor_s - (time.monotonic() - last_start)
+                if rest > 0 and self._stop.wait(rest):
+                    return
+            last_start = time.monotonic()
             try:
                 plan = self._planner.plan(
                     settings.rank, version=version, wait_s=settings.poll_wait_s

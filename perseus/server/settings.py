@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from perseus.defaults import POLISH_S
@@ -87,7 +87,12 @@ class Settings(BaseSettings):
     telemetry_flush_s: float = Field(
         default=0.25, gt=0, le=60, description="Iteration reports are written this often."
     )
-    max_wait_s: float = Field(default=60.0, ge=0, le=3600, description="Longest plan long poll.")
+    max_wait_s: float = Field(
+        default=60.0,
+        le=3600,
+        description="Longest plan long poll; more than 0 (0 would answer every poll at "
+        "once: the ranks would each poll as fast as their floor allows).",
+    )
     change_poll_s: float = Field(
         default=0.1,
         gt=0,
@@ -172,3 +177,13 @@ class Settings(BaseSettings):
         "open-file limit (raised to its hard limit at start) less 128.",
     )
     log_level: str = Field(default="info")
+
+    @field_validator("max_wait_s")
+    @classmethod
+    def _long_polls_wait(cls, value: float) -> float:
+        if not value > 0:
+            raise ValueError(
+                "PERSEUS_MAX_WAIT_S must be more than 0 seconds: a plan long poll that "
+                "returns at once turns every rank's wait for a plan into a busy loop"
+            )
+        return value
