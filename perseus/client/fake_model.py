@@ -27,6 +27,13 @@ power stays within ``power_limit_w`` (the lowest clock if none does). With the d
 :func:`default_work`'s forward (620 W at ``F_MAX``) runs unlocked at 1980 MHz and its backward
 (760 W at ``F_MAX``) throttles to 1890 MHz.
 
+Split backward (zero-bubble schedules): :func:`default_work` also models the two halves of a
+backward, ``backward_input`` (torch's ``I``, the input gradient) and ``backward_weight``
+(``W``, the weight gradients), each half of the backward's time at the backward's power
+(:data:`BACKWARD_INPUT_SHARE`), so ``I + W`` equals the full backward exactly in time and
+energy at every clock. The even split follows the zero-bubble paper's transformer cost model
+(Qi et al., ICLR 2024: the input and weight halves of a layer's backward cost about the same).
+
 Defaults (:class:`FakeGpuModel`):
 
 =========================  ===============================  =====================================
@@ -53,7 +60,11 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["FakeGpuModel", "FakeWork", "default_work"]
+__all__ = ["BACKWARD_INPUT_SHARE", "FakeGpuModel", "FakeWork", "default_work"]
+
+BACKWARD_INPUT_SHARE = 0.5
+"""Share of a backward's time that its input half (``backward_input``) takes; the weight half
+(``backward_weight``) takes the rest. Both run at the backward's power."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,16 +197,18 @@ def default_work(stage: int, stages: int) -> dict[str, FakeWork]:
     """Forward and backward of one stage of a GPT-like pipeline on the default model.
 
     A middle stage's forward takes 20 ms at 620 W and its backward 40 ms at 760 W at the top
-    clock (so the backward throttles when unlocked). Stage 0 takes 1.1 times as long (the
-    embedding), the last stage 1.3 times (LM head and loss), both with one stage; powers do not
-    change. The pipeline is therefore imbalanced, like real ones.
+    clock (so the backward throttles when unlocked). The backward's halves of a zero-bubble
+    schedule, ``backward_input`` and ``backward_weight``, take :data:`BACKWARD_INPUT_SHARE` and
+    the rest of the backward's time at its power: they sum to the backward exactly. Stage 0
+    takes 1.1 times as long (the embedding), the last stage 1.3 times (LM head and loss), both
+    with one stage; powers do not change. The pipeline is therefore imbalanced, like real ones.
 
     Args:
         stage: The stage, ``0 <= stage < stages``.
         stages: Number of pipeline stages, >= 1.
 
     Returns:
-        ``{"forward": ..., "backward": ...}``.
+        ``{"forward": ..., "backward": ..., "backward_input": ..., "backward_weight": ...}``.
 
     Raises:
         ValueError: ``stage`` or ``stages`` is out of range.
@@ -203,7 +216,14 @@ def default_work(stage: int, stages: int) -> dict[str, FakeWork]:
     if stages < 1 or not 0 <= stage < stages:
         raise ValueError(f"need 0 <= stage < stages, got stage={stage}, stages={stages}")
     scale = (1.1 if stage == 0 else 1.0) * (1.3 if stage == stages - 1 else 1.0)
+    backward_s = 0.040 * scale
     return {
         "forward": FakeWork(time_at_max_s=0.020 * scale, power_at_max_w=620.0),
-        "backward": FakeWork(time_at_max_s=0.040 * scale, power_at_max_w=760.0),
+        "backward": FakeWork(time_at_max_s=backward_s, power_at_max_w=760.0),
+        "backward_input": FakeWork(
+            time_at_max_s=backward_s * BACKWARD_INPUT_SHARE, power_at_max_w=760.0
+        ),
+        "backward_weight": FakeWork(
+            time_at_max_s=backward_s * (1.0 - BACKWARD_INPUT_SHARE), power_at_max_w=760.0
+        ),
     }

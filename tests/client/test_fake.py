@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork, default_work
+from perseus.client.fake_model import BACKWARD_INPUT_SHARE
 from perseus.client.gpu import GpuControl
 from perseus.errors import GpuControlError
 
@@ -110,6 +111,23 @@ def test_default_work_is_imbalanced() -> None:
     for stage, stages in ((4, 4), (-1, 4), (0, 0)):
         with pytest.raises(ValueError, match="stage"):
             default_work(stage, stages)
+
+
+def test_backward_halves_sum_to_the_backward_at_every_clock() -> None:
+    # Zero-bubble schedules split the backward: I takes BACKWARD_INPUT_SHARE of its time, W the
+    # rest, both at its power, so they add up to it exactly (time and energy, any clock).
+    assert BACKWARD_INPUT_SHARE == 0.5
+    for stage in range(4):
+        work = default_work(stage, 4)
+        i, w, b = work["backward_input"], work["backward_weight"], work["backward"]
+        assert i.time_at_max_s == pytest.approx(BACKWARD_INPUT_SHARE * b.time_at_max_s)
+        assert i.power_at_max_w == w.power_at_max_w == b.power_at_max_w
+        for f in MODEL.clocks_mhz:
+            assert MODEL.time_s(i, f) + MODEL.time_s(w, f) == pytest.approx(MODEL.time_s(b, f))
+            assert MODEL.energy_j(i, f) + MODEL.energy_j(w, f) == pytest.approx(
+                MODEL.energy_j(b, f)
+            )
+        assert MODEL.unlocked_clock_mhz(i) == MODEL.unlocked_clock_mhz(b) == 1890
 
 
 def test_invalid_model_and_work() -> None:
