@@ -28,6 +28,7 @@ from perseus.solver.schedules import (
     InstructionKind,
     Schedule,
     make_schedule,
+    schedule_from_actions,
 )
 from perseus.solver.simulate import Replay, instruction_times_s, replay
 
@@ -66,5 +67,6 @@ __all__ = [
     "profile_from_rows",
     "profile_to_json",
     "replay",
+    "schedule_from_actions",
     "straggler_point",
 ]

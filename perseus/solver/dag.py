@@ -17,7 +17,15 @@ import numpy as np
 import numpy.typing as npt
 
 from perseus.errors import ScheduleError
-from perseus.solver.schedules import BACKWARD, FORWARD, Schedule
+from perseus.solver.schedules import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    KINDS,
+    InstructionKind,
+    Schedule,
+)
 
 __all__ = ["PipelineDag", "build_dag"]
 
@@ -32,8 +40,11 @@ class PipelineDag:
     Attributes:
         schedule: The schedule it was built from.
         gpu: GPU of each node.
-        kind: 0 for forward, 1 for backward.
-        cost_class: ``2 * gpu + kind``: nodes of one class share one profile entry.
+        kind: The kind's position in :data:`~perseus.solver.schedules.KINDS`: 0 forward,
+            1 backward, 2 backward_input, 3 backward_weight.
+        cost_class: ``K * gpu + k`` for the ``k``-th of the ``K`` kinds the schedule runs
+            (``schedule.kinds``; ``2 * gpu + kind`` for forward/backward schedules): nodes of
+            one class share one profile entry.
         pred: ``(n, 2)`` predecessor indices; ``n`` (the sentinel) where there is none.
         succ: ``(n, 2)`` successor indices; ``n`` where there is none.
         topo: Nodes in a topological order.
@@ -108,6 +119,11 @@ class PipelineDag:
 def build_dag(schedule: Schedule) -> PipelineDag:
     """Build and check the DAG of ``schedule``.
 
+    The edges are each GPU's order plus the data dependencies of
+    :mod:`perseus.solver.schedules`. ``backward_input -> backward_weight`` of one stage and
+    microbatch is an edge of the GPU's order already (both run where the stage runs), so it is
+    checked, not added: no node then has more than two predecessors or successors.
+
     Args:
         schedule: Per-GPU instruction order.
 
@@ -115,11 +131,14 @@ def build_dag(schedule: Schedule) -> PipelineDag:
         The DAG, in O(n) (the acyclicity check is the standard library's topological sort).
 
     Raises:
-        ScheduleError: An instruction is missing or repeated, or the order deadlocks (cycle).
+        ScheduleError: Instructions missing or repeated (named), a ``backward_weight`` before
+            its ``backward_input``, or an order that deadlocks (the cycle's actions named).
     """
-    stages, chunks = schedule.stages, schedule.virtual_stages
-    last_virtual = stages * chunks - 1
-    index: dict[tuple[str, int, int], int] = {}
+    stages, microbatches = schedule.stages, schedule.microbatches
+    model_stages = stages * schedule.virtual_stages
+    last_virtual = model_stages - 1
+    class_of = {kind: k for k, kind in enumerate(schedule.kinds)}
+    index: dict[tuple[InstructionKind, int, int], int] = {}
     gpu: list[int] = []
     kind: list[int] = []
     offsets = [0]
@@ -127,15 +146,22 @@ def build_dag(schedule: Schedule) -> PipelineDag:
         for inst in seq:
             key = (inst.kind, schedule.virtual_stage(g, inst), inst.microbatch)
             if key in index:
-                raise ScheduleError(f"GPU {g} runs {inst} twice")
+                raise ScheduleError(f"GPU {g} runs {_name(key)} twice")
+            if key[2] >= microbatches:
+                raise ScheduleError(
+                    f"GPU {g} runs {_name(key)} but the schedule has {microbatches} microbatches"
+                )
             index[key] = len(gpu)
             gpu.append(g)
-            kind.append(0 if inst.kind == FORWARD else 1)
+            kind.append(KINDS.index(inst.kind))
         offsets.append(len(gpu))
     n = len(gpu)
-    expected = 2 * stages * chunks * schedule.microbatches
-    if n != expected:
-        raise ScheduleError(f"schedule has {n} instructions, expected {expected}")
+    _check_complete(index, model_stages, microbatches)
+
+    def gradient(u: int, j: int) -> int | None:
+        """The node that hands stage ``u - 1`` its input gradient of microbatch ``j``."""
+        found = index.get((BACKWARD, u, j))
+        return found if found is not None else index.get((BACKWARD_INPUT, u, j))
 
     pred = np.full((n, 2), n, dtype=np.int64)
     edges: list[tuple[int, int]] = []
@@ -144,12 +170,17 @@ def build_dag(schedule: Schedule) -> PipelineDag:
     for (name, u, j), node in index.items():
         if name == FORWARD:
             source = index.get((FORWARD, u - 1, j)) if u > 0 else None
+        elif name == BACKWARD_WEIGHT:
+            if index[BACKWARD_INPUT, u, j] > node:
+                raise ScheduleError(
+                    f"GPU {gpu[node]} runs {_name((name, u, j))} before "
+                    f"{_name((BACKWARD_INPUT, u, j))}"
+                )
+            continue
         elif u == last_virtual:
             source = index.get((FORWARD, u, j))
         else:
-            source = index.get((BACKWARD, u + 1, j))
-        if source is None and not (name == FORWARD and u == 0):
-            raise ScheduleError(f"missing the dependency of {name} {j} on virtual stage {u}")
+            source = gradient(u + 1, j)
         if source is not None:
             edges.append((source, node))
 
@@ -163,9 +194,12 @@ def build_dag(schedule: Schedule) -> PipelineDag:
     except graphlib.CycleError as err:
         # err.args[1] lists the cycle's nodes, each a predecessor of the next, the first again
         # at the end
-        cycle = list(itertools.pairwise(err.args[1]))
+        names = {node: f"GPU {gpu[node]} {_name(key)}" for key, node in index.items()}
+        cycle = [names[v] for v in err.args[1]]
+        shown = " -> ".join(cycle if len(cycle) <= 9 else [*cycle[:8], "..."])
         raise ScheduleError(
-            f"the schedule deadlocks: dependency cycle through {cycle[:4]}"
+            f"the schedule deadlocks: dependency cycle (each must finish before the next "
+            f"starts): {shown}"
         ) from None
     succ = np.full((n, 2), n, dtype=np.int64)
     pred_count = np.zeros(n, dtype=np.int64)
@@ -185,11 +219,12 @@ def build_dag(schedule: Schedule) -> PipelineDag:
         height[j] = max(height[succ[j, 0]], height[succ[j, 1]]) + 1
     gpu_arr = np.asarray(gpu, dtype=np.int64)
     kind_arr = np.asarray(kind, dtype=np.int64)
+    local = np.asarray([class_of[KINDS[k]] for k in kind], dtype=np.int64)
     return PipelineDag(
         schedule=schedule,
         gpu=gpu_arr,
         kind=kind_arr,
-        cost_class=2 * gpu_arr + kind_arr,
+        cost_class=len(class_of) * gpu_arr + local,
         pred=pred,
         succ=succ,
         topo=topo,
@@ -197,6 +232,38 @@ def build_dag(schedule: Schedule) -> PipelineDag:
         levels=_group(depth[:n]),
         back_levels=_group(height[:n]),
     )
+
+
+def _name(key: tuple[InstructionKind, int, int]) -> str:
+    kind, stage, microbatch = key
+    return f"{kind} {microbatch} of stage {stage}"
+
+
+def _check_complete(
+    index: dict[tuple[InstructionKind, int, int], int], model_stages: int, microbatches: int
+) -> None:
+    """Every stage and microbatch runs one forward and one backward, whole or split."""
+    problems: list[str] = []
+    for u in range(model_stages):
+        for j in range(microbatches):
+            has = {kind for kind in KINDS if (kind, u, j) in index}
+            if FORWARD not in has:
+                problems.append(f"no {_name((FORWARD, u, j))}")
+            split = has & {BACKWARD_INPUT, BACKWARD_WEIGHT}
+            if BACKWARD in has and split:
+                problems.append(f"both {_name((BACKWARD, u, j))} and {' and '.join(sorted(split))}")
+            elif BACKWARD not in has and len(split) < 2:
+                missing = (
+                    [BACKWARD]
+                    if not split
+                    else [k for k in (BACKWARD_INPUT, BACKWARD_WEIGHT) if k not in split]
+                )
+                problems.extend(f"no {_name((k, u, j))}" for k in missing)
+    if problems:
+        shown = "; ".join(problems[:6]) + (
+            f"; and {len(problems) - 6} more" if len(problems) > 6 else ""
+        )
+        raise ScheduleError(f"the schedule is incomplete: {shown}")
 
 
 def _group(rank: IntArray) -> tuple[IntArray, ...]:

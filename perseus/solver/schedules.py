@@ -1,20 +1,27 @@
-"""Pipeline schedules as data: per-GPU instruction order plus dependency rules.
+"""Pipeline schedules as data: each GPU's list of actions, plus dependency rules.
 
-A :class:`Schedule` is the execution order on every GPU. The data dependencies are the same for
-every schedule and follow from the model's layer order: with ``U = stages * virtual_stages``
-model chunks, where chunk ``c`` of GPU ``g`` holds virtual stage ``u = c * stages + g``
-(Megatron's placement),
+A schedule is its per-GPU action list: GPU ``g`` runs ``order[g]`` in that order, each action
+``(stage, kind, microbatch)`` on model stage ``stage``. Where each model stage runs is read from
+the list itself (:func:`schedule_from_actions`): Megatron's interleaving (GPU ``g`` holds stages
+``g, g + S, ...``), torch's V shape (GPU ``g`` holds ``g`` and ``2S - 1 - g``) or anything else.
+A GPU's stages are its *chunks*, numbered in ascending stage order. The data dependencies are
+the same for every schedule and follow from the model's stage order (``U`` model stages):
 
 - ``forward(u, j) -> forward(u + 1, j)``;
-- ``backward(u + 1, j) -> backward(u, j)``;
-- ``forward(U - 1, j) -> backward(U - 1, j)`` (the loss).
+- ``forward(U - 1, j) -> backward(U - 1, j)`` or ``backward_input(U - 1, j)`` (the loss);
+- ``backward(u + 1, j)`` or ``backward_input(u + 1, j)`` ``-> backward(u, j)`` or
+  ``backward_input(u, j)``;
+- ``backward_input(u, j) -> backward_weight(u, j)`` (same GPU: the list must run W after I).
 
-Adding a schedule means writing one function that returns the per-GPU order.
+Every (stage, microbatch) runs one forward and either one ``backward`` or a split one
+(``backward_input`` and ``backward_weight``). Adding a schedule means writing one function
+that returns the per-GPU action lists; :mod:`perseus.solver.zero_bubble` has torch's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -27,13 +34,16 @@ __all__ = [
     "BACKWARD_WEIGHT",
     "CHUNKED_SCHEDULES",
     "FORWARD",
+    "KINDS",
     "SCHEDULE_NAMES",
     "SPLIT_BACKWARD_SCHEDULES",
+    "Action",
     "Instruction",
     "InstructionKind",
     "Schedule",
     "make_schedule",
     "per_gpu",
+    "schedule_from_actions",
 ]
 
 
@@ -58,6 +68,11 @@ FORWARD = InstructionKind.FORWARD
 BACKWARD = InstructionKind.BACKWARD
 BACKWARD_INPUT = InstructionKind.BACKWARD_INPUT
 BACKWARD_WEIGHT = InstructionKind.BACKWARD_WEIGHT
+KINDS: tuple[InstructionKind, ...] = tuple(InstructionKind)
+"""Every kind, in the order of the DAG's kind numbers (forward 0, backward 1, ...)."""
+
+Action = tuple[int, InstructionKind, int]
+"""``(stage, kind, microbatch)``: one action of a per-GPU list, ``stage`` the model stage."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +101,10 @@ class Schedule:
         name: One of :data:`SCHEDULE_NAMES`.
         stages: Number of GPUs (pipeline stages).
         microbatches: Microbatches per iteration.
-        virtual_stages: Model chunks per GPU (1 unless interleaved).
+        virtual_stages: Model chunks per GPU (1 unless interleaved or V-shaped).
         order: ``order[g]`` is GPU ``g``'s instructions in execution order.
+        placement: ``placement[g][c]`` is the model stage of chunk ``c`` of GPU ``g``,
+            ascending; empty (the default) means Megatron's ``c * stages + g``.
     """
 
     name: str
@@ -95,43 +112,129 @@ class Schedule:
     microbatches: int
     virtual_stages: int
     order: tuple[tuple[Instruction, ...], ...]
+    placement: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.placement:
+            megatron = tuple(
+                tuple(c * self.stages + g for c in range(self.virtual_stages))
+                for g in range(self.stages)
+            )
+            object.__setattr__(self, "placement", megatron)
 
     @property
     def num_instructions(self) -> int:
         """Total number of instructions of one iteration."""
         return sum(len(seq) for seq in self.order)
 
+    @property
+    def kinds(self) -> tuple[InstructionKind, ...]:
+        """The kinds this schedule runs, in :data:`KINDS` order. O(instructions)."""
+        used = {inst.kind for seq in self.order for inst in seq}
+        return tuple(kind for kind in KINDS if kind in used)
+
     def virtual_stage(self, gpu: int, instruction: Instruction) -> int:
-        """Model position of ``instruction`` run on ``gpu``."""
-        return instruction.chunk * self.stages + gpu
+        """Model stage of ``instruction`` run on ``gpu``."""
+        return self.placement[gpu][instruction.chunk]
+
+    def actions(self) -> list[list[Action]]:
+        """Every GPU's ``(stage, kind, microbatch)`` list, the inverse of
+        :func:`schedule_from_actions`."""
+        return [
+            [(self.virtual_stage(g, i), i.kind, i.microbatch) for i in seq]
+            for g, seq in enumerate(self.order)
+        ]
 
 
-def _one_f_one_b(stages: int, microbatches: int, virtual_stages: int) -> list[list[Instruction]]:
+def schedule_from_actions(
+    name: str, actions: Sequence[Sequence[Action]], microbatches: int | None = None
+) -> Schedule:
+    """A schedule from every GPU's action list, its placement read from the list.
+
+    Args:
+        name: What to call it (a schedule name, or a file's).
+        actions: ``actions[g]`` is GPU ``g``'s ``(stage, kind, microbatch)`` in execution
+            order; ``kind`` an :class:`InstructionKind` or its value.
+        microbatches: Microbatches per iteration; the highest one in the list + 1 if None.
+
+    Returns:
+        The schedule; :func:`perseus.solver.build_dag` checks that it is complete and free
+        of deadlocks. O(actions).
+
+    Raises:
+        ScheduleError: A malformed action, a model stage on two GPUs, model stages that are
+            not ``0..U-1``, or GPUs holding different numbers of stages.
+    """
+    if not actions:
+        raise ScheduleError("the schedule has no GPUs")
+    owner: dict[int, int] = {}
+    parsed: list[list[tuple[int, InstructionKind, int]]] = []
+    for g, seq in enumerate(actions):
+        row = []
+        for action in seq:
+            try:
+                stage, kind, microbatch = action
+                kind = InstructionKind(kind)
+            except (TypeError, ValueError):
+                raise ScheduleError(
+                    f"GPU {g}: {action!r} is not a (stage, kind, microbatch) action"
+                ) from None
+            for label, value in (("stage", stage), ("microbatch", microbatch)):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ScheduleError(f"GPU {g}: {label} must be an integer >= 0 in {action!r}")
+            if owner.setdefault(stage, g) != g:
+                raise ScheduleError(f"stage {stage} runs on GPU {owner[stage]} and on GPU {g}")
+            row.append((stage, kind, microbatch))
+        parsed.append(row)
+    model_stages = len(owner)
+    if sorted(owner) != list(range(model_stages)):
+        absent = sorted(set(range(max(owner, default=-1) + 1)) - set(owner))
+        raise ScheduleError(f"no GPU runs model stage(s) {absent}")
+    placement = tuple(
+        tuple(sorted(u for u, g in owner.items() if g == gpu)) for gpu in range(len(parsed))
+    )
+    chunks = {len(p) for p in placement}
+    if len(chunks) != 1:
+        per_gpu_stages = {g: list(p) for g, p in enumerate(placement)}
+        raise ScheduleError(
+            f"every GPU must hold the same number of model stages, got {per_gpu_stages}"
+        )
+    if microbatches is None:
+        microbatches = 1 + max(j for row in parsed for _u, _k, j in row)
+    chunk_of = {u: c for p in placement for c, u in enumerate(p)}
+    order = tuple(tuple(Instruction(kind, j, chunk_of[u]) for u, kind, j in row) for row in parsed)
+    return Schedule(name, len(parsed), microbatches, chunks.pop(), order, placement)
+
+
+def _one_f_one_b(stages: int, microbatches: int, virtual_stages: int) -> list[list[Action]]:
     order = []
     for stage in range(stages):
         warmup = min(stages - stage, microbatches)
-        seq = [Instruction(FORWARD, j) for j in range(warmup)]
+        seq: list[Action] = [(stage, FORWARD, j) for j in range(warmup)]
         next_forward = warmup
         for j in range(microbatches):
-            seq.append(Instruction(BACKWARD, j))
+            seq.append((stage, BACKWARD, j))
             if next_forward < microbatches:
-                seq.append(Instruction(FORWARD, next_forward))
+                seq.append((stage, FORWARD, next_forward))
                 next_forward += 1
         order.append(seq)
     return order
 
 
-def _gpipe(stages: int, microbatches: int, virtual_stages: int) -> list[list[Instruction]]:
-    forwards = [Instruction(FORWARD, j) for j in range(microbatches)]
-    backwards = [Instruction(BACKWARD, j) for j in range(microbatches)]
-    return [forwards + backwards for _ in range(stages)]
+def _gpipe(stages: int, microbatches: int, virtual_stages: int) -> list[list[Action]]:
+    return [
+        [(g, FORWARD, j) for j in range(microbatches)]
+        + [(g, BACKWARD, j) for j in range(microbatches)]
+        for g in range(stages)
+    ]
 
 
-def _interleaved(stages: int, microbatches: int, virtual_stages: int) -> list[list[Instruction]]:
+def _interleaved(stages: int, microbatches: int, virtual_stages: int) -> list[list[Action]]:
     """Megatron-LM's interleaved 1F1B (``forward_backward_pipelining_with_interleaving``).
 
     Virtual microbatch ``k`` runs chunk ``(k // stages) % V`` (reversed for backward) of
-    microbatch ``(k // (stages * V)) * stages + k % stages``.
+    microbatch ``(k // (stages * V)) * stages + k % stages``; chunk ``c`` of GPU ``g`` is
+    model stage ``c * stages + g``.
     """
     if microbatches % stages:
         raise ScheduleError(
@@ -141,14 +244,15 @@ def _interleaved(stages: int, microbatches: int, virtual_stages: int) -> list[li
     group = stages * virtual_stages
     total = microbatches * virtual_stages
 
-    def unit(k: int, kind: InstructionKind) -> Instruction:
-        chunk = (k // stages) % virtual_stages
-        if kind == BACKWARD:
-            chunk = virtual_stages - 1 - chunk
-        return Instruction(kind, (k // group) * stages + k % stages, chunk)
-
     order = []
     for rank in range(stages):
+
+        def unit(k: int, kind: InstructionKind, rank: int = rank) -> Action:
+            chunk = (k // stages) % virtual_stages
+            if kind == BACKWARD:
+                chunk = virtual_stages - 1 - chunk
+            return (chunk * stages + rank, kind, (k // group) * stages + k % stages)
+
         warmup = min((stages - rank - 1) * 2 + (virtual_stages - 1) * stages, total)
         seq = [unit(k, FORWARD) for k in range(warmup)]
         forward, backward = warmup, 0
@@ -162,40 +266,71 @@ def _interleaved(stages: int, microbatches: int, virtual_stages: int) -> list[li
     return order
 
 
-_BUILDERS: dict[str, Callable[[int, int, int], list[list[Instruction]]]] = {
+def _interleaved_zb(stages: int, microbatches: int, virtual_stages: int) -> list[list[Action]]:
+    from perseus.solver.zero_bubble import interleaved_zero_bubble
+
+    return interleaved_zero_bubble(stages, microbatches, virtual_stages)
+
+
+def _zbv(stages: int, microbatches: int, virtual_stages: int) -> list[list[Action]]:
+    from perseus.solver.zero_bubble import zbv
+
+    return zbv(stages, microbatches)
+
+
+def _dualpipev(stages: int, microbatches: int, virtual_stages: int) -> list[list[Action]]:
+    from perseus.solver.zero_bubble import dualpipev
+
+    return dualpipev(stages, microbatches)
+
+
+def _looped_bfs(stages: int, microbatches: int, virtual_stages: int) -> list[list[Action]]:
+    from perseus.solver.zero_bubble import looped_bfs
+
+    return looped_bfs(stages, microbatches, virtual_stages)
+
+
+_BUILDERS: dict[str, Callable[[int, int, int], list[list[Action]]]] = {
     "1f1b": _one_f_one_b,
     "gpipe": _gpipe,
     "interleaved-1f1b": _interleaved,
+    "interleaved-zb": _interleaved_zb,
+    "zbv": _zbv,
+    "dualpipev": _dualpipev,
+    "looped-bfs": _looped_bfs,
 }
-SCHEDULE_NAMES: tuple[str, ...] = (*_BUILDERS, "interleaved-zb", "zbv", "dualpipev", "looped-bfs")
+SCHEDULE_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 """Every named schedule (the wire's ``ScheduleName`` restates them)."""
 CHUNKED_SCHEDULES = frozenset(
     {"interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev", "looped-bfs"}
 )
-"""Schedules that run more than one model chunk per GPU."""
+"""Schedules that run more than one model chunk per GPU (``virtual_stages`` >= 2)."""
 SPLIT_BACKWARD_SCHEDULES = frozenset({"interleaved-zb", "zbv", "dualpipev"})
 """Schedules that split the backward into ``backward_input`` and ``backward_weight``."""
+_V_SHAPED = frozenset({"zbv", "dualpipev"})
 
 
 def make_schedule(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
     """Build the per-GPU instruction order of a named schedule.
 
     Args:
-        name: ``1f1b``, ``gpipe`` or ``interleaved-1f1b``.
-        stages: Number of GPUs, >= 1.
+        name: One of :data:`SCHEDULE_NAMES`: ``1f1b``, ``gpipe``, ``interleaved-1f1b``
+            (Megatron's), ``interleaved-zb``, ``zbv``, ``dualpipev``, ``looped-bfs`` (torch's,
+            see :mod:`perseus.solver.zero_bubble`).
+        stages: Number of GPUs (torch's pipeline ranks), >= 1.
         microbatches: Microbatches per iteration, >= 1.
-        virtual_stages: Model chunks per GPU; must be 1 except for ``interleaved-1f1b`` (>= 2).
+        virtual_stages: Model chunks per GPU: 1 for ``1f1b`` and ``gpipe``; 2 for ``zbv``
+            and ``dualpipev``; >= 2 for the other chunked schedules.
 
     Returns:
-        The schedule. O(stages * microbatches * virtual_stages).
+        The schedule, built from its action lists by :func:`schedule_from_actions`.
+        O(stages * microbatches * virtual_stages).
 
     Raises:
         ScheduleError: Unknown name or sizes that the schedule does not support.
     """
     builder = _BUILDERS.get(name)
     if builder is None:
-        if name in SCHEDULE_NAMES:
-            raise ScheduleError(f"schedule {name!r} cannot be planned yet")
         raise ScheduleError(
             f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULE_NAMES)}"
         )
@@ -206,13 +341,18 @@ def make_schedule(name: str, stages: int, microbatches: int, virtual_stages: int
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ScheduleError(f"{label} must be an integer >= {low}, got {value!r}")
-    if name == "interleaved-1f1b":
+    if name in _V_SHAPED:
+        if virtual_stages != 2:
+            raise ScheduleError(
+                f"{name} runs two model chunks per GPU in a V; virtual_stages must be 2"
+            )
+    elif name in CHUNKED_SCHEDULES:
         if virtual_stages < 2:
-            raise ScheduleError("interleaved-1f1b needs virtual_stages >= 2")
+            raise ScheduleError(f"{name} needs virtual_stages >= 2")
     elif virtual_stages != 1:
         raise ScheduleError(f"{name} runs one model chunk per GPU; virtual_stages must be 1")
-    order = builder(stages, microbatches, virtual_stages)
-    return Schedule(name, stages, microbatches, virtual_stages, tuple(map(tuple, order)))
+    schedule = schedule_from_actions(name, builder(stages, microbatches, virtual_stages))
+    return dataclasses.replace(schedule, microbatches=microbatches)
 
 
 def per_gpu(flat: Any, schedule: Schedule) -> tuple[tuple[int, ...], ...]:
