@@ -25,10 +25,13 @@ class SweepProbe:
 
     ClockSweep synchronizes three times per loop (start, end of settling, end) and runs two
     loops per clock, so sync ``6c + 1`` to ``6c + 2`` is the forward loop's window of the c-th
-    clock and ``6c + 4`` to ``6c + 5`` the forward+backward loop's.
+    clock and ``6c + 4`` to ``6c + 5`` the forward+backward loop's. With ``splits_backward`` (a
+    zero-bubble schedule) it runs a third loop, forward+backward_input, and a clock spans nine
+    synchronizations.
     """
 
     gpu: FakeGpu
+    splits_backward: bool = False
     syncs: list[tuple[float, float]] = field(default_factory=list)  # (time, exact energy)
     brackets: list[tuple[int, str, float]] = field(default_factory=list)  # (sync no, kind, s)
 
@@ -36,6 +39,9 @@ class SweepProbe:
         return None
 
     def backward(self, handle: object) -> None:
+        pass
+
+    def backward_input(self, handle: object) -> None:
         pass
 
     def synchronize(self) -> None:
@@ -55,7 +61,8 @@ class SweepProbe:
             self.brackets.append((len(self.syncs), kind, time.perf_counter() - start))
 
     def realized(self, c: int) -> dict[str, float]:
-        """What the fake really did at the c-th clock: per-instruction time and energy.
+        """What the fake really did at the c-th clock: per-instruction time and energy
+        (``t_i``/``e_i``, the input half of the backward, with ``splits_backward``).
 
         Times are the mean bracket durations (the fake's sleeps overshoot on a loaded host and
         it counts the overshoot as busy time); energies are the fake's exact integral over each
@@ -78,10 +85,11 @@ class SweepProbe:
             inside = sum(mean(sync_no, k) for k in kinds)
             return max(0.0, wall / runs - inside)
 
-        f_window, fb_window = 6 * c + 2, 6 * c + 5  # brackets seen before these syncs
+        base = (9 if self.splits_backward else 6) * c
+        f_window, fb_window = base + 2, base + 5  # brackets seen before these syncs
         t_f = mean(f_window, "forward")
         e_f = energy(f_window, "forward")
-        return {
+        realized = {
             "t_f": t_f,
             "e_f": e_f,
             "t_b": mean(fb_window, "forward") + mean(fb_window, "backward") - t_f,
@@ -89,3 +97,9 @@ class SweepProbe:
             "gap_f": gap(f_window, ("forward",)),
             "gap_fb": gap(fb_window, ("forward", "backward")),
         }
+        if self.splits_backward:
+            fi_window = base + 8
+            realized["t_i"] = mean(fi_window, "forward") + mean(fi_window, "backward_input") - t_f
+            realized["e_i"] = energy(fi_window, "backward_input") - e_f
+            realized["gap_fi"] = gap(fi_window, ("forward", "backward_input"))
+        return realized

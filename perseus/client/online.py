@@ -57,6 +57,7 @@ from perseus.client.profiler import (
     device_work,
     in_pipeline_wait_power,
     measure_idle_power,
+    splits_backward,
 )
 from perseus.client.state import RankState
 from perseus.client.torch_env import distributed
@@ -90,6 +91,9 @@ MAX_CALIBRATION_WALL_S = 30.0
 """Collecting stops after this long even with too few spans (then the idle power is kept)."""
 METER_WAIT_S = 30.0
 """How long the calibration thread waits for the meter to read past the spans."""
+
+_KINDS = ("forward", "backward", "backward_input", "backward_weight")
+"""The instruction kinds a profile can hold (a split backward's halves included)."""
 
 WorkloadSource = Workload | Callable[[], Workload | None] | None
 """A workload, or a callable returning it once the first iteration has run."""
@@ -231,7 +235,7 @@ class StreamEnergy:
             for span in self._spans:
                 for kind, n in span.counts.items():
                     counts[kind] = counts.get(kind, 0) + n
-            other = set(counts) - {"forward", "backward"}
+            other = set(counts) - set(_KINDS)
             if other:
                 self.error = f"the iterations ran instructions the profile lacks: {sorted(other)}"
                 return
@@ -241,6 +245,8 @@ class StreamEnergy:
                 energy_j=sum(energies),
                 forwards=counts.get("forward", 0),
                 backwards=counts.get("backward", 0),
+                backward_inputs=counts.get("backward_input", 0),
+                backward_weights=counts.get("backward_weight", 0),
             )
         except Exception as err:  # never reaches training; the idle power is kept
             self.error = f"{type(err).__name__}: {err}"
@@ -298,6 +304,7 @@ class OnlineProfiling:
         self._sweep: ClockSweep | None = None
         self._reference: ClockMeasurement | None = None
         self._calibration_waits = 0
+        self._split = False
 
     def step(self) -> None:
         """One step between iterations (PENDING or SWEEPING only); never raises."""
@@ -357,6 +364,8 @@ class OnlineProfiling:
             return
         lock = self._gpu.can_set_clocks
         settings = self._rank.settings
+        # A zero-bubble schedule runs the backward's halves: the sweep measures them too.
+        self._split = splits_backward(workload)  # type: ignore[arg-type]
         sweep = ClockSweep(
             self._gpu,
             self._meter,
@@ -365,13 +374,15 @@ class OnlineProfiling:
             device_work(self._gpu),
             clock=self._clock,
             lock=lock,
+            split=self._split,
         )
         _log.warning(
-            "perseus: rank %d profiling %d clocks (%d-%d MHz) online: %s%s",
+            "perseus: rank %d profiling %d clocks (%d-%d MHz) online%s: %s%s",
             settings.rank,
             len(sweep.clocks),
             sweep.clocks[-1],
             sweep.clocks[0],
+            ", the backward's halves too" if self._split else "",
             settings.budget.describe(),
             "" if lock else "; this GPU's clocks may not be changed: only the current clock",
         )
@@ -430,11 +441,10 @@ class OnlineProfiling:
         )
         if ratios:
             _log.warning(
-                "perseus: rank %d in the training stream: forward x%.3f, backward x%.3f of the "
-                "loop times at the default clock; profile scaled",
+                "perseus: rank %d in the training stream: %s of the loop times at the default "
+                "clock; profile scaled",
                 rank,
-                ratios["forward"],
-                ratios["backward"],
+                ", ".join(f"{kind} x{ratio:.3f}" for kind, ratio in ratios.items()),
             )
             profile = calibrated(profile, ratios)
         self.profile = profile
@@ -518,11 +528,18 @@ class OnlineProfiling:
         samples = self.sampler.samples if self.sampler is not None else {}
         energy_done = self.stream_energy is None or self.stream_energy.done.is_set()
         if energy_done and all(
-            len(samples.get(k, ())) >= MIN_STREAM_SAMPLES for k in ("forward", "backward")
+            len(samples.get(k, ())) >= MIN_STREAM_SAMPLES for k in self._stream_kinds()
         ):
             return True
         self._calibration_waits += 1
         return self._calibration_waits > CALIBRATION_ITERATIONS
+
+    def _stream_kinds(self) -> tuple[str, ...]:
+        """The kinds the training stream must have sampled to calibrate: a split schedule
+        runs the backward's halves (and maybe full backwards too, as DualPipeV does)."""
+        if self._split:
+            return ("forward", "backward_input", "backward_weight")
+        return ("forward", "backward")
 
     def _stream_ratios(
         self, sampler: StreamSampler, reference: ClockMeasurement
@@ -531,15 +548,15 @@ class OnlineProfiling:
 
         Each instruction run during the sweep's training iterations was bracketed by two
         device stamps (:meth:`ClockController.mark`); a chunk of an interleaved stage costs
-        its share of the stage.
+        its share of the stage. A kind the stream ran but the loops did not measure leaves
+        the profile alone.
         """
         scale = self._rank.scale
-        loop = {
-            "forward": reference.forward_time_s * scale,
-            "backward": reference.backward_time_s * scale,
-        }
+        loop = {kind: reference.time_s(kind) * scale for kind in reference.kinds}
         ratios: dict[str, float] = {}
         for kind, samples in sampler.samples.items():
+            if kind not in loop:
+                return {}
             durations = [
                 end.at_s - start.at_s
                 for start, end in samples
@@ -559,7 +576,7 @@ class OnlineProfiling:
                 )
                 return {}
             ratios[kind] = ratio
-        return ratios if len(ratios) == 2 else {}
+        return ratios if all(kind in ratios for kind in self._stream_kinds()) else {}
 
     def _measure_blocking_power(self) -> float | None:
         """Power while this rank waits on its peers in a real collective.

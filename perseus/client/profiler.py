@@ -22,6 +22,22 @@ a row (below the most efficient clock, slower is only costlier), or when its tim
 spent. A caller can run one clock per call (:meth:`ClockSweep.step`) so that training goes on
 between clocks.
 
+Split backward (zero-bubble schedules, ``split=True``). The schedule runs each backward as two
+instructions, ``backward_input`` (``I``: the gradient sent to the previous stage) and
+``backward_weight`` (``W``: the weight gradients), so each clock gets a third loop, forward
+followed by the input half alone (:meth:`SplitWorkload.backward_input`)::
+
+    t_I = t_FI - t_F                        e_I = P_FI-loop * t_FI - e_F
+    t_W = t_B - t_I                         e_W = e_B - e_I
+
+The weight half is the full backward less the input half: autograd computes only what the
+input gradient needs in ``I``, and torch's ``W`` is the rest of the same backward, so their
+sum is the full backward (torch's split adds only bookkeeping). A first stage, whose input
+needs no gradient, has an empty ``I`` in torch (its ``W`` runs the whole backward); both halves
+are kept to at least :data:`MIN_HALF_SHARE` of the backward so that every instruction of the
+profile has a positive time and energy. The full backward's rows stay in the profile (a
+schedule may run both, as DualPipeV does).
+
 The blocking power (what a GPU draws while it waits on a peer) is measured separately by the
 caller, while the rank really waits in a collective (see :mod:`perseus.client.rank`). That is
 a long wait; the short waits inside a pipeline draw far more on a real GPU (BACKGROUND.md: about
@@ -41,7 +57,7 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from perseus.client.gpu import GpuControl, work_observer
@@ -52,10 +68,12 @@ from perseus.schemas import ProfileRow
 
 __all__ = [
     "MAX_WINDOW_FACTOR",
+    "MIN_HALF_SHARE",
     "MIN_WINDOW_INSTRUCTIONS",
     "ClockMeasurement",
     "ClockSweep",
     "DeviceWork",
+    "SplitWorkload",
     "StageProfile",
     "StreamWindow",
     "WaitPower",
@@ -65,6 +83,8 @@ __all__ = [
     "in_pipeline_wait_power",
     "measure_idle_power",
     "profile_csv",
+    "split_backward",
+    "splits_backward",
 ]
 
 _log = logging.getLogger("perseus.client")
@@ -80,9 +100,15 @@ over many launches and many counter updates."""
 
 MAX_WINDOW_FACTOR = 4.0
 
+MIN_HALF_SHARE = 0.01
+"""Each half of a split backward is reported as at least this share of the backward's time
+and energy (a first stage's ``I`` is empty; see the module docstring)."""
+
+_SPLIT_KINDS = ("backward_input", "backward_weight")
+
 DeviceWork = Callable[[str], AbstractContextManager[object]]
-"""Brackets one unit of device work of a kind (``"forward"``, ``"backward"``); a simulated GPU
-uses it to model the work, a real GPU needs nothing."""
+"""Brackets one unit of device work of a kind (``"forward"``, ``"backward"``,
+``"backward_input"``); a simulated GPU uses it to model the work, a real GPU needs nothing."""
 
 
 def device_work(gpu: GpuControl) -> DeviceWork:
@@ -117,9 +143,29 @@ class Workload(Protocol):
         ...
 
 
+class SplitWorkload(Workload, Protocol):
+    """A workload whose schedule splits the backward (zero-bubble): it also runs the input
+    half alone."""
+
+    splits_backward: bool
+    """True when the schedule that runs splits the backward (then the sweep measures it)."""
+
+    def backward_input(self, handle: object) -> None:
+        """Run only the input-gradient half of the backward of a forward's result."""
+        ...
+
+
+def splits_backward(workload: Workload) -> bool:
+    """Whether ``workload`` is a :class:`SplitWorkload` whose schedule splits the backward."""
+    return bool(getattr(workload, "splits_backward", False)) and callable(
+        getattr(workload, "backward_input", None)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ClockMeasurement:
-    """Time and energy of one forward and one backward at one clock."""
+    """Time and energy of one forward and one backward at one clock, and of the backward's
+    halves when the schedule splits it (else None)."""
 
     frequency_mhz: int
     forward_time_s: float
@@ -128,11 +174,48 @@ class ClockMeasurement:
     backward_energy_j: float
     forward_loop_power_w: float
     forward_backward_loop_power_w: float
+    backward_input_time_s: float | None = None
+    backward_input_energy_j: float | None = None
+    backward_weight_time_s: float | None = None
+    backward_weight_energy_j: float | None = None
+    forward_input_loop_power_w: float | None = None
 
     @property
     def microbatch_energy_j(self) -> float:
         """Energy of one forward and its backward."""
         return self.forward_energy_j + self.backward_energy_j
+
+    @property
+    def split(self) -> bool:
+        """Whether the backward's halves were measured."""
+        return self.backward_input_time_s is not None
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The instruction kinds measured: forward, backward, and the halves when split."""
+        return ("forward", "backward", *_SPLIT_KINDS) if self.split else ("forward", "backward")
+
+    def time_s(self, kind: str) -> float:
+        """Time of one instruction of ``kind`` (one of :attr:`kinds`).
+
+        Raises:
+            ProfileError: ``kind`` was not measured.
+        """
+        return self._value(kind, "time_s")
+
+    def energy_j(self, kind: str) -> float:
+        """Energy of one instruction of ``kind`` (one of :attr:`kinds`).
+
+        Raises:
+            ProfileError: ``kind`` was not measured.
+        """
+        return self._value(kind, "energy_j")
+
+    def _value(self, kind: str, unit: str) -> float:
+        value = getattr(self, f"{kind}_{unit}", None) if kind in self.kinds else None
+        if not isinstance(value, float):
+            raise ProfileError(f"{self.frequency_mhz} MHz: no {kind} measured")
+        return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +232,8 @@ class StageProfile:
         naming its worst pair; empty when the times follow the clocks."""
         found = []
         ascending = sorted(self.measurements, key=lambda m: m.frequency_mhz)
-        for kind in ("forward", "backward"):
+        kinds = self.measurements[0].kinds if self.measurements else ()
+        for kind in kinds:
             worst: tuple[float, ClockMeasurement, ClockMeasurement] | None = None
             fastest_below: ClockMeasurement | None = None  # quickest at a lower clock so far
             for high in ascending:
@@ -172,26 +256,18 @@ class StageProfile:
         return found
 
     def rows(self) -> list[ProfileRow]:
-        """The measurements as wire rows (forward and backward per clock)."""
-        rows: list[ProfileRow] = []
-        for m in self.measurements:
-            rows.append(
-                ProfileRow(
-                    instruction="forward",
-                    frequency_mhz=m.frequency_mhz,
-                    time_s=m.forward_time_s,
-                    energy_j=m.forward_energy_j,
-                )
+        """The measurements as wire rows (forward and backward per clock, then the
+        backward's halves when split)."""
+        return [
+            ProfileRow(
+                instruction=kind,  # type: ignore[arg-type]
+                frequency_mhz=m.frequency_mhz,
+                time_s=m.time_s(kind),
+                energy_j=m.energy_j(kind),
             )
-            rows.append(
-                ProfileRow(
-                    instruction="backward",
-                    frequency_mhz=m.frequency_mhz,
-                    time_s=m.backward_time_s,
-                    energy_j=m.backward_energy_j,
-                )
-            )
-        return rows
+            for m in self.measurements
+            for kind in m.kinds
+        ]
 
 
 def profile_csv(profiles: dict[int, StageProfile]) -> str:
@@ -218,6 +294,11 @@ class ClockSweep:
         lock: When False (a GPU whose clocks may not be changed), only the current clock
             is measured.
         min_instructions: Bodies each window holds (see :data:`MIN_WINDOW_INSTRUCTIONS`).
+        split: Also measure the backward's halves (a third loop per clock); ``workload``
+            must then be a :class:`SplitWorkload`.
+
+    Raises:
+        ProfileError: ``split`` with a workload that cannot run the input half alone.
     """
 
     def __init__(
@@ -231,7 +312,14 @@ class ClockSweep:
         clock: Callable[[], float] = time.perf_counter,
         lock: bool = True,
         min_instructions: int = MIN_WINDOW_INSTRUCTIONS,
+        split: bool = False,
     ) -> None:
+        if split and not callable(getattr(workload, "backward_input", None)):
+            raise ProfileError(
+                f"the schedule splits the backward, but the workload {type(workload).__name__} "
+                "cannot run its input half alone (backward_input)"
+            )
+        self._split = split
         self._gpu = gpu
         self._min_instructions = min_instructions
         self._meter = meter
@@ -332,9 +420,17 @@ class ClockSweep:
             with self._work("backward"):
                 self._workload.backward(handle)
 
+        def forward_input() -> None:
+            with self._work("forward"):
+                handle = self._workload.forward()
+            with self._work("backward_input"):
+                self._workload.backward_input(handle)  # type: ignore[attr-defined]
+
         with self._meter.quiet():
             t_f, p_f = self._loop(forward, frequency_mhz, "forward")
             t_fb, p_fb = self._loop(forward_backward, frequency_mhz, "forward+backward")
+            if self._split:
+                t_fi, p_fi = self._loop(forward_input, frequency_mhz, "forward+backward_input")
         e_f = p_f * t_f
         t_b = t_fb - t_f
         e_b = p_fb * t_fb - e_f
@@ -344,7 +440,7 @@ class ClockSweep:
                 f"(forward {t_f:.6g} s at {p_f:.1f} W, forward+backward {t_fb:.6g} s at "
                 f"{p_fb:.1f} W); the measurement is too noisy: raise PERSEUS_PROFILE_WINDOW_S"
             )
-        return ClockMeasurement(
+        measured = ClockMeasurement(
             frequency_mhz=frequency_mhz,
             forward_time_s=t_f,
             forward_energy_j=e_f,
@@ -353,6 +449,9 @@ class ClockSweep:
             forward_loop_power_w=p_f,
             forward_backward_loop_power_w=p_fb,
         )
+        if not self._split:
+            return measured
+        return split_backward(measured, t_fi - t_f, p_fi * t_fi - e_f, p_fi)
 
     def _loop(self, body: Callable[[], None], frequency_mhz: int, what: str) -> tuple[float, float]:
         """``(seconds per body, average watts)`` of ``body`` run back to back.
@@ -434,6 +533,25 @@ class ClockSweep:
         return seconds, power_w
 
 
+def split_backward(
+    measured: ClockMeasurement, input_time_s: float, input_energy_j: float, loop_power_w: float
+) -> ClockMeasurement:
+    """``measured`` with the backward's halves: the input half as given, each half kept to
+    at least :data:`MIN_HALF_SHARE` of the backward, the weight half the rest."""
+    lo, hi = MIN_HALF_SHARE, 1.0 - MIN_HALF_SHARE
+    t_b, e_b = measured.backward_time_s, measured.backward_energy_j
+    t_i = min(max(input_time_s, lo * t_b), hi * t_b)
+    e_i = min(max(input_energy_j, lo * e_b), hi * e_b)
+    return replace(
+        measured,
+        backward_input_time_s=t_i,
+        backward_input_energy_j=e_i,
+        backward_weight_time_s=t_b - t_i,
+        backward_weight_energy_j=e_b - e_i,
+        forward_input_loop_power_w=loop_power_w,
+    )
+
+
 def calibrated(profile: StageProfile, ratios: dict[str, float]) -> StageProfile:
     """The profile with each kind's time and energy scaled by ``ratios[kind]``.
 
@@ -441,24 +559,41 @@ def calibrated(profile: StageProfile, ratios: dict[str, float]) -> StageProfile:
     framework's work around the module: gradient accumulation into ``.grad``, a loss;
     communication kernels sharing the GPU); the rank measures the ratio at the default
     clock and applies it at every clock, keeping the loop's power (so energy scales too).
+    A kind without a ratio keeps its values, except a split backward's full backward, which
+    the stream may never run: without its own ratio it stays the sum of its scaled halves.
     """
-    f = ratios.get("forward", 1.0)
-    b = ratios.get("backward", 1.0)
     return StageProfile(
-        measurements=tuple(
-            ClockMeasurement(
-                frequency_mhz=m.frequency_mhz,
-                forward_time_s=m.forward_time_s * f,
-                forward_energy_j=m.forward_energy_j * f,
-                backward_time_s=m.backward_time_s * b,
-                backward_energy_j=m.backward_energy_j * b,
-                forward_loop_power_w=m.forward_loop_power_w,
-                forward_backward_loop_power_w=m.forward_backward_loop_power_w,
-            )
-            for m in profile.measurements
-        ),
+        measurements=tuple(_calibrated(m, ratios) for m in profile.measurements),
         stopped=profile.stopped,
     )
+
+
+def _calibrated(m: ClockMeasurement, ratios: dict[str, float]) -> ClockMeasurement:
+    f = ratios.get("forward", 1.0)
+    b = ratios.get("backward", 1.0)
+    out = replace(
+        m,
+        forward_time_s=m.forward_time_s * f,
+        forward_energy_j=m.forward_energy_j * f,
+        backward_time_s=m.backward_time_s * b,
+        backward_energy_j=m.backward_energy_j * b,
+    )
+    if not m.split:
+        return out
+    i = ratios.get("backward_input", 1.0)
+    w = ratios.get("backward_weight", 1.0)
+    t_i, e_i = m.time_s("backward_input") * i, m.energy_j("backward_input") * i
+    t_w, e_w = m.time_s("backward_weight") * w, m.energy_j("backward_weight") * w
+    out = replace(
+        out,
+        backward_input_time_s=t_i,
+        backward_input_energy_j=e_i,
+        backward_weight_time_s=t_w,
+        backward_weight_energy_j=e_w,
+    )
+    if "backward" not in ratios:
+        out = replace(out, backward_time_s=t_i + t_w, backward_energy_j=e_i + e_w)
+    return out
 
 
 def measure_idle_power(
@@ -486,6 +621,8 @@ class StreamWindow:
         energy_j: The energy the meter measured over them.
         forwards: Forward instructions they ran.
         backwards: Backward instructions they ran.
+        backward_inputs: Input halves of split backwards they ran.
+        backward_weights: Weight halves of split backwards they ran.
     """
 
     iterations: int
@@ -493,6 +630,18 @@ class StreamWindow:
     energy_j: float
     forwards: int
     backwards: int
+    backward_inputs: int = 0
+    backward_weights: int = 0
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Instructions run per kind."""
+        return {
+            "forward": self.forwards,
+            "backward": self.backwards,
+            "backward_input": self.backward_inputs,
+            "backward_weight": self.backward_weights,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,21 +707,17 @@ def in_pipeline_wait_power(
     the work itself).
 
     Raises:
-        ProfileError: The window cannot give an estimate (too few waits, no energy); the
-            message says why.
+        ProfileError: The window cannot give an estimate (too few waits, no energy, a kind
+            the reference lacks); the message says why.
     """
     if not (window.time_s > 0 and math.isfinite(window.energy_j) and window.energy_j > 0):
         raise ProfileError(
             f"no usable energy over the iterations ({window.energy_j:.6g} J in "
             f"{window.time_s:.6g} s)"
         )
-    busy_s = scale * (
-        window.forwards * reference.forward_time_s + window.backwards * reference.backward_time_s
-    )
-    busy_j = scale * (
-        window.forwards * reference.forward_energy_j
-        + window.backwards * reference.backward_energy_j
-    )
+    ran = {kind: n for kind, n in window.counts.items() if n}
+    busy_s = scale * sum(n * reference.time_s(kind) for kind, n in ran.items())
+    busy_j = scale * sum(n * reference.energy_j(kind) for kind, n in ran.items())
     wait_s = window.time_s - busy_s
     if wait_s < max(min_wait_s, min_wait_share * window.time_s):
         raise ProfileError(

@@ -140,6 +140,17 @@ def test_stream_energy_sums_the_spans_once_the_meter_covers_them() -> None:
     )
 
 
+def test_stream_energy_counts_the_backward_halves() -> None:
+    meter = ScriptedMeter([100.0])
+    counts = {"forward": 2, "backward_input": 2, "backward_weight": 1}
+    energy = StreamEnergy(meter, spans(counts), 10.0)  # type: ignore[arg-type]
+    assert energy.done.wait(5.0)
+    assert energy.window == StreamWindow(
+        iterations=1, time_s=0.5, energy_j=100.0, forwards=2, backwards=0,
+        backward_inputs=2, backward_weights=1,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("meter", "counts", "error"),
     [
@@ -149,7 +160,7 @@ def test_stream_energy_sums_the_spans_once_the_meter_covers_them() -> None:
             "counter failed: gone",
         ),
         (ScriptedMeter([1.0], covered=10**9), {"forward": 1}, "did not read past"),
-        (ScriptedMeter([1.0]), {"backward_weight": 1}, "the profile lacks"),
+        (ScriptedMeter([1.0]), {"recompute": 1}, "the profile lacks"),
     ],
 )
 def test_stream_energy_says_why_it_has_nothing(
@@ -196,7 +207,29 @@ class Nothing:
         pass
 
 
-def profile_online(gpu: FakeGpu, wait: str) -> tuple[OnlineProfiling, list[float | None]]:
+class NothingSplit(Nothing):
+    """A workload whose schedule splits the backward (zero-bubble)."""
+
+    splits_backward = True
+
+    def backward_input(self, handle: object) -> None:
+        pass
+
+
+# A zero-bubble stream: each backward runs as its input half, then its weight half.
+SPLIT_WORK = {
+    **WORK,
+    "backward_input": FakeWork(time_at_max_s=0.004, power_at_max_w=760.0),
+    "backward_weight": FakeWork(time_at_max_s=0.004, power_at_max_w=760.0),
+}
+SPLIT_ORDER = ("forward", "forward", "backward_input", "backward_weight", "forward",
+               "backward_input", "forward", "backward_weight", "backward_input",
+               "backward_weight", "backward_input", "backward_weight")  # fmt: skip
+
+
+def profile_online(
+    gpu: FakeGpu, wait: str, *, split: bool = False
+) -> tuple[OnlineProfiling, list[float | None]]:
     """Train until the rank has reported, the way Rank drives the pieces."""
     settings = ClientSettings(
         rank=0,
@@ -211,7 +244,7 @@ def profile_online(gpu: FakeGpu, wait: str) -> tuple[OnlineProfiling, list[float
         gpu,
         meter,
         Controller(),  # type: ignore[arg-type]
-        Nothing(),
+        NothingSplit() if split else Nothing(),
         lambda rows, p_block_w: reported.append(p_block_w),
         initial=ProfilingState.PENDING,
         clock=time.monotonic,
@@ -222,7 +255,7 @@ def profile_online(gpu: FakeGpu, wait: str) -> tuple[OnlineProfiling, list[float
             assert time.monotonic() < deadline
             profiling.step()
             s = profiling.sampler
-            for k, kind in enumerate(ORDER):
+            for k, kind in enumerate(SPLIT_ORDER if split else ORDER):
                 if k > 0 and wait == "hot":
                     with gpu.working("wait"):
                         pass
@@ -285,3 +318,24 @@ def test_a_stage_that_hardly_waits_keeps_the_idle_power_with_one_log_line(
     ]
     assert len(lines) == 1 and "too little waiting" in lines[0]
     assert "(idle-measured)" in caplog.text
+
+
+def test_a_split_schedule_profiles_and_calibrates_the_backward_halves(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gpu = FakeGpu(work=SPLIT_WORK)
+    with caplog.at_level(logging.WARNING, logger="perseus.client"):
+        profiling, reported = profile_online(gpu, "hot", split=True)
+    assert profiling.state is ProfilingState.DONE
+    assert profiling.profile is not None
+    kinds = [row.instruction for row in profiling.profile.rows()]
+    assert kinds == ["forward", "backward", "backward_input", "backward_weight"]
+    # the stream ran the halves and no full backward: they were calibrated, and the waits
+    # solved for with their profiled costs
+    assert "backward_input x" in caplog.text and "backward_weight x" in caplog.text
+    window = profiling.stream_energy.window if profiling.stream_energy else None
+    assert window is not None and window.backwards == 0
+    assert window.backward_inputs == window.backward_weights == 4 * window.iterations
+    wait = profiling.wait_power
+    assert wait is not None and wait.power_w == pytest.approx(WAIT_W, rel=0.1)
+    assert reported == [wait.power_w]

@@ -28,15 +28,18 @@ from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork, SweepProbe
 from perseus.client.meter import CounterEdge, EnergyMeter
 from perseus.client.profiler import (
     MAX_WINDOW_FACTOR,
+    MIN_HALF_SHARE,
     MIN_WINDOW_INSTRUCTIONS,
     ClockMeasurement,
     ClockSweep,
     DeviceWork,
     StageProfile,
     StreamWindow,
+    calibrated,
     in_pipeline_wait_power,
     measure_idle_power,
     profile_csv,
+    split_backward,
 )
 from perseus.client.settings import ProfileBudget, SettingsError
 from perseus.errors import GpuControlError, ProfileError
@@ -461,6 +464,122 @@ def test_stage_profile_rows_and_csv() -> None:
     assert lines[0] == "stage,instruction,frequency,time,energy"
     assert lines[1:3] == ["0,forward,1980,0.02,10", "0,backward,1980,0.04,25"]
     assert len(lines) == 1 + 2 + 4 and lines[3].startswith("1,forward,1980,")
+
+
+# Split backward (zero-bubble schedules) ------------------------------------------------------
+
+# Longer than FAST_WORK: a bracket's host time (about half a millisecond on a loaded host)
+# counts into a difference of loops, and the halves are differences of differences.
+SPLIT_WORK = {
+    "forward": FakeWork(time_at_max_s=0.010, power_at_max_w=620.0),
+    "backward": FakeWork(time_at_max_s=0.020, power_at_max_w=760.0),
+    "backward_input": FakeWork(time_at_max_s=0.008, power_at_max_w=760.0),
+    "backward_weight": FakeWork(time_at_max_s=0.012, power_at_max_w=760.0),
+}
+
+
+class SplitIdleWork(IdleWork):
+    """An idle workload whose schedule splits the backward: it runs the input half alone."""
+
+    splits_backward = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs = 0
+
+    def backward_input(self, handle: object) -> None:
+        self.inputs += 1
+
+
+def test_a_split_sweep_measures_the_backward_halves() -> None:
+    gpu = RecordingFake(FAST, SPLIT_WORK)
+    meter = RecordingMeter(gpu)
+    meter.start()
+    work = SplitIdleWork()
+    try:
+        budget = replace(FAST_BUDGET, clocks="1980,1005")
+        profile = ClockSweep(gpu, meter, work, budget, bracket(gpu), split=True).run()
+    finally:
+        meter.stop()
+    assert work.inputs > 0
+    # A third loop per clock (forward+backward_input): three caught updates more per clock.
+    assert len(meter.edges) == 2 * 6
+    rows = profile.rows()
+    assert [(r.instruction, r.frequency_mhz) for r in rows[:4]] == [
+        ("forward", 1980),
+        ("backward", 1980),
+        ("backward_input", 1980),
+        ("backward_weight", 1980),
+    ]
+    for m in profile.measurements:
+        assert m.split and m.forward_input_loop_power_w is not None
+        # the halves add up to the full backward, by construction
+        t_i, t_w = m.time_s("backward_input"), m.time_s("backward_weight")
+        e_i, e_w = m.energy_j("backward_input"), m.energy_j("backward_weight")
+        assert t_i + t_w == pytest.approx(m.backward_time_s)
+        assert e_i + e_w == pytest.approx(m.backward_energy_j)
+        # and follow the fake's model (a loaded host shifts the loops a little)
+        f = m.frequency_mhz
+        for kind, t, e in (("backward_input", t_i, e_i), ("backward_weight", t_w, e_w)):
+            assert t == pytest.approx(FAST.time_s(SPLIT_WORK[kind], f), rel=0.15), kind
+            assert e == pytest.approx(FAST.energy_j(SPLIT_WORK[kind], f), rel=0.15), kind
+
+
+def test_a_split_sweep_needs_a_workload_that_runs_the_input_half() -> None:
+    gpu = FakeGpu(FAST, SPLIT_WORK)
+    with pytest.raises(ProfileError, match="backward_input"):
+        ClockSweep(gpu, EnergyMeter(gpu), IdleWork(), FAST_BUDGET, bracket(gpu), split=True)
+
+
+def test_each_half_keeps_a_share_of_the_backward() -> None:
+    # A first stage's input needs no gradient: its I is empty (noise around zero) and its W is
+    # the whole backward; both stay positive so the planner gets a usable profile.
+    m = _measurement(1980, 1.0)
+    empty = split_backward(m, -0.0001, -0.5, 500.0)
+    assert empty.time_s("backward_input") == pytest.approx(MIN_HALF_SHARE * 0.04)
+    assert empty.energy_j("backward_input") == pytest.approx(MIN_HALF_SHARE * 25.0)
+    assert empty.time_s("backward_weight") == pytest.approx((1 - MIN_HALF_SHARE) * 0.04)
+    even = split_backward(m, 0.02, 12.5, 500.0)
+    assert even.time_s("backward_weight") == pytest.approx(0.02)
+    assert even.energy_j("backward_weight") == pytest.approx(12.5)
+    assert not m.split and m.kinds == ("forward", "backward")
+    with pytest.raises(ProfileError, match="no backward_input"):
+        m.time_s("backward_input")
+
+
+def test_calibrating_a_split_profile_scales_each_half() -> None:
+    m = split_backward(_measurement(1980, 1.0), 0.015, 10.0, 500.0)  # W: 25 ms, 15 J
+    ratios = {"forward": 1.1, "backward_input": 1.2, "backward_weight": 0.9}
+    out = calibrated(StageProfile((m,), "done"), ratios).measurements[0]
+    assert out.forward_time_s == pytest.approx(0.022)
+    assert out.time_s("backward_input") == pytest.approx(0.018)
+    assert out.energy_j("backward_weight") == pytest.approx(13.5)
+    # the stream ran no full backward: it stays the sum of its halves
+    assert out.backward_time_s == pytest.approx(0.018 + 0.0225)
+    assert out.backward_energy_j == pytest.approx(12.0 + 13.5)
+    # a stream that ran full backwards too (DualPipeV) scales them by their own ratio
+    both = calibrated(StageProfile((m,), "done"), {"backward": 2.0}).measurements[0]
+    assert both.backward_time_s == pytest.approx(0.08)
+    assert both.time_s("backward_input") == pytest.approx(0.015)
+
+
+def test_wait_power_counts_the_backward_halves() -> None:
+    reference = split_backward(DEFAULT, 0.008, 5.0, 500.0)  # I 8 ms 5 J, W 12 ms 7 J
+    busy_s, busy_j = 4 * (0.010 + 0.008 + 0.012), 4 * (5.0 + 5.0 + 7.0)
+    window = StreamWindow(
+        iterations=20,
+        time_s=20 * (busy_s + 0.04),
+        energy_j=20 * (busy_j + 0.04 * 300.0),
+        forwards=80,
+        backwards=0,
+        backward_inputs=80,
+        backward_weights=80,
+    )
+    wait = in_pipeline_wait_power(window, reference, idle_w=125.0)
+    assert wait.power_w == pytest.approx(300.0)
+    assert wait.busy_s == pytest.approx(20 * busy_s)
+    with pytest.raises(ProfileError, match="no backward_input"):
+        in_pipeline_wait_power(window, DEFAULT, idle_w=125.0)
 
 
 def test_inversions_name_a_lower_clock_that_ran_faster() -> None:
