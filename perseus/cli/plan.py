@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--virtual-stages",
         metavar="V",
         type=positive_int,
-        help="model chunks per GPU for interleaved-1f1b (default 2 there, else 1)",
+        help="model chunks per GPU for interleaved-1f1b, interleaved-zb, zbv, dualpipev and "
+        "looped-bfs (default 2 there, else 1)",
     )
     parser.add_argument(
         "--policy",
@@ -197,15 +198,17 @@ def run(argv: list[str]) -> int:
         progress.phase("loading the solver")
         args = build_parser().parse_args(argv)
         from perseus.solver import Policy, load_profile
+        from perseus.solver.schedules import CHUNKED_SCHEDULES
 
-        if args.virtual_stages not in (None, 1) and args.schedule != "interleaved-1f1b":
+        chunked = args.schedule in CHUNKED_SCHEDULES
+        if args.virtual_stages not in (None, 1) and not chunked:
             raise UsageError(
                 f"--virtual-stages: {args.schedule} runs one model chunk per GPU; V > 1 needs "
-                f"--schedule interleaved-1f1b"
+                f"--schedule interleaved-1f1b (or another chunked schedule)"
             )
-        if args.virtual_stages == 1 and args.schedule == "interleaved-1f1b":
+        if args.virtual_stages == 1 and chunked:
             raise UsageError(
-                "--virtual-stages: interleaved-1f1b runs V >= 2 model chunks per GPU; for one, "
+                f"--virtual-stages: {args.schedule} runs V >= 2 model chunks per GPU; for one, "
                 "use --schedule 1f1b"
             )
         outputs = _check_outputs(args)
@@ -267,7 +270,9 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
     p_block_w = _blocking_power(request.p_block_w, profile)
     virtual_stages = request.virtual_stages
     if virtual_stages is None:
-        virtual_stages = 2 if request.schedule == "interleaved-1f1b" else 1
+        from perseus.solver.schedules import CHUNKED_SCHEDULES
+
+        virtual_stages = 2 if request.schedule in CHUNKED_SCHEDULES else 1
     schedule = make_schedule(
         request.schedule, profile.num_stages, request.microbatches, virtual_stages
     )

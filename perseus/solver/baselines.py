@@ -15,7 +15,7 @@ import numpy.typing as npt
 from perseus.baselines import BaselineKey
 from perseus.solver.dag import PipelineDag, build_dag
 from perseus.solver.profiles import Profile
-from perseus.solver.schedules import BACKWARD, FORWARD, Schedule, per_gpu
+from perseus.solver.schedules import Schedule, per_gpu
 from perseus.solver.transitions import check_margin, clock_tables, evaluate_plans
 
 __all__ = ["Baseline", "BaselineKey", "baselines_at", "default_time"]
@@ -40,8 +40,9 @@ def default_time(profile: Profile, schedule: Schedule, *, dag: PipelineDag | Non
     dag = dag or build_dag(schedule)
     scale = 1.0 / schedule.virtual_stages
     durations = np.empty(dag.size)
-    for c in range(2 * schedule.stages):
-        options = profile.stages[c // 2][(FORWARD, BACKWARD)[c % 2]]
+    kinds = schedule.kinds
+    for c in range(len(kinds) * schedule.stages):
+        options = profile.options(c // len(kinds), kinds[c % len(kinds)])
         top = max(options, key=lambda o: o.frequency_mhz)
         durations[dag.cost_class == c] = top.time_s * scale
     return float(dag.iteration_time(durations))
@@ -82,15 +83,16 @@ def baselines_at(
     dag = dag or build_dag(schedule)
     clocks_of = clock_tables(profile, schedule) if margin_s > 0 else None
     scale = 1.0 / schedule.virtual_stages
-    stages = profile.stages
     n = dag.size
 
     def by_clock(stage: int, kind: str) -> dict[int, tuple[float, float]]:
         return {
-            o.frequency_mhz: (o.time_s * scale, o.energy_j * scale) for o in stages[stage][kind]
+            o.frequency_mhz: (o.time_s * scale, o.energy_j * scale)
+            for o in profile.options(stage, kind)
         }
 
-    tables = [by_clock(g, k) for g in range(schedule.stages) for k in (FORWARD, BACKWARD)]
+    kinds = len(schedule.kinds)  # cost classes per GPU
+    tables = [by_clock(g, k) for g in range(schedule.stages) for k in schedule.kinds]
 
     def nearest(table: dict[int, tuple[float, float]], clock: int) -> int:
         return clock if clock in table else min(table, key=lambda f: (abs(f - clock), -f))
@@ -138,7 +140,7 @@ def baselines_at(
     result[BaselineKey.GLOBAL_CLOCK] = baseline(candidates[:, pick])
 
     per_stage = [
-        sorted(set(tables[2 * g]) | set(tables[2 * g + 1])) for g in range(schedule.stages)
+        sorted(set().union(*tables[kinds * g : kinds * g + kinds])) for g in range(schedule.stages)
     ]
     current = candidates[:, pick].copy()
     current_time, current_energy = float(time[pick]), float(energy[pick])
@@ -149,7 +151,9 @@ def baselines_at(
         for g, stage_clocks in enumerate(per_stage):
             for f in stage_clocks:
                 move = current.copy()
-                move[2 * g : 2 * g + 2] = uniform(f, range(2 * g, 2 * g + 2))
+                move[kinds * g : kinds * g + kinds] = uniform(
+                    f, range(kinds * g, kinds * g + kinds)
+                )
                 moves.append(move)
         trial = np.stack(moves, axis=1)
         time, energy = evaluate(trial)

@@ -1,6 +1,7 @@
 """Per-instruction cost tables: the options each DAG node may run at.
 
-Nodes of one cost class (GPU, forward/backward) share the stage's profile. Only options that are
+Nodes of one cost class (GPU, instruction kind; see :class:`perseus.solver.dag.PipelineDag`)
+share the stage's profile. Only options that are
 not dominated once blocking power is counted are kept (see
 :func:`perseus.solver.profiles.effective_options`), time ascending. With interleaved schedules a
 GPU holds ``V`` model chunks, each a ``1/V`` share of the stage's layers, so a chunk's instruction
@@ -15,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from perseus.errors import ProfileError
-from perseus.solver.profiles import INSTRUCTIONS, Profile, effective_options
+from perseus.solver.profiles import Profile, effective_options
 from perseus.solver.schedules import Schedule
 
 __all__ = ["CostTable", "build_costs"]
@@ -53,7 +54,8 @@ def build_costs(profile: Profile, schedule: Schedule, p_block_w: float) -> CostT
     """Build the cost table of ``schedule`` on ``profile``.
 
     Raises:
-        ProfileError: The profile's stage count differs from the schedule's.
+        ProfileError: The profile's stage count differs from the schedule's, or a stage lacks
+            a kind the schedule runs (the split backward's halves).
     """
     if profile.num_stages != schedule.stages:
         raise ProfileError(
@@ -65,9 +67,9 @@ def build_costs(profile: Profile, schedule: Schedule, p_block_w: float) -> CostT
     times: list[float] = []
     energies: list[float] = []
     freqs: list[int] = []
-    for stage in profile.stages:
-        for instruction in INSTRUCTIONS:
-            for opt in effective_options(stage[instruction], p_block_w):
+    for g in range(profile.num_stages):
+        for instruction in schedule.kinds:
+            for opt in effective_options(profile.options(g, instruction), p_block_w):
                 times.append(opt.time_s * scale)
                 energies.append(opt.energy_j * scale)
                 freqs.append(opt.frequency_mhz)

@@ -1,8 +1,10 @@
 """Per-stage time and energy profiles: loading, validation and dominance filtering.
 
-A profile says, for every pipeline stage and instruction type (``forward``, ``backward``), how
-long one instruction takes and how much energy it draws at each measured SM clock. Two on-disk
-forms are accepted:
+A profile says, for every pipeline stage and instruction type (``forward``, ``backward``, and
+optionally the split backward's ``backward_input`` and ``backward_weight``), how long one
+instruction takes and how much energy it draws at each measured SM clock. A stage measures both
+halves of the split backward or neither; schedules that split the backward (zero-bubble ones)
+need them on every stage. Two on-disk forms are accepted:
 
 - the Zeus-compatible CSV ``stage,instruction,frequency,time,energy`` (MHz, s, J);
 - the project's JSON form ``{"format": "perseus.profile/1", "p_block_w": 83.6,
@@ -30,6 +32,7 @@ from perseus.solver.schedules import InstructionKind
 
 __all__ = [
     "INSTRUCTIONS",
+    "SPLIT_INSTRUCTIONS",
     "Option",
     "Profile",
     "ProfileRow",
@@ -41,7 +44,13 @@ __all__ = [
 ]
 
 INSTRUCTIONS: tuple[InstructionKind, ...] = (InstructionKind.FORWARD, InstructionKind.BACKWARD)
-"""Every instruction kind a profile measures (strings: ``("forward", "backward")``)."""
+"""The instruction kinds every profile measures (strings: ``("forward", "backward")``)."""
+SPLIT_INSTRUCTIONS: tuple[InstructionKind, ...] = (
+    InstructionKind.BACKWARD_INPUT,
+    InstructionKind.BACKWARD_WEIGHT,
+)
+"""The halves of a split backward: optional, both or neither on a stage."""
+_ALL = (*INSTRUCTIONS, *SPLIT_INSTRUCTIONS)
 PROFILE_FORMAT = "perseus.profile/1"
 _CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 
@@ -107,6 +116,26 @@ class Profile:
             if opt.frequency_mhz == frequency_mhz:
                 return opt
         raise KeyError(frequency_mhz)
+
+    def options(self, stage: int, instruction: str) -> tuple[Option, ...]:
+        """Every measured option of ``instruction`` on ``stage``, frequency descending.
+
+        Raises:
+            ProfileError: The profile does not measure that instruction (a split backward's
+                half, say) on that stage.
+        """
+        found = self.stages[stage].get(instruction)
+        if found is None:
+            extra = ""
+            if instruction in SPLIT_INSTRUCTIONS:
+                extra = (
+                    "; schedules that split the backward need backward_input and "
+                    "backward_weight rows on every stage"
+                )
+            raise ProfileError(
+                f"{self.source}: stage {stage}: instruction: no {instruction} rows{extra}"
+            )
+        return found
 
 
 def effective_options(options: Iterable[Option], p_block_w: float) -> tuple[Option, ...]:
@@ -203,8 +232,8 @@ def profile_to_json(profile: Profile) -> dict[str, Any]:
             "energy_j": opt.energy_j,
         }
         for stage, per_instruction in enumerate(profile.stages)
-        for instruction in INSTRUCTIONS
-        for opt in per_instruction[instruction]
+        for instruction in _ALL
+        for opt in per_instruction.get(instruction, ())
     ]
     data: dict[str, Any] = {"format": PROFILE_FORMAT}
     if profile.p_block_w is not None:
@@ -216,7 +245,8 @@ def profile_to_json(profile: Profile) -> dict[str, Any]:
 def profile_to_csv(profile: Profile) -> str:
     """Return the Zeus CSV form of ``profile`` (what :func:`load_profile` reads back).
 
-    Rows go by stage, then ``forward`` before ``backward``, then clock descending. Numbers are
+    Rows go by stage, then ``forward``, ``backward``, ``backward_input``, ``backward_weight``
+    (those a stage measures), then clock descending. Numbers are
     written in Python's shortest round-trip form, so reading the text back gives equal floats.
     The CSV has no column for blocking power: ``profile.p_block_w`` is not written.
     """
@@ -224,8 +254,8 @@ def profile_to_csv(profile: Profile) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(_CSV_COLUMNS)
     for stage, per_instruction in enumerate(profile.stages):
-        for instruction in INSTRUCTIONS:
-            for opt in per_instruction[instruction]:
+        for instruction in _ALL:
+            for opt in per_instruction.get(instruction, ()):
                 writer.writerow(
                     (stage, instruction, opt.frequency_mhz, repr(opt.time_s), repr(opt.energy_j))
                 )
@@ -334,10 +364,18 @@ def _assemble(checked: list[tuple[int, Row]], source: str, p_block_w: float | No
         for instruction in INSTRUCTIONS:
             if instruction not in found:
                 raise ProfileError(f"{source}: stage {stage}: instruction: no {instruction} rows")
+        halves = [kind for kind in SPLIT_INSTRUCTIONS if kind in found]
+        if len(halves) == 1:
+            other = next(kind for kind in SPLIT_INSTRUCTIONS if kind not in found)
+            raise ProfileError(
+                f"{source}: stage {stage}: instruction: {halves[0]} rows without {other} rows; "
+                f"a split backward needs both"
+            )
         stages.append(
             {
                 instruction: tuple(sorted(found[instruction], key=lambda o: -o.frequency_mhz))
-                for instruction in INSTRUCTIONS
+                for instruction in _ALL
+                if instruction in found
             }
         )
     return Profile(tuple(stages), p_block_w, source)
@@ -382,10 +420,10 @@ def _positive(value: object, where: str, field: str) -> float:
 
 
 def _instruction(value: object, where: str) -> InstructionKind:
-    if not isinstance(value, str) or value.strip() not in INSTRUCTIONS:
+    if not isinstance(value, str) or value.strip() not in _ALL:
         raise ProfileError(
             f"{where}: instruction: unknown instruction {value!r}; expected one of "
-            f"{', '.join(INSTRUCTIONS)}"
+            f"{', '.join(_ALL)}"
         )
     return InstructionKind(value.strip())
 

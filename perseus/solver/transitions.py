@@ -53,7 +53,7 @@ import numpy.typing as npt
 
 from perseus.errors import PlanError
 from perseus.solver.dag import PipelineDag
-from perseus.solver.profiles import INSTRUCTIONS, Option, Profile
+from perseus.solver.profiles import Option, Profile
 from perseus.solver.schedules import Schedule
 
 __all__ = [
@@ -112,7 +112,8 @@ class ClockTables:
 
     Attributes:
         clocks_mhz: ``(F,)`` every clock of the profile, ascending.
-        time_s: ``(C, F)``: class ``c`` (``2 * gpu + kind``) at clock ``clocks_mhz[f]``,
+        time_s: ``(C, F)``: cost class ``c`` (see :class:`~perseus.solver.dag.PipelineDag`) at
+            clock ``clocks_mhz[f]``,
             scaled by ``1/V``; at its nearest measured clock where that one was not measured
             (the higher of two equally near).
         energy_j: ``(C, F)``, the same way.
@@ -138,7 +139,9 @@ def clock_tables(profile: Profile, schedule: Schedule) -> ClockTables:
     clocks = sorted(
         {o.frequency_mhz for stage in profile.stages for opts in stage.values() for o in opts}
     )
-    classes = [stage[kind] for stage in profile.stages for kind in INSTRUCTIONS]
+    classes = [
+        profile.options(g, kind) for g in range(profile.num_stages) for kind in schedule.kinds
+    ]
     time = np.empty((len(classes), len(clocks)))
     energy = np.empty_like(time)
     measured = np.zeros(time.shape, dtype=np.bool_)
