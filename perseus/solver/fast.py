@@ -16,7 +16,14 @@ from perseus.errors import InfeasibleDeadline
 from perseus.solver.deadlines import deadline_grid, served_deadline
 from perseus.solver.planner import FloatArray, IntArray, Planner, Progress, pareto
 from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution
-from perseus.solver.search import ALL_ANCHORS_UP_TO, RESTARTS_UP_TO, restarts, search, searched
+from perseus.solver.search import (
+    ALL_ANCHORS_UP_TO,
+    RESTARTS_UP_TO,
+    best_at,
+    restart_starts,
+    run_together,
+    searching,
+)
 from perseus.solver.search import dived as _dived
 
 __all__ = ["ANCHOR_SLOWDOWNS", "anchor_slowdowns", "fast_frontier"]
@@ -120,15 +127,36 @@ def fast_frontier(
     anchor_plans = np.empty((n, len(anchors)), dtype=np.int64)
     main = {f * t_default for f in _MAIN_SLOWDOWNS}
     weights = [2 if d in main else 1 for d in anchors]
-    states = []  # where each anchor's search over hull plans stopped
+    shares = [search_work * w // sum(weights) for w in weights]
+    # The dives first, in the order the searches once took them (the relaxation's HiGHS
+    # model starts each solve from the last basis); then every anchor's search, and on
+    # small DAGs the no-slowdown deadline's restarts, side by side.
+    starts = []
+    again = []  # the restarts: (anchor, start)
     for a, deadline in enumerate(anchors):
-        share = search_work * weights[a] // sum(weights)
-        plan, state = searched(
-            planner, _dived(planner, relaxation, deadline, 0.05), deadline, share
-        )
-        states.append(state)
+        starts.append(_dived(planner, relaxation, deadline, 0.05))
         if deadline == t_default and n <= RESTARTS_UP_TO:
-            plan = restarts(planner, relaxation, deadline, share // 4, plan)
+            again += [(a, start) for start in restart_starts(planner, relaxation, deadline)]
+    finished = 0
+
+    def ended(_: int) -> None:
+        nonlocal finished
+        finished += 1
+        report(150, 700, finished, len(anchors) + len(again))
+
+    found = run_together(
+        planner,
+        [searching(planner, start, d, share) for start, d, share in
+         zip(starts, anchors, shares, strict=True)]
+        + [searching(planner, start, anchors[a], shares[a] // 4) for a, start in again],
+        ended,
+    )  # fmt: skip
+    states = [state for _, state in found[: len(anchors)]]  # where each hull search stopped
+    for a, deadline in enumerate(anchors):
+        plan = found[a][0]
+        tried = [plan] + [found[len(anchors) + k][0] for k, (b, _) in enumerate(again) if b == a]
+        if len(tried) > 1:
+            plan = best_at(planner, tried, deadline)
         if deadline == t_default and polish_s > 0:
             polished = ExactProgram(planner.dag, planner.costs).solve(
                 deadline,
@@ -143,7 +171,6 @@ def fast_frontier(
                 np.asarray([deadline]),
             )[0][:, 0]
         anchor_plans[:, a] = plan
-        report(150, 700, a + 1, len(anchors))
 
     sweep = _GridPlans(planner, grid, knots, t_end)
     sweep.fill(planner.with_crossings(anchor_plans), lambda d, t: report(700, 900, d, t))
@@ -165,13 +192,17 @@ def fast_frontier(
         # (its moves start over from the first instruction; an order spread over every GPU
         # did no better), and the new plans and their crossings are offered to the
         # deadlines whose gaps are large (all of them would cost 0.3 s a merge on 8 x 96).
-        resumed = []
-        for a, deadline in enumerate(anchors):
-            share = int(_RESUME_WORK * search_work * weights[a] // sum(weights))
-            plan, states[a] = searched(planner, states[a], deadline, share)
-            resumed.append(plan)
-            report(900, 950, a + 1, len(anchors))
-        sweep.merge(planner.with_crossings(np.stack(resumed, axis=1))[0], needy=True)
+        resumed = run_together(
+            planner,
+            [searching(planner, states[a], deadline,
+                       int(_RESUME_WORK * search_work * weights[a] // sum(weights)))
+             for a, deadline in enumerate(anchors)],
+            lambda _: report(900, 950, 1, 1),
+        )  # fmt: skip
+        sweep.merge(
+            planner.with_crossings(np.stack([plan for plan, _ in resumed], axis=1))[0],
+            needy=True,
+        )
         sweep.finish()
         sweep.cross_repair(needy=True)
         worst = []
@@ -199,8 +230,11 @@ def fast_frontier(
             targets = [float(sweep.best_time[sweep.keep[first]])]
             upto = float(served[last])
         share = search_work // (4 * _REPAIR_ANCHORS)
-        repaired = [search(planner, relaxation, d, share, 0.25) for d in targets]
-        sweep.merge(np.stack(repaired, axis=1), upto)
+        dives = [_dived(planner, relaxation, d, 0.25) for d in targets]
+        repaired = run_together(
+            planner, [searching(planner, s, d, share) for s, d in zip(dives, targets, strict=True)]
+        )
+        sweep.merge(np.stack([plan for plan, _ in repaired], axis=1), upto)
         sweep.finish()
         worst = sweep.large_gaps()
     progress(1000, 1000)

@@ -7,20 +7,27 @@ per batch), never seconds, so a search ends the same way on a fast and a slow ma
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator, Sequence
+from typing import TypeVar
+
 import numpy as np
 
-from perseus.solver.planner import FloatArray, IntArray, Planner
+from perseus.solver.planner import Evaluated, FloatArray, IntArray, Planner
 from perseus.solver.programs import Relaxation
 
 __all__ = [
     "ALL_ANCHORS_UP_TO",
     "DEFAULT_SEARCH_WORK",
+    "Searching",
     "dived",
     "local_search",
     "moves",
+    "restart_starts",
     "restarts",
+    "run_together",
     "search",
     "searched",
+    "searching",
 ]
 
 # Local-search work over all anchors, counted in evaluated (instruction, candidate plan) cells
@@ -44,6 +51,73 @@ RESTARTS_UP_TO = 512
 _RESTARTS = 2
 _RESTART_SPREAD = 0.05
 _SEARCH_CHUNK = 2 * 10**6  # cells per batch of candidate plans (bounds memory: ~16 MB/array)
+
+_R = TypeVar("_R")
+# A search in progress: it yields the plans it wants refilled (columns) and their deadline, is
+# sent back what Planner.refill_evaluated gives for them, and returns its result. Searches at
+# several deadlines run side by side (run_together): one refill pass over the DAG serves all
+# of them, where each alone would pay the pass's fixed cost (a few numpy calls per level).
+Searching = Generator[tuple[IntArray, float], Evaluated, _R]
+
+
+def run_together(
+    planner: Planner,
+    searches: Sequence[Searching[_R]],
+    done: Callable[[int], None] | None = None,
+) -> list[_R]:
+    """Run ``searches`` side by side; their results, in order.
+
+    Each round, every search still running asks for its plans refilled; the requests are
+    packed into refill calls of at most :data:`_SEARCH_CHUNK` cells (a larger one alone),
+    so memory stays what one search's batches take. A search's decisions depend only on
+    its own columns, so it ends exactly as it would alone. ``done(i)`` is called as search
+    ``i`` ends.
+    """
+    n = planner.dag.size
+    width = max(1, _SEARCH_CHUNK // max(n, 1))
+    results: dict[int, _R] = {}
+    pending: dict[int, tuple[IntArray, float]] = {}
+
+    def advance(i: int, answer: Evaluated | None) -> None:
+        try:
+            pending[i] = next(searches[i]) if answer is None else searches[i].send(answer)
+        except StopIteration as stop:
+            pending.pop(i, None)
+            results[i] = stop.value
+            if done is not None:
+                done(i)
+
+    for i in range(len(searches)):
+        advance(i, None)
+    while pending:
+        groups: list[list[int]] = [[]]
+        columns = 0
+        for i, (trials, _) in pending.items():
+            if groups[-1] and columns + trials.shape[1] > width:
+                groups.append([])
+                columns = 0
+            groups[-1].append(i)
+            columns += trials.shape[1]
+        answers: dict[int, Evaluated] = {}
+        for group in groups:
+            plans = [pending[i][0] for i in group]
+            ceiling = np.concatenate([np.full(p.shape[1], pending[i][1]) for i, p in
+                                      zip(group, plans, strict=True)])  # fmt: skip
+            refilled, time, energy = planner.refill_evaluated(
+                plans[0] if len(plans) == 1 else np.concatenate(plans, axis=1), ceiling
+            )
+            lo = 0
+            for i, p in zip(group, plans, strict=True):
+                hi = lo + p.shape[1]
+                answers[i] = (refilled[:, lo:hi], time[lo:hi], energy[lo:hi])
+                lo = hi
+        for i, answer in answers.items():
+            advance(i, answer)
+    return [results[i] for i in range(len(searches))]
+
+
+def _alone(planner: Planner, running: Searching[_R]) -> _R:
+    return run_together(planner, [running])[0]
 
 
 def search(
@@ -79,30 +153,51 @@ def searched(
     """The local searches of :func:`search` from hull plan ``start``: over hull plans
     before the refill (three quarters of ``work``), then over refilled plans. Returns the
     plan, and the hull plan where the first search stopped (to go on from)."""
+    return _alone(planner, searching(planner, start, deadline_s, work))
+
+
+def searching(
+    planner: Planner, start: IntArray, deadline_s: float, work: int
+) -> Searching[tuple[IntArray, IntArray]]:
+    """:func:`searched`, as a search in progress (see :func:`run_together`)."""
     hull_work = work * 3 // 4
-    state = local_search(planner, start, deadline_s, hull_work, raw=True, keep_state=True)
-    plan = planner.refill(state[:, None], np.asarray([deadline_s]))[:, 0]
-    return local_search(planner, plan, deadline_s, work - hull_work), state
+    state = yield from _LocalSearch(planner, start, deadline_s, hull_work, raw=True).ran(True)
+    refilled, _, _ = yield state[:, None], deadline_s
+    plan = yield from _LocalSearch(planner, refilled[:, 0], deadline_s, work - hull_work).ran()
+    return plan, state
+
+
+def restart_starts(planner: Planner, relaxation: Relaxation, deadline_s: float) -> list[IntArray]:
+    """Where :func:`restarts`' searches start: :data:`_RESTARTS` dives at ``deadline_s``,
+    each through the relaxation with every node's energy slopes scaled by a fixed
+    pseudo-random factor in 1 +- :data:`_RESTART_SPREAD`.
+
+    Which vertex the relaxation rests on decides which local optimum the search ends in
+    (on gpt3-175b+a40 8 x 12 at no slowdown: 12.28-12.41 % over eight such dives, 12.31 %
+    unscaled); a scaled problem rests on another vertex near the same optimum.
+    """
+    starts = []
+    for k in range(_RESTARTS):
+        factors = 1.0 + _RESTART_SPREAD * np.random.default_rng(k).uniform(
+            -1.0, 1.0, planner.dag.size
+        )
+        with relaxation.weighted(factors):
+            starts.append(dived(planner, relaxation, deadline_s, 0.05))
+    return starts
 
 
 def restarts(
     planner: Planner, relaxation: Relaxation, deadline_s: float, work: int, plan: IntArray
 ) -> IntArray:
     """The best of ``plan`` and :data:`_RESTARTS` more searches at ``deadline_s`` (each of
-    ``work``), each diving through the relaxation with every node's energy slopes scaled
-    by a fixed pseudo-random factor in 1 +- :data:`_RESTART_SPREAD`.
+    ``work``), from :func:`restart_starts`."""
+    starts = restart_starts(planner, relaxation, deadline_s)
+    found = run_together(planner, [searching(planner, s, deadline_s, work) for s in starts])
+    return best_at(planner, [plan, *(p for p, _ in found)], deadline_s)
 
-    Which vertex the relaxation rests on decides which local optimum the search ends in
-    (on gpt3-175b+a40 8 x 12 at no slowdown: 12.28-12.41 % over eight such dives, 12.31 %
-    unscaled); a scaled problem rests on another vertex near the same optimum.
-    """
-    plans = [plan]
-    for k in range(_RESTARTS):
-        factors = 1.0 + _RESTART_SPREAD * np.random.default_rng(k).uniform(
-            -1.0, 1.0, planner.dag.size
-        )
-        with relaxation.weighted(factors):
-            plans.append(search(planner, relaxation, deadline_s, work))
+
+def best_at(planner: Planner, plans: Sequence[IntArray], deadline_s: float) -> IntArray:
+    """The least-energy of ``plans`` that meets ``deadline_s`` (the first if none does)."""
     stacked = np.stack(plans, axis=1)
     plan_time, energy = planner.evaluate(stacked)
     energy = np.where(plan_time <= deadline_s * (1 + 1e-12), energy, np.inf)
@@ -135,18 +230,15 @@ def local_search(
     options off the hull, which later moves cannot take back; searching before the refill
     keeps that slack free to move.
     """
-    run = _LocalSearch(planner, plan, deadline_s, work, raw)
-    run.run()
-    if keep_state:
-        return run.plan
-    return run.judged(run.plan[:, None])[0][:, 0] if raw else run.plan
+    return _alone(planner, _LocalSearch(planner, plan, deadline_s, work, raw).ran(keep_state))
 
 
 class _LocalSearch:
-    """The state of one :func:`local_search`: the current plan, its energy, the work left."""
+    """The state of one :func:`local_search`: the current plan, its energy, the work left.
+    Its methods are searches in progress (see :func:`run_together`)."""
 
     def __init__(
-        self, planner: Planner, plan: IntArray, deadline_s: float, work: int, raw: bool
+        self, planner: Planner, plan: IntArray, deadline_s: float, work: int, raw: bool = False
     ) -> None:
         self.planner = planner
         self.deadline_s = deadline_s
@@ -154,30 +246,37 @@ class _LocalSearch:
         self.raw = raw
         self.work = work
         self.plan = plan
-        self.energy = (
-            float(self.judged(plan[:, None])[1][0])
-            if raw
-            else float(planner.evaluate(plan[:, None])[1][0])
-        )
+        self.energy = 0.0
 
-    def judged(self, trials: IntArray) -> tuple[IntArray, FloatArray]:
+    def ran(self, keep_state: bool = False) -> Searching[IntArray]:
+        """The whole search: see :func:`local_search`."""
+        if self.raw:
+            self.energy = float((yield from self.judged(self.plan[:, None]))[1][0])
+        else:
+            self.energy = float(self.planner.evaluate(self.plan[:, None])[1][0])
+        yield from self.run()
+        if keep_state or not self.raw:
+            return self.plan
+        return (yield from self.judged(self.plan[:, None]))[0][:, 0]
+
+    def judged(self, trials: IntArray) -> Searching[tuple[IntArray, FloatArray]]:
         """The refilled trials and their energies (inf where the deadline is missed)."""
-        refilled, time, energy = self.planner.refill_evaluated(
-            trials, np.full(trials.shape[1], self.deadline_s)
-        )
+        refilled, time, energy = yield trials, self.deadline_s
         return refilled, np.where(time <= self.limit, energy, np.inf)
 
     def state(self, trials: IntArray, refilled: IntArray, k: int) -> IntArray:
         return np.asarray((trials if self.raw else refilled)[:, k].copy())
 
-    def apply(self, nodes: IntArray, options: IntArray) -> tuple[IntArray, IntArray, bool]:
+    def apply(
+        self, nodes: IntArray, options: IntArray
+    ) -> Searching[tuple[IntArray, IntArray, bool]]:
         """Try the moves ``nodes[k] -> options[k]`` side by side, apply the best of the
         prefixes of 1, 2, 4, ... improving ones (best first, one node once); return the
         improving moves not applied, and whether the plan improved."""
         n = self.planner.dag.size
         trial = np.repeat(self.plan[:, None], len(nodes), axis=1)
         trial[nodes, np.arange(len(nodes))] = options
-        gains = self.judged(trial)[1]
+        gains = (yield from self.judged(trial))[1]
         self.work -= n * (len(nodes) + _BATCH_CHARGE)
         better = np.flatnonzero(gains < self.energy * (1 - 1e-12))
         if not len(better):
@@ -189,7 +288,7 @@ class _LocalSearch:
         trial = np.repeat(self.plan[:, None], len(sizes), axis=1)
         for k, size in enumerate(sizes.tolist()):
             trial[nodes[picked[:size]], k] = options[picked[:size]]
-        refilled, trial_energy = self.judged(trial)
+        refilled, trial_energy = yield from self.judged(trial)
         self.work -= n * (len(sizes) + _BATCH_CHARGE)
         k = int(np.argmin(trial_energy))
         if not trial_energy[k] < self.energy * (1 - 1e-12):
@@ -199,7 +298,7 @@ class _LocalSearch:
         rest = rest[self.plan[nodes[rest]] != options[rest]]
         return nodes[rest], options[rest], True
 
-    def run(self) -> None:
+    def run(self) -> Searching[None]:
         """Rounds of moves until a local optimum or the work is spent."""
         planner, raw = self.planner, self.raw
         n = planner.dag.size
@@ -212,7 +311,7 @@ class _LocalSearch:
             # Whole-class moves first: in a pipeline's steady state the instructions of one
             # class sit on the critical path together, so only moving them together frees time.
             classed = _class_moves(planner, self.plan, steps=not raw)
-            shifted, shifted_energy = self.judged(classed)
+            shifted, shifted_energy = yield from self.judged(classed)
             self.work -= n * (shifted.shape[1] + _BATCH_CHARGE)
             best_shift = int(np.argmin(shifted_energy))
             if shifted_energy[best_shift] < self.energy * (1 - 1e-12):
@@ -232,7 +331,7 @@ class _LocalSearch:
                 # The improving moves left out of what was applied are tried again at once
                 # (most still improve), before the next batch.
                 while len(nodes) and self.work > 0:
-                    nodes, options, applied = self.apply(nodes, options)
+                    nodes, options, applied = yield from self.apply(nodes, options)
                     improved |= applied
             if not improved:
                 break
