@@ -9,7 +9,9 @@ is down old reports are dropped, never the training thread blocked. The clock lo
     {"iteration": 12, "instruction": "forward", "microbatch": 3, "chunk": 0,
      "frequency_mhz": 1200, "ran_mhz": 1200, "plan_version": 1, "phase": "plan"}
 
-``frequency_mhz`` is the clock the plan asked for (null: the default), ``ran_mhz`` the clock
+``instruction`` is the kind's name: ``forward``, ``backward``, and for schedules that split the
+backward (zero-bubble) ``backward_input`` and ``backward_weight``. ``frequency_mhz`` is the
+clock the plan asked for (null: the default), ``ran_mhz`` the clock
 the instruction really started at (the fake GPU's latched clock, or the GPU's SM clock read
 once the instruction started; null where not read). An iteration's lines are written once
 the clock controller has passed them (its fence), so ``ran_mhz`` is known. A write error
