@@ -10,7 +10,11 @@ Run on CPU (gloo) with the fake GPU, against a planner started with ``perseus se
 On GPUs the same command uses NCCL and ``PERSEUS_GPU=nvml`` (or ``dry-run`` to change
 nothing). Without ``PERSEUS_SERVER`` it trains without perseus. ``--schedule
 interleaved-1f1b`` puts two model chunks on every rank (create the job with
-``--schedule interleaved-1f1b --virtual-stages 2``).
+``--schedule interleaved-1f1b --virtual-stages 2``); so do the zero-bubble schedules, which
+split each backward into its input and weight halves: ``interleaved-zb`` (chunks placed like
+interleaved-1f1b), ``zbv`` and ``dualpipev`` (rank ``r`` of ``R`` holds stages ``r`` and
+``2R - 1 - r``, a V; DualPipeV needs at least ``2R`` microbatches). Create their jobs with the
+same ``--schedule`` and ``--virtual-stages 2``.
 """
 
 from __future__ import annotations
@@ -27,12 +31,24 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
 )
 
 import perseus.client
 from perseus.client.integrations.torch_pipelining import instrument
+
+SCHEDULES: dict[str, type] = {
+    "1f1b": Schedule1F1B,
+    "gpipe": ScheduleGPipe,
+    "interleaved-1f1b": ScheduleInterleaved1F1B,
+    "interleaved-zb": ScheduleInterleavedZeroBubble,
+    "zbv": ScheduleZBVZeroBubble,
+    "dualpipev": ScheduleDualPipeV,
+}
 
 
 class Block(nn.Module):
@@ -78,7 +94,7 @@ class StageModule(nn.Module):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved-1f1b"], default="1f1b")
+    parser.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b")
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--steps", type=int, default=100, help="training iterations (default 100)")
     parser.add_argument("--microbatch-size", type=int, default=4)
@@ -105,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     dtype = getattr(torch, args.dtype or ("bfloat16" if cuda else "float32"))
 
-    chunks = 2 if args.schedule == "interleaved-1f1b" else 1
+    chunks = 1 if args.schedule in ("1f1b", "gpipe") else 2
     num_stages = world * chunks
-    indices = [me + k * world for k in range(chunks)]
+    if args.schedule in ("zbv", "dualpipev"):
+        indices = [me, num_stages - 1 - me]  # the V: down the ranks, then back up
+    else:
+        indices = [me + k * world for k in range(chunks)]
     # Build every stage from the same seed so the model does not depend on the world size.
     modules = {}
     for index in range(num_stages):
@@ -121,14 +140,10 @@ def main(argv: list[str] | None = None) -> int:
             logits.reshape(-1, args.vocab).float(), target.reshape(-1)
         )
 
-    if args.schedule == "1f1b":
-        schedule = Schedule1F1B(stages[0], n_microbatches=args.microbatches, loss_fn=loss_fn)
-    elif args.schedule == "gpipe":
-        schedule = ScheduleGPipe(stages[0], n_microbatches=args.microbatches, loss_fn=loss_fn)
-    else:
-        schedule = ScheduleInterleaved1F1B(
-            stages, n_microbatches=args.microbatches, loss_fn=loss_fn
-        )
+    schedule_class = SCHEDULES[args.schedule]
+    schedule = schedule_class(
+        stages[0] if chunks == 1 else stages, n_microbatches=args.microbatches, loss_fn=loss_fn
+    )
 
     rank = perseus.client.connect()
     instrument(rank, stages, schedule, microbatches=args.microbatches)
