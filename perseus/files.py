@@ -1,4 +1,5 @@
-"""The files ``perseus plan`` writes and ``perseus simulate`` reads, one pydantic model each.
+"""The files ``perseus plan`` writes and ``perseus simulate`` reads, one pydantic model each;
+and torch's schedule CSV that ``perseus plan --schedule-file`` reads.
 
 - :class:`FrontierFile`, ``perseus.frontier/1``: every frontier point, the run's baselines and
   the fingerprint of the profile it was planned on (``--output``).
@@ -13,8 +14,10 @@ Parsing checks types, finiteness and ranges (the models) and then shapes against
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -47,6 +50,7 @@ __all__ = [
     "frontier_to_json",
     "profile_fingerprint",
     "read_plan_or_frontier",
+    "read_torch_schedule",
 ]
 
 PLAN_FORMAT = "perseus.plan/1"
@@ -455,3 +459,71 @@ def _run_fields(frontier: Frontier, profile: ProfileFingerprint | None) -> dict[
         "profile": profile,
         "clock_change_margin_s": float(frontier.clock_change_margin_s),
     }
+
+
+# ----------------------------------------------------------------------------- torch schedules
+
+# torch.distributed.pipelining's printed actions (``_Action.__repr__``, torch 2.13):
+# ``[stage][type][microbatch]`` such as ``2F0``, and ``(0F3;3B1)OVERLAP_F_B`` for a forward
+# and a full backward issued together. Communication and FSDP actions carry no compute.
+_TORCH_ACTION = re.compile(
+    r"(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)"
+)
+_TORCH_KINDS = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
+
+
+def read_torch_schedule(path: str | Path) -> list[list[tuple[int, Any, int]]]:
+    """Every rank's compute actions from torch's ``compute_only`` schedule CSV.
+
+    The CSV is what ``PipelineScheduleMulti._dump_csv`` writes (and ``_load_csv`` reads): one
+    row per rank, one printed action per cell (``2F0``, ``1I3``, ``0W1``, ``0B2``,
+    ``(0F3;3B1)OVERLAP_F_B``), an empty cell for a bubble. An overlapped action becomes its
+    halves in order; communication and FSDP actions (``SEND_F``, ``UNSHARD``, ...) are
+    skipped.
+
+    Returns:
+        ``actions[rank]``: ``(stage, kind, microbatch)`` in order, for
+        :func:`perseus.solver.schedule_from_actions`.
+
+    Raises:
+        ScheduleError: Unreadable file or a cell that is no action; the message names the
+            file, the row (rank + 1) and the column.
+    """
+    from perseus.errors import ScheduleError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ScheduleError(f"{path}: cannot read the schedule: {err}") from None
+    actions: list[list[tuple[int, Any, int]]] = []
+    for number, row in enumerate(csv.reader(text.splitlines()), start=1):
+        if not any(cell.strip() for cell in row):
+            continue
+        seq: list[tuple[int, Any, int]] = []
+        for column, cell in enumerate(row, start=1):
+            where = f"{path}: row {number}, column {column}"
+            cell = cell.strip()
+            if cell in ("", "None"):
+                continue
+            parts = [cell]
+            if cell.startswith("("):
+                inner, _, kind = cell[1:].partition(")")
+                if kind != "OVERLAP_F_B":
+                    raise ScheduleError(f"{where}: {cell!r} is not a torch action")
+                parts = [part.strip() for part in inner.split(";") if part.strip()]
+            for part in parts:
+                match = _TORCH_ACTION.fullmatch(part)
+                if match is None:
+                    raise ScheduleError(
+                        f"{where}: {part!r} is not a torch action (such as 2F0, 1I3, 0W1)"
+                    )
+                stage, kind, microbatch = match.groups()
+                if kind not in _TORCH_KINDS:
+                    continue
+                if not microbatch:
+                    raise ScheduleError(f"{where}: {part!r} has no microbatch")
+                seq.append((int(stage), _TORCH_KINDS[kind], int(microbatch)))
+        actions.append(seq)
+    if not actions:
+        raise ScheduleError(f"{path}: the schedule has no rows")
+    return actions

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,7 +30,13 @@ from perseus.cli.outputs import Outputs
 from perseus.cli.progress import ProgressBar
 from perseus.cli.tables import format_table, schedule_text
 from perseus.defaults import CLOCK_CHANGE_MARGIN_S, EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
-from perseus.errors import InfeasibleDeadline, PlanError, ProfileError, SolverTimeout
+from perseus.errors import (
+    InfeasibleDeadline,
+    PerseusError,
+    PlanError,
+    ProfileError,
+    SolverTimeout,
+)
 
 if TYPE_CHECKING:
     from perseus.solver import Baseline, Frontier, Policy, Profile, Schedule
@@ -61,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("profile", metavar="PROFILE", help="profile: Zeus CSV or perseus JSON")
     parser.add_argument(
-        "--microbatches", metavar="M", type=positive_int, required=True, help="microbatches"
+        "--microbatches",
+        metavar="M",
+        type=positive_int,
+        help="microbatches (required, except with --schedule-file, which says how many)",
     )
     parser.add_argument(
         "--p-block",
@@ -69,7 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         help="blocking power of a waiting GPU (default: the JSON profile's p_block_w)",
     )
-    parser.add_argument("--schedule", choices=SCHEDULE_NAMES, default="1f1b", help="(default 1f1b)")
+    parser.add_argument(
+        "--schedule",
+        metavar="NAME[,NAME...]",
+        type=_schedule_names(SCHEDULE_NAMES),
+        help=f"one of {', '.join(SCHEDULE_NAMES)} (default 1f1b); several, comma-separated, "
+        "print one what-if table comparing their iteration time and energy",
+    )
+    parser.add_argument(
+        "--schedule-file",
+        metavar="FILE",
+        help="plan the order in torch's compute_only schedule CSV (what "
+        "PipelineScheduleMulti._dump_csv writes: one row per rank, cells such as 2F0, 1I3, "
+        "0W1, (0F3;3B1)OVERLAP_F_B; overlapped pairs are planned as their two halves in order)",
+    )
     parser.add_argument(
         "--virtual-stages",
         metavar="V",
@@ -148,6 +170,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _schedule_names(known: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(name.strip() for name in text.split(","))
+        for name in names:
+            if name not in known:
+                raise argparse.ArgumentTypeError(
+                    f"unknown schedule {name!r}; expected one of {', '.join(known)}"
+                )
+        if len(set(names)) != len(names):
+            raise argparse.ArgumentTypeError(f"a schedule is named twice in {text!r}")
+        return names
+
+    return parse
+
+
 def _margin(text: str) -> float:
     value = nonnegative_float(text)
     if value >= 1:
@@ -160,7 +197,7 @@ class PlanRequest:
     """What to plan and which files to write; ``extra_files`` are written with them."""
 
     profile: Profile
-    microbatches: int
+    microbatches: int | None
     p_block_w: float | None
     schedule: str
     virtual_stages: int | None
@@ -176,6 +213,8 @@ class PlanRequest:
     plot: str | None = None
     timeline: str | None = None
     extra_files: Mapping[str, bytes] = field(default_factory=dict)
+    schedule_file: str | None = None
+    """Plan this torch schedule CSV instead of ``schedule`` (see ``--schedule-file``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,24 +239,44 @@ def run(argv: list[str]) -> int:
         from perseus.solver import Policy, load_profile
         from perseus.solver.schedules import CHUNKED_SCHEDULES
 
-        chunked = args.schedule in CHUNKED_SCHEDULES
-        if args.virtual_stages not in (None, 1) and not chunked:
+        if args.schedule is not None and args.schedule_file is not None:
+            raise UsageError("--schedule-file: give --schedule or --schedule-file, not both")
+        if args.microbatches is None and args.schedule_file is None:
+            raise UsageError("--microbatches: required (unless --schedule-file says how many)")
+        names = args.schedule or ("1f1b",)
+        chunked = any(name in CHUNKED_SCHEDULES for name in names)
+        if args.virtual_stages not in (None, 1) and not chunked and args.schedule_file is None:
             raise UsageError(
-                f"--virtual-stages: {args.schedule} runs one model chunk per GPU; V > 1 needs "
+                f"--virtual-stages: {names[0]} runs one model chunk per GPU; V > 1 needs "
                 f"--schedule interleaved-1f1b (or another chunked schedule)"
             )
         if args.virtual_stages == 1 and chunked:
             raise UsageError(
-                f"--virtual-stages: {args.schedule} runs V >= 2 model chunks per GPU; for one, "
+                f"--virtual-stages: {names[0]} runs V >= 2 model chunks per GPU; for one, "
                 "use --schedule 1f1b"
             )
+        if args.schedule_file is not None and args.virtual_stages is not None:
+            raise UsageError("--virtual-stages: --schedule-file says where every stage runs")
+        if len(names) > 1:
+            for option, value in (
+                ("--output", args.output),
+                ("--plan-output", args.plan_output),
+                ("--plot", args.plot),
+                ("--timeline", args.timeline),
+                ("--straggler", args.straggler),
+                ("--exact", args.exact or None),
+            ):
+                if value is not None:
+                    raise UsageError(
+                        f"{option}: plans one schedule; drop it to compare {', '.join(names)}"
+                    )
         outputs = _check_outputs(args)
         progress.phase(f"reading {args.profile}")
         request = PlanRequest(
             profile=load_profile(args.profile),
             microbatches=args.microbatches,
             p_block_w=args.p_block,
-            schedule=args.schedule,
+            schedule=names[0],
             virtual_stages=args.virtual_stages,
             policy=args.policy or Policy.parse("no-slowdown"),
             resolution_s=args.resolution,
@@ -230,8 +289,12 @@ def run(argv: list[str]) -> int:
             plan_output=args.plan_output,
             plot=args.plot,
             timeline=args.timeline,
+            schedule_file=args.schedule_file,
         )
-        result = plan(request, outputs, progress)
+        if len(names) > 1:
+            result = compare(request, names, progress)
+        else:
+            result = plan(request, outputs, progress)
     return print_result(result)
 
 
@@ -263,19 +326,12 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
         UsageError: A file could not be written (none was).
     """
     from perseus.files import FrontierFile, PlanFile, profile_fingerprint
-    from perseus.solver import baselines_at, choose_point, compute_frontier, make_schedule, replay
+    from perseus.solver import baselines_at, choose_point, compute_frontier, replay
     from perseus.solver.exact import recorded_sweeps
 
     profile = request.profile
     p_block_w = _blocking_power(request.p_block_w, profile)
-    virtual_stages = request.virtual_stages
-    if virtual_stages is None:
-        from perseus.solver.schedules import CHUNKED_SCHEDULES
-
-        virtual_stages = 2 if request.schedule in CHUNKED_SCHEDULES else 1
-    schedule = make_schedule(
-        request.schedule, profile.num_stages, request.microbatches, virtual_stages
-    )
+    schedule = _request_schedule(request, request.schedule)
     fingerprint = profile_fingerprint(profile)
     _check_feasible(profile, schedule, p_block_w, request)
 
@@ -407,6 +463,132 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
     return PlanResult(text, written, warnings)
 
 
+def _request_schedule(request: PlanRequest, name: str) -> Schedule:
+    """The schedule ``name`` on the request's profile, or the request's schedule file.
+
+    A file whose order is one of the named schedules' is that schedule (so its frontier and
+    plan files name it); another order can be planned but not written to those files.
+
+    Raises:
+        ScheduleError: A bad file, a list that deadlocks or misses actions, bad sizes.
+        UsageError: The file disagrees with --microbatches, or an unnamed order with outputs.
+    """
+    from perseus.solver import SCHEDULE_NAMES, build_dag, make_schedule, schedule_from_actions
+    from perseus.solver.schedules import CHUNKED_SCHEDULES
+
+    stages = request.profile.num_stages
+    if request.schedule_file is None:
+        virtual_stages = request.virtual_stages
+        if virtual_stages is None:
+            virtual_stages = 2 if name in CHUNKED_SCHEDULES else 1
+        elif name not in CHUNKED_SCHEDULES:
+            virtual_stages = 1  # a comparison: --virtual-stages is for the chunked ones
+        if request.microbatches is None:
+            raise UsageError("--microbatches: required (unless --schedule-file says how many)")
+        return make_schedule(name, stages, request.microbatches, virtual_stages)
+    from perseus.files import read_torch_schedule
+
+    actions = read_torch_schedule(request.schedule_file)
+    schedule = schedule_from_actions(Path(request.schedule_file).name, actions)
+    if request.microbatches is not None and request.microbatches != schedule.microbatches:
+        raise UsageError(
+            f"--microbatches: {request.schedule_file} runs {schedule.microbatches} "
+            f"microbatches, not {request.microbatches}"
+        )
+    build_dag(schedule)  # complete and free of deadlocks, or say which actions are not
+    for known in SCHEDULE_NAMES:
+        try:
+            named = make_schedule(
+                known, schedule.stages, schedule.microbatches, schedule.virtual_stages
+            )
+        except PerseusError:
+            continue
+        if named.actions() == schedule.actions():
+            return named
+    if request.output or request.plan_output:
+        raise UsageError(
+            f"--schedule-file: {request.schedule_file} is none of the named schedules; its "
+            "frontier and plan cannot be written to --output/--plan-output (those files name "
+            "their schedule)"
+        )
+    return schedule
+
+
+def compare(request: PlanRequest, names: Sequence[str], progress: ProgressBar) -> PlanResult:
+    """What-if: plan each named schedule on the request's profile with its policy and print
+    one table of iteration times and energies, the first schedule's default as reference.
+
+    Raises:
+        PerseusError: A bad profile or schedule, an infeasible policy, a solver limit.
+    """
+    from perseus.solver import baselines_at, choose_point, compute_frontier
+
+    profile = request.profile
+    p_block_w = _blocking_power(request.p_block_w, profile)
+    policy = request.policy
+    rows = [
+        [
+            "schedule",
+            "instructions",
+            "default time (s)",
+            "default energy (J)",
+            f"{policy} time (s)",
+            "energy (J)",
+            "saving",
+            f"time vs {names[0]}",
+            f"energy vs {names[0]}",
+        ]
+    ]
+    reference: tuple[float, float] | None = None
+    for name in names:
+        schedule = _request_schedule(request, name)
+        progress.phase(f"planning {name}")
+        frontier = compute_frontier(
+            profile,
+            schedule,
+            p_block_w=p_block_w,
+            resolution_s=request.resolution_s,
+            polish_s=request.polish_s,
+            progress=progress,
+            clock_change_margin_s=request.clock_change_margin_s,
+        )
+        try:
+            chosen = choose_point(frontier, policy)
+        except InfeasibleDeadline as err:
+            raise InfeasibleDeadline(f"--policy {policy} ({name}): {err}") from err
+        point = frontier.point(chosen)
+        default = baselines_at(
+            profile,
+            schedule,
+            frontier.p_block_w,
+            point.time_s,
+            clock_change_margin_s=frontier.clock_change_margin_s,
+        )["default"]
+        if reference is None:
+            reference = (default.time_s, default.energy_j)
+        rows.append(
+            [
+                schedule_text(schedule),
+                str(schedule.num_instructions),
+                f"{default.time_s:.4f}",
+                f"{default.energy_j:.1f}",
+                f"{point.time_s:.4f}",
+                f"{point.energy_j:.1f}",
+                saving_text(point.energy_j, default.energy_j),
+                f"{100 * (point.time_s / reference[0] - 1):+.2f} %",
+                f"{100 * (point.energy_j / reference[1] - 1):+.2f} %",
+            ]
+        )
+    text = (
+        f"profile   {profile.source}: {profile.num_stages} stages, P_block {p_block_w:g} W, "
+        f"clock-change margin {1000 * request.clock_change_margin_s:g} ms\n\n"
+        + format_table(rows, right=range(1, 9))
+        + f"\ndefault: every instruction at the highest clock; saving: {policy} against its "
+        f"schedule's default; vs {names[0]}: {policy} against {names[0]}'s default\n"
+    )
+    return PlanResult(text, [], [])
+
+
 def _exact_sweep(sweeps: Sequence[ExactSweep]) -> ExactSweep | None:
     """The sweep of ``--exact`` (the last one with a time limit, else the last one)."""
     timed = [sweep for sweep in sweeps if sweep.time_limit_s is not None] or list(sweeps)
@@ -451,7 +633,7 @@ def _check_feasible(
         return
     fastest = [
         tuple(
-            min(profile.stages[gpu][ins.kind], key=lambda o: o.time_s).frequency_mhz for ins in seq
+            min(profile.options(gpu, ins.kind), key=lambda o: o.time_s).frequency_mhz for ins in seq
         )
         for gpu, seq in enumerate(schedule.order)
     ]
