@@ -118,6 +118,22 @@ _INTERVALS_KEPT = 5
 """Start-to-start intervals kept per plan position."""
 
 
+def _run_time(high_s: float | None, time_s: float | None, margin_s: float) -> float | None:
+    """A late estimate of how long an instruction runs before its lowering may land.
+
+    Its start-to-start interval (``high_s``) includes any wait before the next instruction
+    (a receive from the neighbouring stage), whose length varies from iteration to
+    iteration; the instruction itself runs its plan time (``time_s``). A lowering aimed past
+    the plan time plus the margin lands after the instruction ends (it runs its own clock)
+    and, where a wait follows, during the wait, instead of past the longest wait seen.
+    """
+    if high_s is None:
+        return time_s
+    if time_s is None:
+        return high_s
+    return min(high_s, time_s + margin_s)
+
+
 class _Aiming:
     """The controller thread's prediction and aiming (a base of ``ClockController``)."""
 
@@ -199,6 +215,17 @@ class _Aiming:
         here = self._at(g)
         return otherwise if here is None else here[0]
 
+    def _place(self, i: int, j: int, change: _Change, next_start_s: float) -> None:
+        """Schedule boundary ``i``'s change aimed from start ``j``; from ``j < i``, only if it
+        is due before ``j + 1``'s predicted start (``next_start_s``). Otherwise that start
+        aims it again from what it measures, so that a change aimed across a wait that
+        turns out longer than predicted is not issued early (a raise a whole instruction
+        early, or a lowering in the middle of the instruction before)."""
+        if i > j and change.due_s >= next_start_s:
+            self._pending.pop(i, None)
+        else:
+            self._pending[i] = change
+
     def _aim(self, j: int, start_s: float, margin_s: float, gen: int) -> None:
         """Schedule the changes this start is the latest anchor for (see the module)."""
         latency = self.latency.value_s
@@ -223,17 +250,21 @@ class _Aiming:
                 elif self._mhz(target) > self._mhz(clock_i):  # a raise
                     if low_i is not None:
                         due = start_s + low_acc + low_i - margin_s - latency
-                        self._pending[i] = _Change(target, max(due, start_s), gen)
+                        self._place(
+                            i, j, _Change(target, max(due, start_s), gen), start_s + first_low
+                        )
                     elif i == j:
                         self._pending[i] = _Change(target, start_s, gen)
                 else:  # a lowering
+                    own = _run_time(high_i, time_i, margin_s)
                     if i == j:
-                        own = high_i if high_i is not None else time_i
                         due = start_s if own is None else start_s + own + margin_s - latency_low
                         self._pending[i] = _Change(target, max(due, start_s), gen)
-                    elif high_acc is not None and high_i is not None:
-                        due = start_s + high_acc + high_i + margin_s - latency_low
-                        self._pending[i] = _Change(target, max(due, start_s), gen)
+                    elif high_acc is not None and own is not None:
+                        due = start_s + high_acc + own + margin_s - latency_low
+                        self._place(
+                            i, j, _Change(target, max(due, start_s), gen), start_s + first_low
+                        )
             if low_i is None:
                 break
             if i == j:

@@ -15,8 +15,11 @@ and ``m`` the plan's margin (``clock_change_margin_s``):
 - a **lowering** (``n`` lower) is aimed to take effect ``m`` *after* ``b``: requested at
   ``b + m - L``, from ``k``'s own start, or, once the intervals in between have been measured,
   from the latest earlier start that precedes it (predicted with a high estimate of those
-  intervals, so that it errs late). Where no start precedes it, it is requested at once: it
-  lands late, and the head of ``n`` runs at the higher clock, faster (it costs energy only).
+  intervals, so that it errs late). ``b`` is taken as ``k``'s end (its start plus the
+  shorter of its measured interval and its plan time plus ``m``): where ``n`` waits for a
+  neighbouring stage, the lowering lands in the wait instead of past the longest wait seen.
+  Where no start precedes it, it is requested at once: it lands late, and the head of ``n``
+  runs at the higher clock, faster (it costs energy only).
 
 So no instruction runs at a clock below its own because of a change that lands early or
 late, except by the error of a prediction beyond the margin. Predictions add up intervals
@@ -399,12 +402,15 @@ class ClockController(_Aiming):
 
     def _issue_due(self, now: float) -> None:
         """Issue the changes and reads due by ``now``, changes in boundary order; a change
-        whose successor is due no later is dropped."""
+        whose successor is due no later is dropped, once that successor is due: until then a
+        later start may aim both again (a drop decided from an early prediction, where the
+        waits in between vary, would be final)."""
         pending = self._pending
         while pending:
             order = sorted(pending)
             first = pending[order[0]]
-            if len(order) > 1 and pending[order[1]].due_s <= first.due_s:
+            successor = pending[order[1]] if len(order) > 1 else None
+            if successor is not None and successor.due_s <= min(first.due_s, now):
                 del pending[order[0]]
                 self._issued_upto = max(self._issued_upto, order[0])
                 continue
