@@ -529,14 +529,15 @@ def compare(request: PlanRequest, names: Sequence[str], progress: ProgressBar) -
     rows = [
         [
             "schedule",
+            "chunks",
             "instructions",
-            "default time (s)",
-            "default energy (J)",
-            f"{policy} time (s)",
-            "energy (J)",
+            "default s",
+            "default J",
+            f"{policy} s",
+            f"{policy} J",
             "saving",
-            f"time vs {names[0]}",
-            f"energy vs {names[0]}",
+            f"s vs {names[0]}",
+            f"J vs {names[0]}",
         ]
     ]
     reference: tuple[float, float] | None = None
@@ -568,7 +569,8 @@ def compare(request: PlanRequest, names: Sequence[str], progress: ProgressBar) -
             reference = (default.time_s, default.energy_j)
         rows.append(
             [
-                schedule_text(schedule),
+                name,
+                str(schedule.virtual_stages),
                 str(schedule.num_instructions),
                 f"{default.time_s:.4f}",
                 f"{default.energy_j:.1f}",
@@ -580,11 +582,12 @@ def compare(request: PlanRequest, names: Sequence[str], progress: ProgressBar) -
             ]
         )
     text = (
-        f"profile   {profile.source}: {profile.num_stages} stages, P_block {p_block_w:g} W, "
-        f"clock-change margin {1000 * request.clock_change_margin_s:g} ms\n\n"
-        + format_table(rows, right=range(1, 9))
+        f"profile   {profile.source}: {profile.num_stages} stages, {request.microbatches} "
+        f"microbatches, P_block {p_block_w:g} W, clock-change margin "
+        f"{1000 * request.clock_change_margin_s:g} ms\n\n"
+        + format_table(rows, right=range(1, 10))
         + f"\ndefault: every instruction at the highest clock; saving: {policy} against its "
-        f"schedule's default; vs {names[0]}: {policy} against {names[0]}'s default\n"
+        f"schedule's default;\nvs {names[0]}: {policy} against {names[0]}'s default\n"
     )
     return PlanResult(text, [], [])
 

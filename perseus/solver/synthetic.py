@@ -28,6 +28,11 @@ stage also runs the LM head and the loss (a large vocabulary GEMM, compute-bound
 stages in between are identical. At ``F_MAX`` a middle stage draws ``P_STATIC + P_DYN_MAX``
 = 620 W while compute-bound, close to an H200 running a large bf16 GEMM.
 
+The backward is also "measured" split, for zero-bubble schedules: ``backward_input`` does
+:data:`INPUT_SHARE` of the backward's compute and memory work and ``backward_weight`` the rest,
+so at every clock the halves take the full backward's time and energy (up to their own noise,
+drawn by a second generator so that the forward and backward rows stay as they were).
+
 The demo plans this profile with a blocking power of :data:`EXAMPLE_P_BLOCK_W` watts.
 
 Regenerate the shipped file with::
@@ -45,11 +50,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perseus.solver.schedules import BACKWARD, FORWARD, InstructionKind
+from perseus.solver.schedules import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    InstructionKind,
+)
 
 __all__ = [
     "EXAMPLE_P_BLOCK_W",
     "H200_CLOCKS_MHZ",
+    "INPUT_SHARE",
     "StageWork",
     "stage_work",
     "synthetic_profile",
@@ -67,6 +79,9 @@ ENERGY_NOISE = 0.005
 
 #: H200-like supported SM clocks, 1980 MHz down to 1005 MHz in 15 MHz steps (66 clocks).
 H200_CLOCKS_MHZ: tuple[int, ...] = tuple(range(1980, 1004, -15))
+
+#: The split backward: backward_input's share of the backward's work (backward_weight: the rest).
+INPUT_SHARE = 0.55
 
 #: Blocking power (W) to plan the example profile with: a GPU waiting on a peer draws this much.
 EXAMPLE_P_BLOCK_W = 100.0
@@ -108,7 +123,10 @@ def stage_work(stage: int, stages: int) -> dict[InstructionKind, StageWork]:
 
 
 def synthetic_profile(
-    stages: int = 4, clocks_mhz: Iterable[int] = H200_CLOCKS_MHZ, seed: int = 0
+    stages: int = 4,
+    clocks_mhz: Iterable[int] = H200_CLOCKS_MHZ,
+    seed: int = 0,
+    split_backward: bool = True,
 ) -> list[Row]:
     """Generate profile rows from the model in the module docstring.
 
@@ -116,10 +134,12 @@ def synthetic_profile(
         stages: Number of pipeline stages, >= 1 (with one stage it carries embedding and head).
         clocks_mhz: SM clocks to "measure", each in ``(0, F_MAX]``; rows follow this order.
         seed: Seed of the measurement noise; the same seed gives the same rows.
+        split_backward: Also give ``backward_input`` and ``backward_weight`` rows.
 
     Returns:
         Rows ``(stage, instruction, frequency_mhz, time_s, energy_j)``: per stage, per clock,
-        forward then backward; the shape :func:`perseus.solver.profile_from_rows` takes.
+        forward, backward (then backward_input, backward_weight); the shape
+        :func:`perseus.solver.profile_from_rows` takes.
 
     Raises:
         ValueError: ``stages < 1``, no clocks, or a clock outside ``(0, F_MAX]``.
@@ -136,25 +156,36 @@ def synthetic_profile(
     volt = V_MIN + (1.0 - V_MIN) * np.clip(freq - F_KNEE_MHZ, 0.0, None) / (F_MAX_MHZ - F_KNEE_MHZ)
     p_dyn = P_DYN_MAX_W * (freq / F_MAX_MHZ) * volt * volt
 
+    def measure(work: StageWork, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        compute_s = work.compute_s * slow
+        time_s = compute_s + work.memory_s
+        energy_j = (P_STATIC_W + p_dyn) * compute_s + (
+            P_STATIC_W + MEMORY_ACTIVITY * p_dyn
+        ) * work.memory_s
+        time_s = time_s * (1.0 + rng.uniform(-TIME_NOISE, TIME_NOISE, len(clocks)))
+        energy_j = energy_j * (1.0 + rng.uniform(-ENERGY_NOISE, ENERGY_NOISE, len(clocks)))
+        return np.round(time_s, 7), np.round(energy_j, 4)
+
+    split_rng = np.random.default_rng([seed, 1])
+    kinds: tuple[InstructionKind, ...] = (FORWARD, BACKWARD)
+    if split_backward:
+        kinds += (BACKWARD_INPUT, BACKWARD_WEIGHT)
     per_stage: list[dict[InstructionKind, tuple[np.ndarray, np.ndarray]]] = []
     for stage in range(stages):
-        measured = {}
-        for kind, work in stage_work(stage, stages).items():
-            compute_s = work.compute_s * slow
-            time_s = compute_s + work.memory_s
-            energy_j = (P_STATIC_W + p_dyn) * compute_s + (
-                P_STATIC_W + MEMORY_ACTIVITY * p_dyn
-            ) * work.memory_s
-            time_s = time_s * (1.0 + rng.uniform(-TIME_NOISE, TIME_NOISE, len(clocks)))
-            energy_j = energy_j * (1.0 + rng.uniform(-ENERGY_NOISE, ENERGY_NOISE, len(clocks)))
-            measured[kind] = (np.round(time_s, 7), np.round(energy_j, 4))
+        works = stage_work(stage, stages)
+        measured = {kind: measure(work, rng) for kind, work in works.items()}
+        if split_backward:
+            whole = works[BACKWARD]
+            for kind, share in ((BACKWARD_INPUT, INPUT_SHARE), (BACKWARD_WEIGHT, 1 - INPUT_SHARE)):
+                half = StageWork(whole.compute_s * share, whole.memory_s * share)
+                measured[kind] = measure(half, split_rng)
         per_stage.append(measured)
 
     return [
         (stage, kind, clock, float(measured[kind][0][i]), float(measured[kind][1][i]))
         for stage, measured in enumerate(per_stage)
         for i, clock in enumerate(clocks)
-        for kind in (FORWARD, BACKWARD)
+        for kind in kinds
     ]
 
 
