@@ -3,6 +3,7 @@
     python benchmarks/solver.py            # default grid (lowtime cases take a few minutes)
     python benchmarks/solver.py --quick    # small grid
     python benchmarks/solver.py --scale    # doubling series up to 32 x 256 (synthetic H200)
+    python benchmarks/solver.py --versus /tmp/perseus-base  # planning call against older code
 
 Each run (one case, one solver) happens in a fresh Python process, so its peak memory is its own:
 "peak MiB" is the growth of the process's ru_maxrss over the solve (after imports and profile
@@ -27,6 +28,14 @@ the synthetic H200-shaped profile (``perseus.solver.synthetic``, 110 clocks from
 median of ``--repeat`` runs), "peak MiB" its ru_maxrss, "cells" instructions x clocks; the last
 lines fit time and memory to ``a * cells^b`` over the 1F1B series (least squares in log-log)
 and print ``b``.
+
+``--versus DIR`` times the planning call (`compute_frontier` with default settings, in a fresh
+process each run) of this checkout against the perseus in DIR (an older commit, e.g. from
+`git worktree add /tmp/perseus-base <commit>`), on 8 x 12 and 8 x 96 1F1B (gpt3-175b+a40 and
+bloom+a100), the two alternating run by run so that both see the same load; it prints the
+medians of ``--repeat`` runs, their ratio, and the two frontiers compared point by point: at
+every deadline where either has a point, the least energy each takes within it ("worse" is
+this checkout's largest excess over the older, "better" its largest saving).
 """
 
 from __future__ import annotations
@@ -210,6 +219,91 @@ def run_scale(repeat: int) -> None:
             xs = [c for c, _, _ in big]
             print(f"largest three: time ^{_fit_exponent(xs, [s for _, s, _ in big]):.2f}, "
                   f"memory ^{_fit_exponent(xs, [m for _, _, m in big]):.2f}")  # fmt: skip
+
+
+VERSUS_CASES = [
+    Case("gpt3-a40", "1f1b", 8, 12),
+    Case("bloom-a100", "1f1b", 8, 12),
+    Case("gpt3-a40", "1f1b", 8, 96),
+    Case("bloom-a100", "1f1b", 8, 96),
+]
+
+
+def _versus_child(case: Case, root: str) -> dict[str, Any]:
+    """One planning call of the perseus under ``root``, in this (fresh) process."""
+    sys.path.insert(0, root)
+    from perseus.solver import compute_frontier, load_profile, make_schedule
+
+    file_name, p_block_w = PROFILES[case.profile]
+    profile = load_profile(PROFILES_DIR / file_name)
+    schedule = make_schedule(case.schedule, case.stages, case.microbatches, case.virtual_stages)
+    started = time.perf_counter()
+    frontier = compute_frontier(profile, schedule, p_block_w=p_block_w)
+    seconds = time.perf_counter() - started
+    points = [frontier.point(i) for i in range(len(frontier))]
+    return {
+        "seconds": seconds,
+        "time_s": [float(p.time_s) for p in points],
+        "energy_j": [float(p.energy_j) for p in points],
+        "max_gap": float(max(frontier.gaps)),
+    }
+
+
+def _least_energy_within(times: list[float], energies: list[float], deadlines: Any) -> Any:
+    import numpy as np
+
+    at = np.searchsorted(np.asarray(times), deadlines * (1 + 1e-12), side="right") - 1
+    return np.asarray(energies)[at]
+
+
+def run_versus(base: str, repeat: int) -> None:
+    """This checkout's planning call against the one under ``base`` (see the docstring)."""
+    import statistics
+
+    import numpy as np
+
+    rows = []
+    for case in VERSUS_CASES:
+        label = f"{case.profile} {case.stages}x{case.microbatches}"
+        print(f"running {label} ...", file=sys.stderr, flush=True)
+        runs: dict[str, list[dict[str, Any]]] = {"base": [], "new": []}
+        for _ in range(repeat):
+            for key, root in (("base", base), ("new", str(REPO))):
+                child = subprocess.run(
+                    [sys.executable, str(Path(__file__).resolve()), "--versus-child",
+                     json.dumps([asdict(case), root])],
+                    capture_output=True, text=True, cwd=REPO, timeout=TIMEOUT_S,
+                )  # fmt: skip
+                lines = child.stdout.strip().splitlines()
+                if child.returncode != 0 or not lines:
+                    raise SystemExit(f"{label} ({key}): {child.stderr.strip()[-300:]}")
+                runs[key].append(json.loads(lines[-1]))
+        old, new = runs["base"][0], runs["new"][0]
+        deadlines = np.union1d(old["time_s"], new["time_s"])
+        deadlines = deadlines[deadlines >= max(old["time_s"][0], new["time_s"][0])]
+        excess = _least_energy_within(new["time_s"], new["energy_j"], deadlines) / (
+            _least_energy_within(old["time_s"], old["energy_j"], deadlines)
+        ) - 1.0
+        base_s = statistics.median(r["seconds"] for r in runs["base"])
+        new_s = statistics.median(r["seconds"] for r in runs["new"])
+        rows.append((case.profile, f"{case.stages}x{case.microbatches}",
+                     f"{case.stages * 2 * case.microbatches:,}", f"{base_s:.2f}", f"{new_s:.2f}",
+                     f"{base_s / new_s:.2f}x", str(len(old["time_s"])),
+                     str(len(new["time_s"])), f"{100 * max(excess.max(), 0.0):.4f}",
+                     f"{100 * max(-excess.min(), 0.0):.4f}", f"{100 * old['max_gap']:.3f}",
+                     f"{100 * new['max_gap']:.3f}"))  # fmt: skip
+    header = ("profile", "case", "instr", "before s", "after s", "speedup", "points before",
+              "points after", "worse %", "better %", "max gap before %",
+              "max gap after %")  # fmt: skip
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print(f"# compute_frontier, default settings: {base} (before) against this checkout "
+          f"(after), median of {repeat} alternating runs each; {os.cpu_count()} CPUs")  # fmt: skip
+    print("  ".join(h.ljust(w) if i < 2 else h.rjust(w)
+                    for i, (h, w) in enumerate(zip(header, widths, strict=True))))  # fmt: skip
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(c.ljust(widths[i]) if i < 2 else c.rjust(widths[i])
+                        for i, c in enumerate(r)))  # fmt: skip
 
 
 def _peak_rss_mib() -> float:
@@ -410,10 +504,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small grid")
     parser.add_argument("--no-lowtime", action="store_true", help="perseus only")
     parser.add_argument("--scale", action="store_true", help="doubling series up to 32 x 256")
-    parser.add_argument("--repeat", type=int, default=1, help="--scale: runs per case (median)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="--scale, --versus: runs per case (median)")  # fmt: skip
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--versus", metavar="DIR", help="planning call against the perseus in DIR")
     parser.add_argument("--scale-child", help=argparse.SUPPRESS)
+    parser.add_argument("--versus-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.versus_child:
+        case_fields, root = json.loads(args.versus_child)
+        print(json.dumps(_versus_child(Case(**case_fields), root)))
+        return
+    if args.versus:
+        run_versus(args.versus, args.repeat)
+        return
     if args.scale_child:
         case_fields, path = json.loads(args.scale_child)
         print(json.dumps(_scale_run(Case(**case_fields), Path(path))))

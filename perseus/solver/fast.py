@@ -8,7 +8,9 @@ Pareto points drawn from them) lives in one :class:`_GridPlans`.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -113,14 +115,19 @@ def fast_frontier(
     def report(first: int, last: int, done: int, total: int) -> None:
         progress(first + (last - first) * min(done, total) // max(total, 1), 1000)
 
+    fine = n <= _FINE_KNOTS_UP_TO
     knots = _knots(
         relaxation,
         t_fast,
         free,
         resolution_s,
         lambda d, t: report(0, 150, d, t),
-        fine=n <= _FINE_KNOTS_UP_TO,
+        fine=fine,
+        # large DAGs: the anchors are knots, and their dives start from them (each relaxation
+        # costs a second or more there: 16 x 128 interleaved, 8,192 instructions, ~1.3 s)
+        at=() if fine else anchors,
     )
+    solved = {} if fine else {k.deadline_s: k for k in knots[:-1]}
 
     # The anchors: a dive through the relaxation (rounding to hull options), then a local
     # search. Every grid deadline also gets the best anchor plan that fits, refilled.
@@ -134,7 +141,7 @@ def fast_frontier(
     starts = []
     again = []  # the restarts: (anchor, start)
     for a, deadline in enumerate(anchors):
-        starts.append(_dived(planner, relaxation, deadline, 0.05))
+        starts.append(_dived(planner, relaxation, deadline, 0.05, solved.get(deadline)))
         if deadline == t_default and n <= RESTARTS_UP_TO:
             again += [(a, start) for start in restart_starts(planner, relaxation, deadline)]
     finished = 0
@@ -388,9 +395,13 @@ def _knots(
     resolution_s: float,
     progress: Progress,
     fine: bool = True,
+    at: Sequence[float] = (),
 ) -> list[RelaxedSolution]:
     """Relaxed solutions at adaptively chosen deadlines, the unconstrained one last (with
-    ``fine``, to a tighter tolerance and up to more knots)."""
+    ``fine``, to a tighter tolerance and up to more knots). The deadlines ``at`` (between
+    ``t_fast`` and the free optimum's time) are knots too, solved first, each from the one
+    below it: where the anchors' dives need the relaxation anyway, their solves serve the
+    bound as well."""
     tolerance = _KNOT_TOLERANCE if fine else _COARSE_KNOT_TOLERANCE
     most = _MAX_KNOTS if fine else _COARSE_MAX_KNOTS
     if free.iteration_time_s <= t_fast + resolution_s:
@@ -398,8 +409,13 @@ def _knots(
         return [first, free]
     end = relaxation.solve(free.iteration_time_s, free)
     start = relaxation.solve(t_fast)
-    knots = [start, end]
-    pending = [(start, end)]
+    chain = [start]
+    for deadline in sorted(set(at)):
+        if t_fast < deadline < free.iteration_time_s:
+            chain.append(relaxation.solve(deadline, chain[-1]))
+    chain.append(end)
+    knots = list(chain)
+    pending = list(itertools.pairwise(chain))
     while pending and len(knots) < most:
         # breadth first when knots are few, so that they spread over the whole range
         a, b = pending.pop() if fine else pending.pop(0)

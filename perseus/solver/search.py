@@ -13,7 +13,7 @@ from typing import TypeVar
 import numpy as np
 
 from perseus.solver.planner import Evaluated, FloatArray, IntArray, Planner
-from perseus.solver.programs import Relaxation
+from perseus.solver.programs import Relaxation, RelaxedSolution
 
 __all__ = [
     "ALL_ANCHORS_UP_TO",
@@ -42,7 +42,8 @@ _BATCH_CHARGE = 160
 ALL_ANCHORS_UP_TO = 1024  # instructions
 _WIDE_MOVES_UP_TO = 512  # instructions (see local_search)
 _FINE_DIVES_UP_TO = 4096  # instructions (see dived)
-_COARSE_DIVE_SOLVES = 3  # larger DAGs: relaxations per dive, the last rounds every node down
+_COARSE_DIVE_SOLVES = 2  # larger DAGs: relaxations per dive (the first is a knot), the last
+# rounds every node down
 # DAGs of up to this many instructions search the default plan's time (the no-slowdown
 # deadline) _RESTARTS more times, from relaxations scaled by up to +-_RESTART_SPREAD per node
 # (see restarts); their searches reach a local optimum, so another start is what can find a
@@ -132,15 +133,24 @@ def search(
     return searched(planner, dived(planner, relaxation, deadline_s, fraction), deadline_s, work)[0]
 
 
-def dived(planner: Planner, relaxation: Relaxation, deadline_s: float, fraction: float) -> IntArray:
+def dived(
+    planner: Planner,
+    relaxation: Relaxation,
+    deadline_s: float,
+    fraction: float,
+    first: RelaxedSolution | None = None,
+) -> IntArray:
     """Where :func:`search` starts: the dive's hull plan, or the all-fastest plan if that
-    one, refilled, takes less energy."""
+    one, refilled, takes less energy. ``first``: the relaxation already solved at the
+    deadline (see :meth:`Relaxation.dive`)."""
     n = planner.dag.size
     # larger DAGs fix more per round: each relaxation costs a second or more past 4,096
     fraction = fraction if n <= ALL_ANCHORS_UP_TO else 0.25 if n <= _FINE_DIVES_UP_TO else 0.5
     hull_times = [planner.class_times[c][planner.hull[c]] for c in range(len(planner.hull))]
     rounds = None if n <= _FINE_DIVES_UP_TO else _COARSE_DIVE_SOLVES
-    on_hull = relaxation.dive(deadline_s, [hull_times[c] for c in planner.cls], fraction, rounds)
+    on_hull = relaxation.dive(
+        deadline_s, [hull_times[c] for c in planner.cls], fraction, rounds, first
+    )
     plan = np.asarray([planner.hull[c][k] for c, k in zip(planner.cls, on_hull, strict=True)])
     starts = np.stack([plan, np.zeros(n, dtype=np.int64)], axis=1)
     _, _, start_energy = planner.refill_evaluated(starts, np.full(2, deadline_s))
