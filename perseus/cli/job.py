@@ -142,7 +142,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         "--virtual-stages",
         metavar="V",
         type=positive_int,
-        help="model chunks per GPU for interleaved-1f1b (default 2 there, else 1)",
+        help="model chunks per GPU for the chunked schedules (interleaved-1f1b, interleaved-zb, "
+        "zbv, dualpipev, looped-bfs; default 2 there, else 1)",
     )
     create.add_argument(
         "--data-parallel", metavar="D", type=positive_int, default=1, help="(default 1)"
@@ -383,7 +384,9 @@ def _create(args: argparse.Namespace, ctx: _Context) -> None:
         "auto_straggler": args.auto_straggler,
     }
     virtual_stages = args.virtual_stages
-    if virtual_stages is None and args.schedule == "interleaved-1f1b":
+    from perseus.solver.schedules import CHUNKED_SCHEDULES
+
+    if virtual_stages is None and args.schedule in CHUNKED_SCHEDULES:
         virtual_stages = 2  # as `perseus plan` does
     optional = {
         "virtual_stages": virtual_stages,
