@@ -228,7 +228,7 @@ def test_create_rejects_bad_arguments_before_asking(
     line = error_line(run(capsys, *base, "--stages", "2", "--policy", "fastest"))
     assert "unknown policy 'fastest'" in line
     line = error_line(run(capsys, *base, "--stages", "2", "--virtual-stages", "2"))
-    assert "virtual_stages > 1 needs schedule 'interleaved-1f1b'" in line
+    assert "virtual_stages > 1 needs one of dualpipev, interleaved-1f1b" in line
     assert "--server" in error_line(run(capsys, *base[:2], *base[4:], "--stages", "2"))
 
 
