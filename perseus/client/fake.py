@@ -335,9 +335,7 @@ class FakeGpu:
 
     def _clock_for(self, work: FakeWork) -> int:
         """The clock ``work`` runs at under the lock in effect (holds the lock)."""
-        if self._locked_mhz is not None:
-            return self._locked_mhz
-        return self._model.unlocked_clock_mhz(work)
+        return self._model.running_clock_mhz(work, self._locked_mhz)
 
     def _finish_s(self, busy: _Busy) -> float:
         """When the running work will be done, given the requests pending (holds the lock).
@@ -345,7 +343,6 @@ class FakeGpu:
         Complexity: O(pending requests).
         """
         at, done, f = busy.at_s, busy.done, busy.clock_mhz
-        locked = self._locked_mhz
         for land_s, mhz in self._pending:
             length = busy.scale * self._model.time_s(busy.work, f)
             finish = at + (1.0 - done) * length
@@ -353,8 +350,7 @@ class FakeGpu:
                 return finish
             done += (land_s - at) / length
             at = land_s
-            locked = mhz
-            f = locked if locked is not None else self._model.unlocked_clock_mhz(busy.work)
+            f = self._model.running_clock_mhz(busy.work, mhz)
         return at + (1.0 - done) * busy.scale * self._model.time_s(busy.work, f)
 
     def _advance(self, now: float) -> None:

@@ -21,11 +21,14 @@ about the knee and rises again below it, where the idle (static) power is paid o
 longer time. With the defaults, :func:`default_work`'s forward and backward both use the least
 energy at 1200 MHz (27 % and 32 % less than at 1980 MHz) and take 1.55 times as long there.
 
-Power limit: the clock a work runs at is the locked clock when a lock is in effect (the fake
-lets a lock override the limit, a simplification), else the highest supported clock whose busy
-power stays within ``power_limit_w`` (the lowest clock if none does). With the defaults,
+Power limit: a work runs at the highest supported clock whose busy power stays within
+``power_limit_w`` (the lowest clock if none does), its *unlocked* clock, or at the locked
+clock when a lock in effect is lower: as on a real GPU, power capping throttles a locked clock
+too, so a lock above the unlocked clock runs exactly as no lock. With the defaults,
 :func:`default_work`'s forward (620 W at ``F_MAX``) runs unlocked at 1980 MHz and its backward
-(760 W at ``F_MAX``) throttles to 1890 MHz.
+(760 W at ``F_MAX``) throttles to 1890 MHz, also when locked at 1905-1980 MHz. The clock a work
+ran at (``end``'s answer, the clock log's ``ran_mhz``) is the throttled one, as NVML's SM clock
+reading would show.
 
 Split backward (zero-bubble schedules): :func:`default_work` also models the two halves of a
 backward, ``backward_input`` (torch's ``I``, the input gradient) and ``backward_weight``
@@ -187,6 +190,16 @@ class FakeGpuModel:
             if self.power_w(work, f) <= self.power_limit_w:
                 return f
         return self.clocks_mhz[-1]
+
+    def running_clock_mhz(self, work: FakeWork, locked_mhz: int | None) -> int:
+        """The clock ``work`` runs at under a lock at ``locked_mhz`` (None: no lock): the lock,
+        but never above the unlocked clock, as a real GPU's power capping throttles a locked
+        clock too.
+
+        Complexity: O(number of clocks).
+        """
+        unlocked = self.unlocked_clock_mhz(work)
+        return unlocked if locked_mhz is None else min(locked_mhz, unlocked)
 
     def min_energy_clock_mhz(self, work: FakeWork) -> int:
         """The supported clock at which ``work`` uses the least energy (the highest on a tie)."""

@@ -212,30 +212,47 @@ def test_a_lock_landing_mid_work_changes_the_pace_and_power_of_the_rest() -> Non
     clock.advance(0.004)
     gpu.lock_clock(1200)  # lands 24 ms into the work
     clock.advance(0.001)
-    gpu.lock_clock(1980)  # lands 25 ms into it
+    gpu.lock_clock(1740)  # lands 25 ms into it
     clock.advance(0.025)
-    assert gpu.current_clock_mhz() == 1980
+    assert gpu.current_clock_mhz() == 1740
     gpu.reset_clock()  # lands 50 ms into it, while the work still runs
     ran = gpu.end()
-    # By hand: 24 ms at 1500, 1 ms at 1200, 25 ms at 1980 (the lock), the rest unlocked
+    # By hand: 24 ms at 1500, 1 ms at 1200, 25 ms at 1740 (the lock), the rest unlocked
     # (the backward throttles to 1890 MHz).
-    t_1980, t_1890 = 2 * MODEL.time_s(BACKWARD, 1980), 2 * MODEL.time_s(BACKWARD, 1890)
-    done = 0.024 / t_1500 + 0.001 / t_1200 + 0.025 / t_1980
+    t_1740, t_1890 = 2 * MODEL.time_s(BACKWARD, 1740), 2 * MODEL.time_s(BACKWARD, 1890)
+    done = 0.024 / t_1500 + 0.001 / t_1200 + 0.025 / t_1740
     assert done < 1
     rest_s = (1 - done) * t_1890
     assert clock.now - 0.020 == pytest.approx(0.050 + rest_s, rel=1e-12)
     energy = (
         0.024 * MODEL.power_w(BACKWARD, 1500)
         + 0.001 * MODEL.power_w(BACKWARD, 1200)
-        + 0.025 * MODEL.power_w(BACKWARD, 1980)
+        + 0.025 * MODEL.power_w(BACKWARD, 1740)
         + rest_s * MODEL.power_w(BACKWARD, 1890)
     )
     assert gpu.true_energy_j() - before == pytest.approx(energy, rel=1e-12)
-    # The run's midpoint, (50 ms + rest) / 2, lies in the 25 ms at 1980 MHz.
+    # The run's midpoint, (50 ms + rest) / 2, lies in the 25 ms at 1740 MHz.
     assert 0.025 <= (0.050 + rest_s) / 2 < 0.050
-    assert ran == 1980
+    assert ran == 1740
     clock.advance(0.010)
     assert gpu.current_clock_mhz() == 1980 and gpu.locked_clock_mhz is None
+
+
+def test_a_lock_above_the_unlocked_clock_is_throttled_by_the_power_limit() -> None:
+    # As on a real GPU, power capping holds a locked clock too: the backward (760 W at the top
+    # clock) runs at 1890 MHz under a 1980 MHz lock, exactly as without one; the forward
+    # (within the limit) runs the lock.
+    gpu, clock = make()
+    assert MODEL.unlocked_clock_mhz(BACKWARD) == 1890
+    gpu.lock_clock(1980)
+    clock.advance(0.020)
+    assert gpu.locked_clock_mhz == 1980
+    before = gpu.true_energy_j()
+    assert gpu.begin("backward") == 1890
+    assert gpu.end() == 1890
+    assert gpu.true_energy_j() - before == pytest.approx(MODEL.energy_j(BACKWARD, 1890), rel=1e-12)
+    assert gpu.begin("forward") == 1980
+    assert gpu.end() == 1980
 
 
 @pytest.mark.parametrize(
@@ -295,19 +312,19 @@ def test_zero_delay_takes_effect_at_once() -> None:
     assert gpu.locked_clock_mhz == 1410
 
 
-def test_throttling_only_when_unlocked() -> None:
+def test_throttling_unlocked_and_a_lock_below_the_throttle() -> None:
     gpu, clock = make(replace(MODEL, clock_change_delay_s=0.0))
     gpu.begin("backward")
     assert gpu.current_clock_mhz() == 1890
     gpu.end()
     assert clock.now == pytest.approx(MODEL.time_s(BACKWARD, 1890))
-    gpu.lock_clock(1980)
+    gpu.lock_clock(1740)
     before, start = gpu.true_energy_j(), clock.now
     gpu.begin("backward")
-    assert gpu.current_clock_mhz() == 1980
+    assert gpu.current_clock_mhz() == 1740
     gpu.end()
-    assert clock.now - start == pytest.approx(0.040)
-    assert gpu.true_energy_j() - before == pytest.approx(760 * 0.040)
+    assert clock.now - start == pytest.approx(MODEL.time_s(BACKWARD, 1740))
+    assert gpu.true_energy_j() - before == pytest.approx(MODEL.energy_j(BACKWARD, 1740))
 
 
 def test_invalid_calls() -> None:
