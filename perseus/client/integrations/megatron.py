@@ -59,23 +59,15 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import torch
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import schedules
-from megatron.core.utils import get_attr_wrapped_model, get_model_config
+from megatron.core.utils import get_model_config
 
-from perseus.client.integrations.tensors import (
-    StateHook,
-    detached,
-    flatten_tensors,
-    preserved,
-    with_grad,
-)
+from perseus.client.integrations.megatron_outputs import ForwardOutputs
+from perseus.client.integrations.megatron_workload import ChunkWorkload
 from perseus.client.rank import Rank
 from perseus.errors import ScheduleError
 from perseus.solver import InstructionKind
@@ -156,154 +148,6 @@ def check_config(config: object, *, pipeline_size: int, interleaved: bool) -> No
             )
     if problems:
         raise ScheduleError("perseus does not plan " + "; ".join(problems))
-
-
-class ForwardOutputs:
-    """Which microbatch and chunk produced a forward output, to name its backward.
-
-    The schedules hand ``backward_step`` the very object ``forward_step`` returned (a tensor,
-    or a list whose first element is the tensor). Entries are keyed by the ``id`` of that
-    tensor and hold a weak reference, so a recycled id never matches a dead tensor and an
-    entry never keeps an activation alive. O(1) per call.
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[int, tuple[Callable[[], object], int, int | None]] = {}
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def record(self, output: object, microbatch: int, chunk: int | None) -> None:
-        """Remember that ``output`` is the forward output of ``(microbatch, chunk)``."""
-        key = _key(output)
-        try:
-            ref: Callable[[], object] = weakref.ref(key)
-        except TypeError:  # not weak-referenceable: hold it until its backward or clear()
-            ref = functools.partial(_same, key)
-        self._entries[id(key)] = (ref, microbatch, chunk)
-
-    def match(self, output: object) -> tuple[int, int | None] | None:
-        """``(microbatch, chunk)`` of the forward that returned ``output`` (forgotten after)."""
-        key = _key(output)
-        entry = self._entries.pop(id(key), None)
-        if entry is None or entry[0]() is not key:
-            return None
-        return entry[1], entry[2]
-
-    def clear(self) -> None:
-        """Forget everything (at each iteration start: an aborted one leaves entries)."""
-        self._entries.clear()
-
-
-def _key(output: object) -> object:
-    if isinstance(output, (list, tuple)) and output:
-        return output[0]
-    return output
-
-
-def _same(value: object) -> object:
-    return value
-
-
-@dataclass(slots=True)
-class _Captured:
-    model: torch.nn.Module
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    inputs: list[torch.Tensor | None]
-
-
-class ChunkWorkload:
-    """The local model chunks' forward and backward on one captured microbatch.
-
-    A forward runs every local chunk (an interleaved rank's instruction cost is the whole
-    stage divided by its chunks, as the planner models it).
-    """
-
-    def __init__(self) -> None:
-        self._captured: dict[int, _Captured] = {}
-        self.chunks: int | None = None
-        """How many chunks this rank holds (known at the first forward-backward call)."""
-
-    def wants(self, chunk: int) -> bool:
-        """Whether ``chunk`` still needs capturing."""
-        return chunk not in self._captured
-
-    def watch(
-        self, chunk: int, model: torch.nn.Module, input_tensor: object
-    ) -> torch.utils.hooks.RemovableHandle:
-        """Capture the arguments of ``model``'s next call; remove the handle after the step.
-
-        ``input_tensor`` is what the schedule gives the step (the activation received from
-        the previous stage, or None on the first).
-        """
-        inputs = input_tensor if isinstance(input_tensor, list) else [input_tensor]
-
-        def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if chunk not in self._captured:
-                self._captured[chunk] = _Captured(
-                    model=module,
-                    args=detached(args),
-                    kwargs=detached(kwargs),
-                    inputs=[detached(t) if isinstance(t, torch.Tensor) else None for t in inputs],
-                )
-
-        return model.register_forward_pre_hook(hook, with_kwargs=True)
-
-    def ready(self) -> ChunkWorkload | None:
-        """Self once every local chunk has been captured, else None."""
-        if self.chunks is None or len(self._captured) < self.chunks:
-            return None
-        return self
-
-    def forward(self) -> object:
-        outputs = []
-        models = [c.model for c in self._captured.values()]
-        with preserved(models, _rng_hooks()):
-            for chunk in sorted(self._captured):
-                captured = self._captured[chunk]
-                inputs = [
-                    None if t is None else t.detach().requires_grad_(t.requires_grad)
-                    for t in captured.inputs
-                ]
-                get_attr_wrapped_model(captured.model, "set_input_tensor")(inputs)
-                out = captured.model(*with_grad(captured.args), **captured.kwargs)
-                outputs.append((inputs, captured.args, out, captured.model))
-        return outputs
-
-    def backward(self, handle: object) -> None:
-        models = [c.model for c in self._captured.values()]
-        with preserved(models, _rng_hooks()):
-            for inputs, args, out, model in handle:  # type: ignore[attr-defined]
-                tensors = [t for t in flatten_tensors(out) if t.requires_grad]
-                if not tensors:
-                    continue
-                wrt = [p for p in model.parameters() if p.requires_grad]
-                wrt += [t for t in flatten_tensors([inputs, args]) if t.requires_grad]
-                grads = [torch.ones_like(t) for t in tensors]
-                torch.autograd.grad(tensors, wrt, grads, allow_unused=True)
-
-    def synchronize(self) -> None:
-        for captured in self._captured.values():
-            for p in captured.model.parameters():
-                if p.device.type == "cuda":
-                    torch.cuda.synchronize(p.device)
-                return
-
-
-def _rng_hooks() -> list[StateHook]:
-    """Megatron's model-parallel CUDA RNG tracker as a state to restore, when in use."""
-    tracker = _rng_tracker()
-    return [] if tracker is None else [(tracker.get_states, tracker.set_states)]
-
-
-def _rng_tracker() -> Any:
-    """Megatron's model-parallel CUDA RNG tracker when CUDA is in use, else None."""
-    if not torch.cuda.is_available():
-        return None
-    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-
-    return get_cuda_rng_tracker()
 
 
 class Instrumentation:
