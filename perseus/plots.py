@@ -25,6 +25,14 @@ from perseus.solver import Baseline, Frontier, InstructionKind, Replay, Schedule
 
 __all__ = ["frontier_png", "timeline_png"]
 
+# Box labels: torch's letters (I and W: the input and weight halves of a split backward).
+_LETTER = {
+    InstructionKind.FORWARD: "F",
+    InstructionKind.BACKWARD: "B",
+    InstructionKind.BACKWARD_INPUT: "I",
+    InstructionKind.BACKWARD_WEIGHT: "W",
+}
+
 _DPI = 150
 _CMAP = "viridis"
 # Marker, colour and size of each baseline in the frontier plot. Sizes shrink in drawing order,
@@ -250,7 +258,7 @@ def timeline_png(
         starts = np.asarray(replayed.start_s[gpu])
         widths = np.asarray(replayed.finish_s[gpu]) - starts
         colours = mappable.to_rgba(np.asarray(frequencies_mhz[gpu], dtype=float))
-        backward = np.array([ins.kind == InstructionKind.BACKWARD for ins in order])
+        backward = np.array([ins.kind != InstructionKind.FORWARD for ins in order])
         ax.barh(
             np.full(len(order), y),
             widths,
@@ -283,7 +291,8 @@ def timeline_png(
     ax.set_ylim(-0.6, gpus - 0.4)
     ax.set_xlim(0.0, replayed.time_s * 1.01)
     ax.set_xlabel("time (s)")
-    labels = "F/B microbatch" + (".chunk" if schedule.virtual_stages > 1 else "")
+    letters = "/".join(_LETTER[kind] for kind in schedule.kinds)
+    labels = f"{letters} microbatch" + (".chunk" if schedule.virtual_stages > 1 else "")
     ax.set_title(
         f"{title}\niteration {replayed.time_s:.4f} s, {replayed.energy_j:.1f} J; "
         f"boxes labelled {labels}",
@@ -316,7 +325,7 @@ def timeline_png(
     for gpu in range(gpus):
         label_y = gpus - 1 - gpu + strip / 2  # the middle of the box above its strip
         for k, ins in enumerate(schedule.order[gpu]):
-            label = f"{ins.kind[0].upper()}{ins.microbatch}"
+            label = f"{_LETTER[ins.kind]}{ins.microbatch}"
             if schedule.virtual_stages > 1:
                 label += f".{ins.chunk}"
             width_px = widths_of[gpu][k] / x_per_px

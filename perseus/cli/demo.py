@@ -27,6 +27,16 @@ def build_parser() -> argparse.ArgumentParser:
         "profile, for perseus plan and perseus simulate), frontier.json, plan.json, "
         "frontier.png and timeline.png.",
     )
+    from perseus.solver import SCHEDULE_NAMES
+
+    parser.add_argument(
+        "--schedule",
+        choices=SCHEDULE_NAMES,
+        default="1f1b",
+        help="plan another schedule (default 1f1b); the example profile measures the split "
+        "backward, so the zero-bubble ones (zbv, interleaved-zb, dualpipev) plan too, with 2 "
+        "chunks per GPU",
+    )
     parser.add_argument("--outdir", metavar="DIR", default=".", help="where to write (default .)")
     return parser
 
@@ -56,7 +66,7 @@ def run(argv: list[str]) -> int:
             profile=dataclasses.replace(profile, source=at("example_profile.csv")),
             microbatches=DEMO_MICROBATCHES,
             p_block_w=EXAMPLE_P_BLOCK_W,
-            schedule="1f1b",
+            schedule=args.schedule,
             virtual_stages=None,
             policy=Policy.parse("no-slowdown"),
             resolution_s=RESOLUTION_S,
