@@ -21,7 +21,8 @@ of ``compute_frontier``. Everything but the wall time is deterministic.
 The shared profiles measure the backward whole; for the zero-bubble rows each stage's backward
 is split the way the example profile's is (``perseus.solver.synthetic.INPUT_SHARE``):
 ``backward_input`` takes 55 % of its time and energy at every clock, ``backward_weight`` the
-rest. The MILP reference covers 1F1B only ("-" elsewhere).
+rest. The MILP reference has the zero-bubble schedules where ``milp_reference_job.py
+--schedules`` was run for them ("-" elsewhere).
 """
 
 from __future__ import annotations
@@ -34,10 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from perseus.solver import Profile, compute_frontier, load_profile, make_schedule, replay
-from perseus.solver import profile_from_rows as rows_to_profile
+from perseus.solver import compute_frontier, load_profile, make_schedule, replay
 from perseus.solver.frontier import anchor_slowdowns
-from perseus.solver.synthetic import INPUT_SHARE
+from perseus.solver.synthetic import split_backward
 
 PROFILES = {
     "bloom+a100_sxm_bf16.csv": 83.64,
@@ -50,29 +50,13 @@ SHARED = HERE.parents[1] / "shared" / "data" / "profiles"
 REFERENCE = HERE / "data" / "milp_reference.json"
 
 
-def _reference() -> dict[tuple[str, int, float], dict[str, Any]]:
+def _reference() -> dict[tuple[str, str, int, float], dict[str, Any]]:
     if not REFERENCE.is_file():
         return {}
     rows = json.loads(REFERENCE.read_text())
-    return {(r["profile"], r["microbatches"], r["factor"]): r for r in rows}
-
-
-def _split(profile: Profile) -> Profile:
-    """``profile`` with each backward also given as its two halves (see the docstring)."""
-    rows = [
-        (stage, kind, o.frequency_mhz, o.time_s, o.energy_j)
-        for stage, per_kind in enumerate(profile.stages)
-        for kind, options in per_kind.items()
-        for o in options
-    ]
-    for stage, per_kind in enumerate(profile.stages):
-        for o in per_kind["backward"]:
-            for kind, share in (
-                ("backward_input", INPUT_SHARE),
-                ("backward_weight", 1 - INPUT_SHARE),
-            ):
-                rows.append((stage, kind, o.frequency_mhz, o.time_s * share, o.energy_j * share))
-    return rows_to_profile(rows, source=profile.source, p_block_w=profile.p_block_w)
+    return {
+        (r["profile"], r.get("schedule", "1f1b"), r["microbatches"], r["factor"]): r for r in rows
+    }
 
 
 def _case(
@@ -82,7 +66,7 @@ def _case(
     profile = load_profile(SHARED / name)
     chunks = 1
     if schedule_name != "1f1b":
-        profile, chunks = _split(profile), 2
+        profile, chunks = split_backward(profile), 2
     schedule = make_schedule(schedule_name, profile.num_stages, microbatches, chunks)
     top = [
         [max(o.frequency_mhz for o in profile.stages[g][inst.kind]) for inst in seq]
@@ -104,7 +88,7 @@ def _case(
         deadline = factor * default.time_s
         fits = [i for i in range(len(frontier)) if frontier.times_s[i] <= deadline * (1 + 1e-12)]
         ours = float(frontier.energies_j[fits[-1]]) if fits else None
-        ref = reference.get((name, microbatches, factor)) if schedule_name == "1f1b" else None
+        ref = reference.get((name, schedule_name, microbatches, factor))
         best = ref.get("best_j") if ref else None
         bound = ref.get("bound_j") if ref else None
         cells += [saving(ours), saving(best), saving(bound)]

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perseus.solver.profiles import Profile, profile_from_rows
 from perseus.solver.schedules import (
     BACKWARD,
     BACKWARD_INPUT,
@@ -63,6 +64,7 @@ __all__ = [
     "H200_CLOCKS_MHZ",
     "INPUT_SHARE",
     "StageWork",
+    "split_backward",
     "stage_work",
     "synthetic_profile",
     "to_csv",
@@ -187,6 +189,26 @@ def synthetic_profile(
         for i, clock in enumerate(clocks)
         for kind in kinds
     ]
+
+
+def split_backward(profile: Profile, input_share: float = INPUT_SHARE) -> Profile:
+    """``profile`` with every stage's backward also given as its halves: ``backward_input`` at
+    ``input_share`` of the backward's time and energy at every clock, ``backward_weight`` at
+    the rest (what the benchmarks use for profiles that measured the backward whole). A
+    profile that already has the halves keeps its own."""
+    rows: list[Row] = [
+        (stage, kind, o.frequency_mhz, o.time_s, o.energy_j)
+        for stage, per_kind in enumerate(profile.stages)
+        for kind, options in per_kind.items()
+        for o in options
+    ]
+    for stage, per_kind in enumerate(profile.stages):
+        if BACKWARD_INPUT in per_kind:
+            continue
+        for o in per_kind[BACKWARD]:
+            for kind, share in ((BACKWARD_INPUT, input_share), (BACKWARD_WEIGHT, 1 - input_share)):
+                rows.append((stage, kind, o.frequency_mhz, o.time_s * share, o.energy_j * share))
+    return profile_from_rows(rows, source=profile.source, p_block_w=profile.p_block_w)
 
 
 def to_csv(rows: Iterable[Row]) -> str:
