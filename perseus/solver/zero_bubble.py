@@ -6,8 +6,10 @@
 2.13). The functions here restate those orders, so the solver plans exactly what torch runs
 while staying importable without torch; ``tests/solver/test_schedules_torch.py`` compares them
 with ``torch.distributed.pipelining._schedule_visualizer.get_schedule_ops`` action for action
-wherever torch is installed. Bubbles (torch's ``None`` slots) are left out: they only say
-when an action may start, which the DAG knows from the dependencies.
+wherever torch is installed (checked with torch 2.13; the functions never import torch, so a
+torch that moves its private names breaks only that test, never planning). Bubbles (torch's
+``None`` slots) are left out: they only say when an action may start, which the DAG knows from
+the dependencies.
 
 An action is ``(stage, kind, microbatch)`` with ``stage`` the model stage (not the GPU).
 Torch's ``OVERLAP_F_B`` (a forward and a full backward of two microbatches issued together)
@@ -33,10 +35,6 @@ from perseus.solver.schedules import (
 )
 
 __all__ = ["dualpipev", "interleaved_zero_bubble", "looped_bfs", "zbv"]
-
-TESTED_TORCH = (">=2.9", "<2.14")
-"""The torch releases whose orders these functions were checked against (2.13 here)."""
-
 
 def looped_bfs(ranks: int, microbatches: int, chunks: int) -> list[list[Action]]:
     """``ScheduleLoopedBFS``: every forward of a rank's first stage, then of its next, ...;
