@@ -36,6 +36,7 @@ from perseus.solver.schedules import (
 
 __all__ = ["dualpipev", "interleaved_zero_bubble", "looped_bfs", "zbv"]
 
+
 def looped_bfs(ranks: int, microbatches: int, chunks: int) -> list[list[Action]]:
     """``ScheduleLoopedBFS``: every forward of a rank's first stage, then of its next, ...;
     then the backwards in reverse. Megatron placement (stage ``c * ranks + rank``)."""
