@@ -24,7 +24,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork, SweepProbe
+from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork, SweepProbe, default_work
 from perseus.client.meter import CounterEdge, EnergyMeter
 from perseus.client.profiler import (
     MAX_WINDOW_FACTOR,
@@ -823,3 +823,40 @@ def test_too_little_waiting_is_not_solved_for() -> None:
         in_pipeline_wait_power(stream(330.0, iterations=1), DEFAULT, idle_w=125.0)
     with pytest.raises(ProfileError, match="no usable energy"):
         in_pipeline_wait_power(replace(stream(330.0), energy_j=0.0), DEFAULT, idle_w=125.0)
+
+
+def test_split_sweep_matches_the_fake_h200s_halves() -> None:
+    """The backward's halves of a middle stage (I and W 20 ms each at 760 W, at the top clock)
+    against the model's ground truth, allowing for what the fake itself did (``realized``)
+    and the host's time between bodies; about 6 s of real time."""
+    work = default_work(1, 4)
+    gpu = FakeGpu(H200, work)
+    meter = EnergyMeter(gpu)
+    meter.start()
+    try:
+        probe = SweepProbe(gpu, splits_backward=True)
+        budget = replace(ACCURACY_BUDGET, clocks="1980,1200")
+        profile = ClockSweep(gpu, meter, probe, budget, probe.work, split=True).run()
+    finally:
+        meter.stop()
+    failures = []
+    for c, m in enumerate(profile.measurements):
+        f, real = m.frequency_mhz, probe.realized(c)
+        gap = (real["gap_f"] + real["gap_fi"]) / H200.time_s(work["backward_input"], f)
+        for kind, q, value, truth, fake, tolerance in (
+            ("backward_input", "t_i", m.time_s("backward_input"),
+             H200.time_s(work["backward_input"], f), real["t_i"], 0.02 + gap),
+            ("backward_input", "e_i", m.energy_j("backward_input"),
+             H200.energy_j(work["backward_input"], f), real["e_i"], 0.04),
+            ("backward_weight", "t_w", m.time_s("backward_weight"),
+             H200.time_s(work["backward_weight"], f), real["t_b"] - real["t_i"], 0.03 + gap),
+            ("backward_weight", "e_w", m.energy_j("backward_weight"),
+             H200.energy_j(work["backward_weight"], f), real["e_b"] - real["e_i"], 0.06),
+        ):  # fmt: skip
+            err, drift = value / truth - 1.0, fake / truth - 1.0
+            print(f"{f} MHz {q}: true {truth:.5g}, measured {value:.5g} ({100 * err:+.2f} %)")
+            if abs(err) > tolerance + abs(drift):
+                failures.append(
+                    f"{f} MHz {kind} {q}: {100 * err:+.2f} % (fake {100 * drift:+.2f} %)"
+                )
+    assert not failures, "\n".join(failures)
