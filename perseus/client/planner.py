@@ -90,6 +90,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "KEEPALIVE_EXPIRY_S",
     "LONG_POLL_MARGIN_S",
+    "PlanTooLarge",
     "PlannerClient",
     "create_job",
 ]
@@ -226,8 +227,11 @@ def _call(
     headers: Mapping[str, str] | None = None,
     timeout: httpx.Timeout | None = None,
     expect: frozenset[int] = frozenset({200}),
+    max_bytes: int | None = None,
 ) -> httpx.Response:
     """Send one request; the answer if its status is in ``expect``, else the mapped error.
+
+    ``max_bytes`` bounds a 200 answer's body: a longer one is refused unread (PlanTooLarge).
 
     Raises:
         PerseusError: as the module docstring lists.
@@ -237,7 +241,7 @@ def _call(
     if token is not None:
         sent["Authorization"] = f"Bearer {token}"
     with _transport_errors(http, where):
-        response = http.request(
+        request = http.build_request(
             method,
             path,
             json=json,
@@ -245,11 +249,81 @@ def _call(
             headers=sent,
             timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
         )
+        response = http.send(request, stream=max_bytes is not None)
+    if max_bytes is not None:
+        # errors and 304s are short: 1 MiB bounds them as well
+        limit = max_bytes if response.status_code == 200 else 1 << 20
+        response = _read_bounded(http, response, where, limit)
     if response.status_code in expect:
         return response
     if response.status_code < 400:  # a redirect, or a success we did not ask for
         raise _garbage(where, response.status_code, "not an answer this request can have")
     raise _error_from_response(response, where)
+
+
+class PlanTooLarge(PlanError):
+    """A plan's answer is longer than the rank allows; refused before it is read whole.
+
+    Attributes:
+        version: The plan's version from its ETag (None when the server sent none).
+        size_bytes: Its length as far as known (Content-Length, else what was read).
+    """
+
+    def __init__(self, message: str, version: int | None = None, size_bytes: int = 0) -> None:
+        super().__init__(message)
+        self.version = version
+        self.size_bytes = size_bytes
+
+
+def _etag_version(response: httpx.Response) -> int | None:
+    text = response.headers.get("ETag", "").strip().removeprefix("W/").strip('"')
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 19 else None
+
+
+def _read_bounded(
+    http: httpx.Client, response: httpx.Response, where: str, limit: int
+) -> httpx.Response:
+    """A streamed answer read whole, unless it is longer than ``limit``.
+
+    Raises:
+        PlanTooLarge: it is (by Content-Length, or once ``limit`` bytes came); closed unread.
+    """
+    try:
+        declared = response.headers.get("Content-Length", "")
+        if declared.isascii() and declared.isdigit() and int(declared) > limit:
+            raise PlanTooLarge(
+                f"{where}: the plan is {int(declared):,} bytes, more than this rank takes "
+                f"({limit:,})",
+                _etag_version(response),
+                int(declared),
+            )
+        chunks: list[bytes] = []
+        size = 0
+        with _transport_errors(http, where):
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > limit:
+                    raise PlanTooLarge(
+                        f"{where}: the plan is more than {limit:,} bytes, more than this rank "
+                        "takes",
+                        _etag_version(response),
+                        size,
+                    )
+                chunks.append(chunk)
+    finally:
+        response.close()
+    # the body is decoded already: drop what described it on the wire
+    headers = [
+        (k, v)
+        for k, v in response.headers.multi_items()
+        if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")
+    ]
+    return httpx.Response(
+        response.status_code,
+        headers=headers,
+        content=b"".join(chunks),
+        request=response.request,
+    )
 
 
 def _parse(model: type[_M], response: httpx.Response) -> _M:
@@ -407,7 +481,12 @@ class PlannerClient:
         return self._send("POST", PROFILES_PATH, ProfileAccepted, body)
 
     def plan(
-        self, rank: int, *, version: int | None = None, wait_s: float = 0.0
+        self,
+        rank: int,
+        *,
+        version: int | None = None,
+        wait_s: float = 0.0,
+        max_bytes: int | None = None,
     ) -> PlanResponse | None:
         """The rank's plan, or None while ``version`` is still current.
 
@@ -417,6 +496,8 @@ class PlannerClient:
             wait_s: long poll: the server holds the request up to this long (it caps it)
                 until a plan newer than ``version`` exists. The read timeout is ``wait_s``
                 plus the client's long-poll margin.
+            max_bytes: the longest answer taken; a longer one is refused before it is read
+                whole or parsed (None: no bound).
 
         Returns:
             The plan, or None when the server answered 304 (``version`` is current).
@@ -425,6 +506,7 @@ class PlannerClient:
             ValueError: ``wait_s`` is negative or not finite.
             PlanNotReady: no plan yet (``.state`` says where the job stands).
             JobStateError: the rank has not registered.
+            PlanTooLarge: the answer is longer than ``max_bytes``.
         """
         if not (math.isfinite(wait_s) and wait_s >= 0):
             raise ValueError(f"wait_s must be a finite number >= 0, got {wait_s!r}")
@@ -448,6 +530,7 @@ class PlannerClient:
             headers=None if version is None else {"If-None-Match": f'"{version}"'},
             timeout=timeout,
             expect=frozenset({200, 304}),
+            max_bytes=max_bytes,
         )
         if response.status_code == 304:
             return None

@@ -231,8 +231,16 @@ class Rank:
 
     @property
     def failure(self) -> str | None:
-        """Why perseus stopped planning this rank (training goes on at default clocks)."""
-        return self._state.failure
+        """Why perseus stopped planning this rank, or why it refused the newest plan
+        (training goes on at default clocks); None while it follows plans or waits for one."""
+        state = self._state
+        if state.failure is not None:
+            return state.failure
+        if state.rejection is not None:
+            return state.rejection
+        if self.active and not self._controller.enabled:
+            return self._controller.failure
+        return None
 
     @property
     def profile(self) -> StageProfile | None:
@@ -392,13 +400,25 @@ class Rank:
             self._profiling.step()
             self._sampler = self._profiling.sampler
         state = self._state
-        if state.stopped:
+        rejected = state.rejected_version
+        if (
+            state.stopped
+            or not self._controller.enabled
+            or (
+                self._upcoming is not None
+                and rejected is not None
+                and self._upcoming.version <= rejected
+            )
+        ):
+            # Not followed: neither the clock log nor telemetry may claim the plan's clocks.
+            # A refused version supersedes the plans before it: default clocks until a newer.
             self._plan = self._upcoming = None
         else:
             # A plan is followed from the iteration after the one it was chosen in: that
             # iteration's last instruction aims the change to the plan's first clock.
             if self._upcoming is not None and self._plan is None:
                 _log.info("perseus: following plan version %d", self._upcoming.version)
+                state.rejection = None  # an older plan's refusal no longer holds
             self._plan = self._upcoming
         if self._plan is not None:
             self._phase = "plan"
@@ -414,13 +434,22 @@ class Rank:
         else:
             self._phase = "default"
         pending = self._session.pending
+        if (
+            pending is not None
+            and state.rejected_version is not None
+            and pending.version <= state.rejected_version
+        ):
+            pending = None  # refused: the rank waits at default clocks for a newer one
         upcoming = self._plan
         baseline_done = self._baseline_done + 1 >= state.settings.baseline_iterations
         if (
             pending is not None
             and pending is not self._plan
             and not state.stopped
-            and (self._phase == "plan" or (self._phase == "baseline" and baseline_done))
+            and self._controller.enabled
+            and (
+                self._phase in ("plan", "default") or (self._phase == "baseline" and baseline_done)
+            )
         ):
             upcoming = pending
         self._upcoming = upcoming
@@ -449,8 +478,10 @@ class Rank:
                 f"{len(plan.keys)}"
             )
         self._count = self._k
+        if self._k:
+            self._state.instructions = self._k
         phase = self._phase
-        if phase == "plan" and self._state.stopped:
+        if phase == "plan" and (self._state.stopped or self._plan is None):
             phase = self._phase = "default"
         elif phase == "baseline":
             self._baseline_done += 1
@@ -482,7 +513,7 @@ class Rank:
         k = self._k
         frequency: int | None = None
         plan = self._plan
-        if plan is not None and not self._state.stopped:
+        if plan is not None and not self._state.stopped and controller.enabled:
             keys = plan.keys
             if k < len(keys) and keys[k] == (kind, microbatch, chunk):
                 frequency = plan.frequencies_mhz[k]
@@ -517,11 +548,13 @@ class Rank:
             self._sampler.end()
 
     def _plan_mismatch(self, message: str) -> None:
-        state = self._state
-        state.stopped = True
-        state.failure = (
-            f"the plan does not match the schedule that runs ({message}); perseus stops "
-            "changing clocks on this rank: check the job's schedule and microbatches"
+        # This plan version is refused, not planning: a newer version that matches is
+        # followed (the rank polls on); until then the GPU runs at its default clock.
+        plan = self._plan
+        self._plan = self._upcoming = None
+        self._state.reject_plan(
+            plan.version if plan is not None else None,
+            f"the plan does not match the schedule that runs ({message}): check the job's "
+            "schedule and microbatches",
         )
-        _log.error("perseus: %s", state.failure)
         self._controller.apply(None)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from perseus.client.gpu import GpuControl, WorkObserver
-from perseus.client.planner import PlannerClient
+from perseus.client.planner import PlannerClient, PlanTooLarge
 from perseus.client.retry import Backoff, retry_call
 from perseus.client.settings import ClientSettings, SettingsError
 from perseus.client.state import ActivePlan, RankState
@@ -39,6 +39,16 @@ if TYPE_CHECKING:
 __all__ = ["Outage", "Session", "read_saved_profile", "saved_profile_rows"]
 
 _log = logging.getLogger("perseus.client")
+
+PLAN_BYTES_BASE = 64 * 1024
+PLAN_BYTES_PER_INSTRUCTION = 256
+"""A plan's answer may be up to ``PLAN_BYTES_BASE`` plus this much per instruction the rank
+could run (a plan instruction is ~100 bytes of JSON): anything longer is refused unread."""
+
+KINDS_PER_MICROBATCH = 4
+"""The most instructions one microbatch of one model chunk may be in a plan (forward,
+backward, or its input and weight halves): with the job's microbatches and virtual stages,
+the most a plan may hold before the rank has counted its own."""
 
 POLL_FLOOR_S = 1.0
 """The least time between the starts of two plan polls, whatever the server answers: a 304
@@ -148,6 +158,7 @@ class Session:
         self._stop = stop
         self._saved = saved
         self._poll_floor_s = poll_floor_s
+        self._clocks_mhz: frozenset[int] = frozenset()
         self.pending: ActivePlan | None = None
         """The newest plan received; the training thread adopts it at an iteration boundary."""
         self.registered = threading.Event()
@@ -237,6 +248,7 @@ class Session:
             gpu_name=self._gpu.name,
             supported_clocks_mhz=list(self._gpu.supported_clocks_mhz()),
         )
+        self._clocks_mhz = frozenset(body.supported_clocks_mhz)
         call(lambda: self._planner.register(body))
 
     def _poll_plans(self, rng: random.Random, backoff: Backoff, outage: Outage) -> None:
@@ -253,8 +265,20 @@ class Session:
             last_start = time.monotonic()
             try:
                 plan = self._planner.plan(
-                    settings.rank, version=version, wait_s=settings.poll_wait_s
+                    settings.rank,
+                    version=version,
+                    wait_s=settings.poll_wait_s,
+                    max_bytes=self._plan_limit_bytes(),
                 )
+            except PlanTooLarge as err:
+                outage.ok()
+                self._state.reject_plan(err.version, f"plan version {err.version}: {err}")
+                if err.version is not None:
+                    version = err.version  # the server answers 304 until a newer one
+                else:  # no version to wait past: try again, slowly
+                    self._stop.wait(backoff.delay_s(attempt, rng))
+                    attempt += 1
+                continue
             except PlanNotReady as err:
                 if err.state == "failed" and not_ready_logged != "failed":
                     _log.error("perseus: planning failed on the server: %s", err)
@@ -275,9 +299,43 @@ class Session:
             self._accept_plan(plan)
             version = plan.version
 
-    def _accept_plan(self, plan: PlanResponse) -> None:
+    def _most_instructions(self) -> int:
+        """The most instructions a plan for this rank may hold: the count the rank ran, once
+        it ran an iteration; before, what the job's sizes allow."""
+        state = self._state
+        if state.instructions:
+            return state.instructions
+        job = state.job
+        if job is None:
+            return 1 << 16
+        return KINDS_PER_MICROBATCH * job.spec.microbatches * max(job.spec.virtual_stages, 1)
+
+    def _plan_limit_bytes(self) -> int:
+        return PLAN_BYTES_BASE + PLAN_BYTES_PER_INSTRUCTION * self._most_instructions()
+
+    def _plan_problem(self, plan: PlanResponse) -> str | None:
+        """Why this rank cannot follow ``plan`` (None: it can)."""
         if plan.stage != self._state.settings.stage:
-            self._state.give_up(f"plan version {plan.version} is for stage {plan.stage}")
+            return (
+                f"it is for stage {plan.stage}, this rank runs stage {self._state.settings.stage}"
+            )
+        n = len(plan.instructions)
+        ran = self._state.instructions
+        if ran and n != ran:
+            return f"it has {n} instructions, an iteration of this rank runs {ran}"
+        if n > self._most_instructions():
+            return f"it has {n} instructions, more than the job's sizes allow"
+        if self._clocks_mhz:
+            bad = sorted({i.frequency_mhz for i in plan.instructions} - self._clocks_mhz)
+            if bad:
+                shown = ", ".join(str(f) for f in bad[:5])
+                return f"this GPU does not support its clocks {shown} MHz"
+        return None
+
+    def _accept_plan(self, plan: PlanResponse) -> None:
+        problem = self._plan_problem(plan)
+        if problem is not None:
+            self._state.reject_plan(plan.version, f"plan version {plan.version} refused: {problem}")
             return
         active = ActivePlan.from_response(plan)
         _log.info(

@@ -98,6 +98,13 @@ class RankState:
             default clocks). None while all is well.
         stopped: Whether the training thread stops following plans (set with ``failure``, and
             by a signal handler's emergency reset). Read at every instruction.
+        instructions: Instructions the last whole iteration ran (training thread; None
+            before one ran): the count a plan must have.
+        rejected_version: The newest plan version the rank refused (session thread: too
+            large, unsupported clocks, wrong count; training thread: it did not match the
+            schedule that ran). Never followed; a newer version is.
+        rejection: Why, with the version (None while no plan was refused, or once a newer
+            plan is followed).
     """
 
     def __init__(self, settings: ClientSettings) -> None:
@@ -110,6 +117,16 @@ class RankState:
         self.job: JobView | None = None
         self.failure: str | None = None
         self.stopped = False
+        self.instructions: int | None = None
+        self.rejected_version: int | None = None
+        self.rejection: str | None = None
+
+    def reject_plan(self, version: int | None, message: str) -> None:
+        """Refuse one plan version: default clocks until a newer plan comes (any thread)."""
+        if version is not None:
+            self.rejected_version = max(version, self.rejected_version or 0)
+        self.rejection = message
+        _log.error("perseus: %s; default clocks until a newer plan comes", message)
 
     def give_up(self, message: str) -> None:
         """Stop planning this rank for good: training goes on at default clocks."""

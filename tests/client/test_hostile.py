@@ -3,24 +3,33 @@ fast, plans that are too big or wrong. Training always goes on."""
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
+import time
+from pathlib import Path
 
+import httpx
 import pytest
 from pydantic import ValidationError
 
 import perseus.client
 from perseus.client.fake import FakeGpu
 from perseus.client.gpu import NvmlGpu
+from perseus.client.planner import PlannerClient, PlanTooLarge
+from perseus.client.rank import Rank
 from perseus.client.retry import Backoff
 from perseus.client.session import POLL_FLOOR_S, Outage, Session
-from perseus.client.settings import ClientSettings
+from perseus.client.settings import ClientSettings, load_settings
 from perseus.client.state import RankState
 from perseus.errors import GpuControlError
+from perseus.schemas import IterationAccepted, IterationReport, PlanInstruction, PlanResponse
 from perseus.server.settings import Settings
 
-SERVER = {"server": "http://127.0.0.1:9", "job": "j", "token": "t"}
+from .scripted import EXAMPLE_PROFILE, JOB, SERVER, ScriptedPlanner
+
+NOWHERE = {"server": "http://127.0.0.1:9", "job": "j", "token": "t"}
 
 
 def _nvml_missing() -> bool:
@@ -40,7 +49,7 @@ def test_without_nvml_training_goes_on_with_one_error_line(
 ) -> None:
     caplog.set_level(logging.INFO, logger="perseus")
     ranks = [
-        perseus.client.connect(gpu="nvml", rank=r, install_signal_handlers=False, **SERVER)
+        perseus.client.connect(gpu="nvml", rank=r, install_signal_handlers=False, **NOWHERE)
         for r in range(2)
     ]
     for rank in ranks:
@@ -59,7 +68,7 @@ def test_without_nvml_training_goes_on_with_one_error_line(
 def test_strict_fails_fast_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PERSEUS_STRICT", "1")
     with pytest.raises(GpuControlError, match="NVML"):
-        perseus.client.connect(gpu="nvml", install_signal_handlers=False, **SERVER)
+        perseus.client.connect(gpu="nvml", install_signal_handlers=False, **NOWHERE)
 
 
 def test_the_strict_setting_is_a_flag() -> None:
@@ -92,7 +101,14 @@ class _InstantNotModified:
         self.polls = polls
         self.calls = 0
 
-    def plan(self, rank: int, *, version: int | None = None, wait_s: float = 0.0) -> None:
+    def plan(
+        self,
+        rank: int,
+        *,
+        version: int | None = None,
+        wait_s: float = 0.0,
+        max_bytes: int | None = None,
+    ) -> None:
         self.calls += 1
         if self.calls >= self.polls:
             self.stop.set()
@@ -114,3 +130,115 @@ def test_the_server_refuses_a_max_wait_of_zero() -> None:
     with pytest.raises(ValidationError, match="PERSEUS_MAX_WAIT_S must be more than 0"):
         Settings(max_wait_s=0)
     assert Settings(max_wait_s=0.2).max_wait_s == 0.2
+
+
+ORDER = [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1)]
+
+
+def _plan(version: int, keys: list[tuple[str, int]], mhz: int) -> bytes:
+    return (
+        PlanResponse(
+            job_id=JOB,
+            version=version,
+            stage=0,
+            time_s=1.0,
+            energy_j=1.0,
+            instructions=[
+                PlanInstruction(instruction=kind, microbatch=j, frequency_mhz=mhz, time_s=0.01)
+                for kind, j in keys
+            ],
+        )
+        .model_dump_json()
+        .encode()
+    )
+
+
+class PlanSequence(ScriptedPlanner):
+    """Serves ``plans[current]`` as version ``current + 1``; the test moves ``current`` on."""
+
+    def __init__(self, plans: list[bytes]) -> None:
+        super().__init__(PlanResponse.model_validate_json(plans[-1]), microbatches=2)
+        self.plans = plans
+        self.current = 0
+        self.served: list[int] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path.removeprefix(f"/v1/jobs/{JOB}")
+        if request.method == "GET" and path == "/plan":
+            version = self.current + 1
+            if request.headers.get("If-None-Match") == f'"{version}"':
+                time.sleep(0.05)
+                return httpx.Response(304)
+            self.served.append(version)
+            return httpx.Response(
+                200, content=self.plans[self.current], headers={"ETag": f'"{version}"'}
+            )
+        if request.method == "POST" and path == "/iterations":
+            report = IterationReport.model_validate_json(request.content)
+            self.reports.append(report)
+            accepted = IterationAccepted(rank=0, iteration=report.iteration, version=1)
+            return httpx.Response(200, text=accepted.model_dump_json())
+        return super().handle(request)
+
+
+def test_bad_plans_are_refused_one_by_one_and_a_good_one_is_followed(tmp_path: Path) -> None:
+    huge = _plan(3, ORDER * 1000, 1500)  # ~300 KB: past the ~66 KB a 4-instruction rank takes
+    planner = PlanSequence(
+        [
+            _plan(1, ORDER, 1234),  # a clock this GPU does not have
+            _plan(2, ORDER[:3], 1500),  # the wrong count
+            huge,
+            _plan(4, ORDER, 1500),
+        ]
+    )
+    settings = load_settings(
+        {"PERSEUS_BASELINE_ITERATIONS": "0"},
+        server=SERVER,
+        job=JOB,
+        token="t",
+        stage=0,
+        gpu="fake",
+        profile_path=str(EXAMPLE_PROFILE),
+        clock_log_dir=str(tmp_path),
+    )
+    gpu = FakeGpu()
+    rank = Rank(settings, gpu=gpu, planner=planner.client())
+    expected = ["1234 MHz", "has 3 instructions", "bytes", None]
+    deadline = time.monotonic() + 60
+    try:
+        while planner.current < 3 or rank.plan_version != 4 or rank.iteration_index < 40:
+            assert time.monotonic() < deadline, (planner.current, rank.failure)
+            with rank.iteration():
+                for kind, j in ORDER:
+                    with rank.instruction(kind, j):
+                        time.sleep(0.001)
+            want = expected[planner.current]
+            if want is not None and want in (rank.failure or ""):
+                assert rank.plan_version is None  # refused: not followed
+                assert rank.controller is not None and rank.controller.enabled
+                planner.current += 1
+    finally:
+        planner.released.set()
+        rank.close()
+    assert rank.failure is None
+    # telemetry never says the rank followed a plan it refused
+    assert {r.plan_version for r in planner.reports} <= {None, 4}
+    # the clock log records only clocks that were applied: v4's
+    entries = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    assert {e["frequency_mhz"] for e in entries} <= {None, 1500}
+    assert any(e["frequency_mhz"] == 1500 for e in entries)
+
+
+def test_a_plan_past_the_byte_bound_is_refused_unparsed() -> None:
+    body = _plan(7, ORDER * 1000, 1500)
+    http = httpx.Client(
+        base_url=SERVER,
+        transport=httpx.MockTransport(
+            lambda request: httpx.Response(200, content=body, headers={"ETag": '"7"'})
+        ),
+    )
+    client = PlannerClient(http, JOB, "t")
+    with pytest.raises(PlanTooLarge) as raised:
+        client.plan(0, max_bytes=65536)
+    assert raised.value.version == 7
+    assert client.plan(0, max_bytes=len(body)) is not None

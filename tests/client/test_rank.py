@@ -132,6 +132,7 @@ def test_profile_plan_and_clock_log(app: TestClient, tmp_path: Path) -> None:
         assert rank.p_block_w == pytest.approx(gpu.model.idle_power_w, rel=0.05)
     finally:
         rank.close()
+    time.sleep(2 * gpu.model.clock_change_delay_s)  # a reset takes effect after the delay
     assert gpu.locked_clock_mhz is None  # reset at close
     plan = app.get(
         f"/v1/jobs/{job}/plan", params={"rank": 0}, headers={"Authorization": f"Bearer {token}"}
