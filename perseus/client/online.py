@@ -12,7 +12,8 @@ profiling loops)::
 
 Starting measures the blocking power (a collective every rank joins) and the loops at the
 clock the GPU picks by itself; then :class:`~perseus.client.profiler.ClockSweep` measures one
-clock per boundary while training goes on between clocks. While SWEEPING, a
+clock per boundary while training goes on between clocks (with the backward's halves when the
+workload's schedule splits it: :func:`~perseus.client.profiler.splits_backward`). While SWEEPING, a
 :class:`StreamSampler` stamps the training stream's own instructions, so that the loop times
 can be scaled to what the stream really takes. The finished profile goes to the session
 thread for upload.

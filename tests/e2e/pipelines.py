@@ -1,8 +1,9 @@
 """Helpers of the multi-process pipeline tests: torchrun ranks running an example.
 
-``tests/e2e/test_torch_pipeline.py``, ``test_deepspeed.py`` and ``test_megatron.py`` each start
-one of ``examples/*_pipeline.py`` under ``torch.distributed.run`` (gloo, fake GPU), with or
-without perseus, against a real planner server, and compare the ranks' clock logs with the
+``tests/e2e/test_torch_pipeline.py``, ``test_zero_bubble.py``, ``test_deepspeed.py`` and
+``test_megatron.py`` each start one of ``examples/*_pipeline.py`` under
+``torch.distributed.run`` (gloo, fake GPU), with or without perseus, against a real planner
+server, and compare the ranks' clock logs with the
 plans the server hands out: the planned clock of every instruction, and the clock it really
 started at (``ran_mhz``, the fake's latched clock). The ``launches`` fixture (in
 ``conftest.py``) stops whatever a test left running.
