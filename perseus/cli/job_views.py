@@ -86,9 +86,21 @@ def format_job(view: JobView) -> str:
     shape += f"; {spec.data_parallel} data parallel x {spec.tensor_parallel} tensor parallel"
     counts = view.counts
     state = view.state if view.reason is None else f"{view.state}: {printable(view.reason)}"
+    if view.gave_up:
+        state += (
+            f" (but {len(view.gave_up)} of {counts.ranks_expected} ranks gave up and run at "
+            "default clocks)"
+        )
     lines = [
         ("job", view.job_id if view.name is None else f"{view.job_id} ({printable(view.name)})"),
         ("state", state),
+        *(
+            (
+                f"rank {g.rank}",
+                f"gave up {_utc(g.at_s)}: {printable(g.reason)}",
+            )
+            for g in view.gave_up
+        ),
         ("schedule", shape),
         (
             "ranks",
@@ -135,6 +147,10 @@ def format_job(view: JobView) -> str:
     if view.savings is not None:
         text += "\n" + format_savings(view.savings)
     return text
+
+
+def _utc(at_s: float) -> str:
+    return datetime.fromtimestamp(at_s, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _iterations_text(counts: JobCounts) -> str:

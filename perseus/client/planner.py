@@ -58,6 +58,7 @@ from perseus.errors import (
 )
 from perseus.schemas import (
     FRONTIER_PATH,
+    GAVE_UP_PATH,
     ITERATIONS_PATH,
     JOB_PATH,
     JOBS_PATH,
@@ -69,6 +70,8 @@ from perseus.schemas import (
     STRAGGLER_PATH,
     ErrorBody,
     FrontierView,
+    GaveUpAccepted,
+    GaveUpReport,
     IterationAccepted,
     IterationReport,
     JobCreate,
@@ -84,6 +87,7 @@ from perseus.schemas import (
     StragglerSpec,
     ValidationErrorBody,
 )
+from perseus.wire.ranks import MAX_REASON_CHARS
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -470,6 +474,17 @@ class PlannerClient:
             RequestRejected: a field is out of range for the job.
         """
         return self._send("POST", RANKS_PATH, RankRegistered, body)
+
+    def report_gave_up(self, rank: int, reason: str) -> GaveUpAccepted:
+        """Tell the planner that ``rank`` stopped planning and why (cut to what the wire
+        takes), for the job view.
+
+        Raises:
+            JobNotFound: no such job.
+            RequestRejected: the rank is outside the job.
+        """
+        body = GaveUpReport(rank=rank, reason=reason[:MAX_REASON_CHARS] or "unknown")
+        return self._send("POST", GAVE_UP_PATH, GaveUpAccepted, body)
 
     def report_profile(self, body: ProfileReport) -> ProfileAccepted:
         """Report a rank's measured profile of its stage; the last one starts planning.

@@ -159,6 +159,7 @@ class Session:
         self._saved = saved
         self._poll_floor_s = poll_floor_s
         self._clocks_mhz: frozenset[int] = frozenset()
+        self._reported_gave_up = False
         self.pending: ActivePlan | None = None
         """The newest plan received; the training thread adopts it at an iteration boundary."""
         self.registered = threading.Event()
@@ -203,6 +204,7 @@ class Session:
             self._resolve_position(job)
             state.check_job(job)
             if state.failure is not None:
+                self._report_gave_up()
                 return
             state.position_ready.set()
             self._register(call)
@@ -214,6 +216,9 @@ class Session:
                 )
             while not self._profile_ready.wait(0.5):
                 if self._stop.is_set():
+                    return
+                if state.failure is not None:
+                    self._report_gave_up()
                     return
             rows, p_block = self._rows
             stage = state.settings.stage
@@ -229,13 +234,29 @@ class Session:
             self._poll_plans(rng, backoff, outage)
         except PlannerUnavailable:
             return  # only when stopping
-        except (AuthError, JobNotFound, PlanError, ProfileError) as err:
+        except (AuthError, JobNotFound) as err:
+            state.give_up(str(err))  # the planner would not take the report either
+        except (PlanError, ProfileError) as err:
             state.give_up(str(err))
+            self._report_gave_up()
         except PerseusError as err:
             state.give_up(f"{type(err).__name__}: {err}")
+            self._report_gave_up()
         except Exception as err:  # a bug here must not reach training
             _log.exception("perseus: session thread failed")
             state.give_up(f"internal error: {err}")
+
+    def _report_gave_up(self) -> None:
+        """Tell the planner once why this rank stopped planning (for the job view); a
+        failure to is logged, never raised."""
+        failure = self._state.failure
+        if failure is None or self._reported_gave_up:
+            return
+        self._reported_gave_up = True
+        try:
+            self._planner.report_gave_up(self._state.settings.rank, failure)
+        except PerseusError as err:
+            _log.warning("perseus: could not tell the planner this rank gave up: %s", err)
 
     def _register(self, call: Callable[[Callable[[], Any]], Any]) -> None:
         s = self._state.settings
@@ -258,6 +279,9 @@ class Session:
         settings = self._state.settings
         last_start: float | None = None
         while not self._stop.is_set():
+            if self._state.failure is not None:
+                self._report_gave_up()
+                return
             if last_start is not None:
                 rest = self._poll_floor_s - (time.monotonic() - last_start)
                 if rest > 0 and self._stop.wait(rest):

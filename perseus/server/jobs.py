@@ -23,12 +23,15 @@ from collections.abc import Callable, Sequence
 
 from perseus.errors import JobNotFound, JobStateError, PerseusError
 from perseus.schemas import (
+    GaveUpAccepted,
+    GaveUpReport,
     JobCounts,
     JobCreate,
     JobCreated,
     JobState,
     JobSummary,
     JobView,
+    RankGaveUp,
     RankRegistered,
     RankRegistration,
 )
@@ -219,6 +222,7 @@ class Jobs(JobPart):
             totals = tx.energy_totals([job_id]).get(job_id, (0.0, 0.0)) if reported else None
             coverage = tx.profiled_coverage(job_id)
             ranks = tx.ranks(job_id) if reported else []
+            gave_up = tx.gave_up(job_id)
             reported_w = (
                 []
                 if job.spec.p_block_w is not None
@@ -261,7 +265,27 @@ class Jobs(JobPart):
             p_block_w=frontier.p_block_w
             if frontier is not None
             else stage_p_block_w(spec.p_block_w, reported_w, spec.tensor_parallel),
+            gave_up=[RankGaveUp(rank=r, reason=why, at_s=t) for r, why, t in gave_up],
         )
+
+    def rank_gave_up(self, job_id: str, report: GaveUpReport) -> GaveUpAccepted:
+        """Record that a rank stopped planning (the latest reason of each rank is kept).
+
+        Raises:
+            JobNotFound: no such job.
+            RequestFieldError: the rank is outside the job.
+        """
+        with self._store.write() as tx:
+            job = existing(tx, job_id)
+            if report.rank >= job.spec.world_size:
+                raise RequestFieldError(
+                    ("body", "rank"),
+                    f"{report.rank} is out of range 0..{job.spec.world_size - 1} for this job",
+                )
+            now_s = self._clock()
+            tx.put_gave_up(job_id, report.rank, report.reason, now_s)
+        log.warning("job %s: rank %d gave up: %r", job_id, report.rank, report.reason[:200])
+        return GaveUpAccepted(rank=report.rank, at_s=now_s)
 
     def register_rank(
         self, job_id: str, reg: RankRegistration, host: str | None = None

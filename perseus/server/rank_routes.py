@@ -15,6 +15,7 @@ from perseus.files import FrontierFile, profile_fingerprint
 from perseus.schemas import (
     FRONTIER_FILE_PATH,
     FRONTIER_PATH,
+    GAVE_UP_PATH,
     ITERATIONS_PATH,
     PLAN_COMPUTE_PATH,
     PLAN_PATH,
@@ -25,6 +26,8 @@ from perseus.schemas import (
     RANKS_PATH,
     STRAGGLER_PATH,
     FrontierView,
+    GaveUpAccepted,
+    GaveUpReport,
     IterationAccepted,
     IterationReport,
     PlanQuery,
@@ -61,6 +64,7 @@ __all__ = [
     "get_plan",
     "get_profile_csv",
     "get_profile_json",
+    "rank_gave_up",
     "register_rank",
     "report_iteration",
     "report_profile",
@@ -86,6 +90,13 @@ async def register_rank(
     state.heads.add_rank(job.id, body.rank, (body.stage, body.data_parallel_rank, host))
     state.foreign_reports.discard((job.id, body.rank))
     return reply
+
+
+@router.post(GAVE_UP_PATH, response_model=GaveUpAccepted, tags=["ranks"])
+async def rank_gave_up(job: AuthorizedJob, body: GaveUpReport, state: State) -> GaveUpAccepted:
+    """A rank stopped planning and trains on at default clocks: the job view lists it, with
+    its reason and when, so that no operator believes it saves energy."""
+    return await run_in_threadpool(state.service.jobs.rank_gave_up, job.id, body)
 
 
 @router.post(PROFILES_PATH, response_model=ProfileAccepted, tags=["ranks"])

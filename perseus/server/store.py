@@ -54,6 +54,7 @@ from perseus.server.database import (
 )
 from perseus.server.tables import (
     FRONTIERS,
+    GAVE_UP,
     JOB_COLUMNS,
     JOB_FIELDS,
     JOBS,
@@ -152,7 +153,7 @@ class Transaction:
 
     def delete_job(self, job_id: str) -> bool:
         self.job_version(job_id)  # the job row first, as every write (see job_version)
-        for table in (SAMPLES, PROFILES, RANKS, FRONTIERS):
+        for table in (SAMPLES, PROFILES, RANKS, FRONTIERS, GAVE_UP):
             self._conn.execute(delete(table).where(table.c.job_id == job_id))
         result = self._conn.execute(delete(JOBS).where(JOBS.c.id == job_id))
         return bool(result.rowcount)
@@ -324,6 +325,25 @@ class Transaction:
                 .where(RANKS.c.job_id == row.job_id, RANKS.c.rank == row.rank)
                 .values(values)
             )
+
+    # ranks that gave up
+
+    def put_gave_up(self, job_id: str, rank: int, reason: str, at_s: float) -> None:
+        """Record (or replace) why ``rank`` stopped planning."""
+        where = (GAVE_UP.c.job_id == job_id, GAVE_UP.c.rank == rank)
+        self._conn.execute(delete(GAVE_UP).where(*where))
+        self._conn.execute(
+            insert(GAVE_UP).values(job_id=job_id, rank=rank, reason=reason, at_s=at_s)
+        )
+
+    def gave_up(self, job_id: str) -> list[tuple[int, str, float]]:
+        """``(rank, reason, at_s)`` of every rank that gave up, by rank."""
+        query = (
+            select(GAVE_UP.c.rank, GAVE_UP.c.reason, GAVE_UP.c.at_s)
+            .where(GAVE_UP.c.job_id == job_id)
+            .order_by(GAVE_UP.c.rank)
+        )
+        return [(int(r), str(why), float(t)) for r, why, t in self._conn.execute(query)]
 
     # profiles
 

@@ -29,6 +29,7 @@ from perseus.schemas import JobCreate, JobState, PolicyModel, PolicySpec, Stragg
 
 __all__ = [
     "FRONTIERS",
+    "GAVE_UP",
     "JOBS",
     "PROFILES",
     "RANKS",
@@ -130,6 +131,17 @@ SAMPLES = Table(
 )
 """A rank's measured iterations of one phase (and plan version): exact counts and sums,
 and the most recent samples (see :mod:`perseus.server.savings`)."""
+
+GAVE_UP = Table(
+    "perseus_gave_up",
+    metadata,
+    Column("job_id", String(64), ForeignKey("perseus_jobs.id"), primary_key=True),
+    Column("rank", Integer, primary_key=True),
+    Column("reason", Text, nullable=False),
+    Column("at_s", Float, nullable=False),
+)
+"""Ranks that stopped planning (the latest report of each): registered or not, since a rank
+may reject its job before it registers."""
 
 
 # ----------------------------------------------------------------------------- row values

@@ -47,6 +47,23 @@ class RankRegistered(WireModel):
     ranks_registered: int
 
 
+MAX_REASON_CHARS = 2000
+"""The longest reason a rank reports for giving up (the client cuts it to this)."""
+
+
+class GaveUpReport(WireModel):
+    """``POST /v1/jobs/{id}/ranks:gave-up``: a rank stopped planning and runs at default clocks
+    (it rejected the job, the planner refused it, a plan could not be followed)."""
+
+    rank: RankNumber
+    reason: Annotated[str, Field(min_length=1, max_length=MAX_REASON_CHARS)]
+
+
+class GaveUpAccepted(WireModel):
+    rank: int
+    at_s: float
+
+
 class ProfileRow(WireModel):
     # One measurement on the wire: the solver's perseus.solver.ProfileRow without its stage,
     # which the ProfileReport carries once. (No docstring: it would change the OpenAPI text.)

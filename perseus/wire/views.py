@@ -79,6 +79,14 @@ class SavingsView(WireModel):
     )
 
 
+class RankGaveUp(WireModel):
+    """A rank that stopped planning (training goes on there at default clocks)."""
+
+    rank: int
+    reason: str
+    at_s: float = Field(description="When the server heard it (Unix time, seconds).")
+
+
 class JobView(WireModel):
     """``GET /v1/jobs/{id}``."""
 
@@ -103,6 +111,11 @@ class JobView(WireModel):
         description="Blocking power of one stage (W) that planning uses: the frontier's, else "
         "the job's p_block_w times the tensor-parallel size, else the ranks' reported mean "
         "times it; null while neither the job nor any profile gives one.",
+    )
+    gave_up: list[RankGaveUp] = Field(
+        default_factory=list,
+        description="Ranks that stopped planning and run at default clocks, with why and "
+        "when (the latest report of each rank); empty while every rank follows the job.",
     )
 
 

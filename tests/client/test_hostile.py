@@ -8,13 +8,16 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 import perseus.client
+from perseus.cli.job_views import format_job
 from perseus.client.fake import FakeGpu
 from perseus.client.gpu import NvmlGpu
 from perseus.client.planner import PlannerClient, PlanTooLarge
@@ -24,7 +27,14 @@ from perseus.client.session import POLL_FLOOR_S, Outage, Session
 from perseus.client.settings import ClientSettings, load_settings
 from perseus.client.state import RankState
 from perseus.errors import GpuControlError
-from perseus.schemas import IterationAccepted, IterationReport, PlanInstruction, PlanResponse
+from perseus.schemas import (
+    IterationAccepted,
+    IterationReport,
+    JobView,
+    PlanInstruction,
+    PlanResponse,
+)
+from perseus.server.app import create_app
 from perseus.server.settings import Settings
 
 from .scripted import EXAMPLE_PROFILE, JOB, SERVER, ScriptedPlanner
@@ -242,3 +252,72 @@ def test_a_plan_past_the_byte_bound_is_refused_unparsed() -> None:
         client.plan(0, max_bytes=65536)
     assert raised.value.version == 7
     assert client.plan(0, max_bytes=len(body)) is not None
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[TestClient]:
+    settings = Settings(
+        database=f"sqlite:///{tmp_path / 'perseus.db'}",
+        admin_token=None,
+        warm_planner=False,
+        cache_ttl_s=1.0,
+        polish_s=0.0,
+    )
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+def test_a_rank_that_rejects_its_job_shows_in_the_job_view(app: TestClient, tmp_path: Path) -> None:
+    body = {
+        "schedule": "1f1b",
+        "stages": 1,
+        "microbatches": 8,
+        "data_parallel": 1,
+        "tensor_parallel": 1,
+    }
+    created = app.post("/v1/jobs", json=body).json()
+    job, token = created["job_id"], created["token"]
+    auth = {"Authorization": f"Bearer {token}"}
+    settings = ClientSettings(
+        server="http://testserver", job=job, token=token, stage=0, gpu="fake", poll_wait_s=0.5
+    )
+    rank = Rank(settings, gpu=FakeGpu(), planner=PlannerClient(app, job, token))
+    rank.bind(schedule="1f1b", microbatches=4)
+    deadline = time.monotonic() + 30
+    try:
+        while not app.get(f"/v1/jobs/{job}", headers=auth).json()["gave_up"]:
+            assert time.monotonic() < deadline, rank.failure
+            time.sleep(0.05)
+    finally:
+        rank.close()
+    view = JobView.model_validate(app.get(f"/v1/jobs/{job}", headers=auth).json())
+    (gave_up,) = view.gave_up
+    assert gave_up.rank == 0
+    assert "4 microbatches run, the job has 8" in gave_up.reason
+    assert abs(gave_up.at_s - time.time()) < 60
+    text = format_job(view)
+    assert "1 of 1 ranks gave up" in text
+    assert "rank 0" in text and "4 microbatches run, the job has 8" in text
+    # the /ui page's source, too
+    overview = app.get("/v1/overview").json()
+    assert overview["jobs"][0]["gave_up"][0]["rank"] == 0
+
+
+def test_a_gave_up_report_is_bounded_and_checked(app: TestClient) -> None:
+    body = {
+        "schedule": "1f1b",
+        "stages": 1,
+        "microbatches": 2,
+        "data_parallel": 1,
+        "tensor_parallel": 1,
+    }
+    created = app.post("/v1/jobs", json=body).json()
+    path = f"/v1/jobs/{created['job_id']}/ranks:gave-up"
+    auth = {"Authorization": f"Bearer {created['token']}"}
+    assert app.post(path, json={"rank": 1, "reason": "x"}, headers=auth).status_code == 422
+    too_long = {"rank": 0, "reason": "x" * 5000}
+    assert app.post(path, json=too_long, headers=auth).status_code == 422
+    assert app.post(path, json={"rank": 0, "reason": "x"}, headers={}).status_code == 401
+    assert app.post(path, json={"rank": 0, "reason": "a\x1b[2J"}, headers=auth).status_code == 200
+    view = JobView.model_validate(app.get(f"/v1/jobs/{created['job_id']}", headers=auth).json())
+    assert "\x1b" not in format_job(view)

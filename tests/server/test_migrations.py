@@ -146,7 +146,7 @@ def test_asking_for_the_revision_creates_no_sqlite_file(tmp_path: Path) -> None:
     assert not path.exists()
 
 
-def test_a_database_at_0001_with_data_upgrades_to_0002(
+def test_a_database_at_0001_with_data_upgrades_to_the_head(
     sqlite_url: str, make_client: Callable[[Settings], TestClient]
 ) -> None:
     from alembic import command
@@ -160,7 +160,7 @@ def test_a_database_at_0001_with_data_upgrades_to_0002(
     engine.dispose()
     assert current_revision(sqlite_url) == "0001"
     client = make_client(Settings(database=sqlite_url, warm_planner=False))
-    assert current_revision(sqlite_url) == "0002" == head_revision()
+    assert current_revision(sqlite_url) == "0003" == head_revision()
     auth = {"Authorization": f"Bearer {TOKEN}"}
     r = client.get(f"/v1/jobs/{JOB_ID}/plan", params={"rank": 2}, headers=auth)
     assert r.status_code == 200, r.text

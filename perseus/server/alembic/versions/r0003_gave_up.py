@@ -1,0 +1,31 @@
+"""Ranks that gave up: ``perseus_gave_up`` keeps, per job and rank, the latest reason a rank
+reported for no longer planning (it rejected the job, the planner refused it) and when.
+
+Revision ID: 0003
+Revises: 0002
+Create Date: 2026-12-02
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0003"
+down_revision: str | None = "0002"
+branch_labels: str | None = None
+depends_on: str | None = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "perseus_gave_up",
+        sa.Column("job_id", sa.String(64), sa.ForeignKey("perseus_jobs.id"), primary_key=True),
+        sa.Column("rank", sa.Integer, primary_key=True),
+        sa.Column("reason", sa.Text, nullable=False),
+        sa.Column("at_s", sa.Float, nullable=False),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("perseus_gave_up")
