@@ -211,6 +211,16 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
     frontier.set_defaults(job_command=_frontier)
 
+    replan = commands.add_parser(
+        "replan",
+        parents=[connection, job],
+        help="plan the job again now, on the profiles in",
+        description="Plan the job again now, on the profiles the ranks reported (a re-run "
+        "of the training re-profiles; the job replans by itself once every rank's new "
+        "profile is in, this does it at once). The ranks follow the new plan version.",
+    )
+    replan.set_defaults(job_command=_replan)
+
     policy = commands.add_parser(
         "policy",
         parents=[connection, job],
@@ -550,6 +560,15 @@ def _frontier_plot(view: FrontierView, document: bytes) -> bytes:
         policy=policy,
         deadline_s=deadline_s,
         straggler=straggler,
+    )
+
+
+def _replan(args: argparse.Namespace, ctx: _Context) -> None:
+    with _open(args, ctx) as client:
+        reply = client.replan()
+    ctx.out.write(
+        f"job {client.job_id}: planning on the profiles in (now plan version {reply.version}; "
+        "'perseus job status' shows when it is ready)\n"
     )
 
 

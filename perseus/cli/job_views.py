@@ -121,7 +121,18 @@ def format_job(view: JobView) -> str:
     ]
     if view.frontier_points is not None:
         planned = "" if view.planning_s is None else f", planned in {view.planning_s:.2f} s"
+        if view.planned_from_s is not None:
+            planned += f" from the profiles in at {_utc(view.planned_from_s)}"
         lines.append(("frontier", f"{view.frontier_points} points{planned}"))
+    newer = view.profiles_since_plan
+    if newer and view.state != "planning":
+        lines.append(
+            (
+                "re-run",
+                f"{newer} of {counts.ranks_expected} profiles re-reported since this plan: "
+                "the job replans once all are in ('perseus job replan' replans now)",
+            )
+        )
     if view.chosen is not None:
         c = view.chosen
         by = policy_text(view.policy)

@@ -62,6 +62,7 @@ from perseus.schemas import (
     ITERATIONS_PATH,
     JOB_PATH,
     JOBS_PATH,
+    PLAN_COMPUTE_PATH,
     PLAN_PATH,
     POLICY_PATH,
     PROFILE_CSV_PATH,
@@ -446,7 +447,13 @@ class PlannerClient:
         return template.format(**self._ids)
 
     def _send(
-        self, method: str, template: str, model: type[_M], body: BaseModel | None = None
+        self,
+        method: str,
+        template: str,
+        model: type[_M],
+        body: BaseModel | None = None,
+        *,
+        expect: frozenset[int] = frozenset({200}),
     ) -> _M:
         response = _call(
             self._http,
@@ -454,6 +461,7 @@ class PlannerClient:
             self._path(template),
             token=self._token,
             json=None if body is None else body.model_dump(mode="json"),
+            expect=expect,
         )
         return _parse(model, response)
 
@@ -566,6 +574,14 @@ class PlannerClient:
             PlanNotReady: no frontier yet (``.state`` says where the job stands).
         """
         return self._send("GET", FRONTIER_PATH, FrontierView)
+
+    def replan(self) -> PlanVersion:
+        """Plan the job again now, on the profiles in (``POST .../plan:compute``).
+
+        Raises:
+            JobStateError: it is planning already, or a stage lacks a profile.
+        """
+        return self._send("POST", PLAN_COMPUTE_PATH, PlanVersion, expect=frozenset({202}))
 
     def set_policy(self, policy: PolicySpec) -> PlanVersion:
         """Change the job's policy; with a frontier, plans move to a new version.

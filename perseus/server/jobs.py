@@ -223,6 +223,8 @@ class Jobs(JobPart):
             coverage = tx.profiled_coverage(job_id)
             ranks = tx.ranks(job_id) if reported else []
             gave_up = tx.gave_up(job_id)
+            since = job.planned_from_s
+            newer = None if since is None else tx.profiles_reported_since(job_id, since)
             reported_w = (
                 []
                 if job.spec.p_block_w is not None
@@ -265,6 +267,8 @@ class Jobs(JobPart):
             p_block_w=frontier.p_block_w
             if frontier is not None
             else stage_p_block_w(spec.p_block_w, reported_w, spec.tensor_parallel),
+            planned_from_s=since,
+            profiles_since_plan=newer,
             gave_up=[RankGaveUp(rank=r, reason=why, at_s=t) for r, why, t in gave_up],
         )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -36,6 +37,8 @@ from perseus.server.plans import FrontierCache
 from perseus.server.quotas import QuotaExceeded, Quotas
 from perseus.server.store import FrontierRow, JobRow, ProfileRecord, Store
 from perseus.solver import Frontier, Profile, profile_from_rows, profile_to_json
+
+log = logging.getLogger("perseus.server")
 
 __all__ = ["PlanningLease", "check_stage_clocks", "planned_profile"]
 
@@ -160,6 +163,7 @@ class PlanningLease:
             reason=None,
             planning_owner=self.owner,
             planning_heartbeat_s=now_s,
+            planned_from_s=now_s,
             updated_at_s=now_s,
         )
 
@@ -236,10 +240,16 @@ class PlanningLease:
             job = dataclasses.replace(
                 job, profiles_reported=job.profiles_reported + int(is_new), updated_at_s=now_s
             )
-            # A failed job replans on a profile re-reported to it (a corrected one).
+            # A failed job replans on a profile re-reported to it (a corrected one); a ready
+            # one once every rank re-reported since its plan (a re-run of the training).
             claimed = job.state in ("registering", "profiling", "failed") and (
                 job.profiles_reported == job.spec.world_size
             )
+            if job.state == "ready" and job.planned_from_s is not None:
+                newer = tx.profiles_reported_since(job_id, job.planned_from_s)
+                claimed = newer == job.spec.world_size
+                if claimed:
+                    log.info("job %s: every rank re-reported its profile: replanning", job_id)
             if claimed:
                 job = self._claimed(job, now_s)
             tx.save_job(job)

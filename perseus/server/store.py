@@ -347,6 +347,15 @@ class Transaction:
 
     # profiles
 
+    def profiles_reported_since(self, job_id: str, since_s: float) -> int:
+        """Profiles reported after ``since_s``."""
+        query = (
+            select(func.count())
+            .select_from(PROFILES)
+            .where(PROFILES.c.job_id == job_id, PROFILES.c.reported_at_s > since_s)
+        )
+        return int(self._conn.execute(query).scalar_one())
+
     def has_profile(self, job_id: str, rank: int) -> bool:
         query = select(PROFILES.c.rank).where(PROFILES.c.job_id == job_id, PROFILES.c.rank == rank)
         return self._conn.execute(query).first() is not None

@@ -71,6 +71,7 @@ JOBS = Table(
     Column("planning_owner", String(64)),
     Column("planning_heartbeat_s", Float),
     Column("planning_s", Float),
+    Column("planned_from_s", Float),
 )
 
 FRONTIERS = Table(
@@ -171,6 +172,9 @@ class JobRow:
     planning_owner: str | None
     planning_heartbeat_s: float | None
     planning_s: float | None
+    planned_from_s: float | None = None
+    """When the planning behind the current frontier began: profiles reported after it are
+    newer than the plan (a re-run of the training)."""
 
 
 @dataclass(frozen=True, slots=True)

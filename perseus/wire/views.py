@@ -112,6 +112,17 @@ class JobView(WireModel):
         "the job's p_block_w times the tensor-parallel size, else the ranks' reported mean "
         "times it; null while neither the job nor any profile gives one.",
     )
+    planned_from_s: float | None = Field(
+        default=None,
+        description="When the planning behind the current frontier began (Unix time); null "
+        "before the first planning.",
+    )
+    profiles_since_plan: int | None = Field(
+        default=None,
+        description="Profiles reported after planned_from_s: a re-run of the training "
+        "re-profiles, and the job replans on the new profiles once every rank's is in "
+        "(or at once with 'perseus job replan'); null before the first planning.",
+    )
     gave_up: list[RankGaveUp] = Field(
         default_factory=list,
         description="Ranks that stopped planning and run at default clocks, with why and "

@@ -597,3 +597,32 @@ def test_job_views_say_when_a_straggler_does_not_slow_the_plan(
     assert "(straggler plan, policy no-slowdown):" in status
     frontier = run(capsys, "job", "frontier").out
     assert re.search(r"^chosen: straggler \(point \d+ of \d+\)", frontier, re.M), frontier
+
+
+# ----------------------------------------------------------------------------- re-runs
+
+
+def test_a_rerun_replans_on_its_profiles_and_replan_does_it_at_once(
+    planner: Planner, capsys: pytest.CaptureFixture[str], clean_env: pytest.MonkeyPatch
+) -> None:
+    env = create(capsys, clean_env, planner.url)
+    make_ready(env)
+    r = run(capsys, "job", "status")
+    assert "from the profiles in at" in r.out and "re-run" not in r.out
+    rows = example_rows()
+    with PlannerClient.open(env["PERSEUS_SERVER"], env["PERSEUS_JOB"], env["PERSEUS_TOKEN"]) as c:
+        # a re-run: its ranks re-profile; the plan stays until every rank's new profile is in
+        c.report_profile(ProfileReport(rank=0, stage=0, rows=rows[0]))
+        r = run(capsys, "job", "status")
+        assert f"1 of {STAGES} profiles re-reported since this plan" in r.out
+        assert c.job().version == 1
+        for rank in range(1, STAGES):
+            c.report_profile(ProfileReport(rank=rank, stage=rank, rows=rows[rank]))
+        assert c.plan(0, version=1, wait_s=30) is not None  # replanned: version 2
+        assert "re-run" not in run(capsys, "job", "status").out
+    r = run(capsys, "job", "replan")
+    assert r.status == 0, r.err
+    assert r.out.startswith(f"job {env['PERSEUS_JOB']}: planning on the profiles in")
+    with PlannerClient.open(env["PERSEUS_SERVER"], env["PERSEUS_JOB"], env["PERSEUS_TOKEN"]) as c:
+        plan = c.plan(0, version=2, wait_s=30)
+        assert plan is not None and plan.version == 3

@@ -1,5 +1,7 @@
-"""Ranks that gave up: ``perseus_gave_up`` keeps, per job and rank, the latest reason a rank
-reported for no longer planning (it rejected the job, the planner refused it) and when.
+"""Ranks that gave up, and re-runs: ``perseus_gave_up`` keeps, per job and rank, the latest
+reason a rank reported for no longer planning (it rejected the job, the planner refused it)
+and when; ``perseus_jobs.planned_from_s`` when the planning behind the current frontier
+began (profiles reported after it are a re-run's; null for jobs planned before).
 
 Revision ID: 0003
 Revises: 0002
@@ -25,7 +27,11 @@ def upgrade() -> None:
         sa.Column("reason", sa.Text, nullable=False),
         sa.Column("at_s", sa.Float, nullable=False),
     )
+    with op.batch_alter_table("perseus_jobs") as batch:
+        batch.add_column(sa.Column("planned_from_s", sa.Float))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("perseus_jobs") as batch:
+        batch.drop_column("planned_from_s")
     op.drop_table("perseus_gave_up")
