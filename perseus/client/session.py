@@ -14,6 +14,7 @@ import logging
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -160,6 +161,8 @@ class Session:
         self._poll_floor_s = poll_floor_s
         self._clocks_mhz: frozenset[int] = frozenset()
         self._reported_gave_up = False
+        # This process's registration: a second process with the same rank is refused.
+        self._instance = uuid.uuid4().hex
         self.pending: ActivePlan | None = None
         """The newest plan received; the training thread adopts it at an iteration boundary."""
         self.registered = threading.Event()
@@ -262,6 +265,7 @@ class Session:
         s = self._state.settings
         stage = s.stage if s.stage is not None else 0
         body = RankRegistration(
+            instance=self._instance,
             rank=s.rank,
             stage=stage,
             data_parallel_rank=s.data_parallel_rank or 0,

@@ -58,6 +58,12 @@ class RequestFieldError(PerseusError):
         self.message = message
 
 
+RANK_LIVE_S = 120.0
+"""A registered rank heard from (registration, iteration report) within this long is live:
+another process registering the same rank meanwhile is refused (409). Past it the first is
+taken for dead (a restart) and the new registration replaces it."""
+
+
 def existing(tx: Transaction, job_id: str) -> JobRow:
     """The job (locked in a write transaction).
 
@@ -335,6 +341,28 @@ class Jobs(JobPart):
                     f"{known.tensor_parallel_rank}"
                 )
             now_s = self._clock()
+            if (
+                known is not None
+                and reg.instance is not None
+                and known.instance is not None
+                and known.instance != reg.instance
+            ):
+                heard_s = max(known.seen_at_s or 0.0, known.registered_at_s)
+                quiet_s = now_s - heard_s
+                if quiet_s < RANK_LIVE_S:
+                    raise JobStateError(
+                        f"rank {reg.rank} is registered by another live process (from "
+                        f"{known.host or 'an unknown host'}, heard from {quiet_s:.0f} s ago): "
+                        "two processes share one rank (check RANK/PERSEUS_RANK); a restart "
+                        f"is accepted once the first has been quiet for {RANK_LIVE_S:.0f} s"
+                    )
+                log.warning(
+                    "job %s: rank %d registered by a new process; the first was quiet for "
+                    "%.0f s (a restart)",
+                    job_id,
+                    reg.rank,
+                    quiet_s,
+                )
             if known is None:
                 tx.put_rank(
                     RankRow(
@@ -347,6 +375,8 @@ class Jobs(JobPart):
                         supported_clocks_mhz=tuple(reg.supported_clocks_mhz),
                         registered_at_s=now_s,
                         host=host,
+                        instance=reg.instance,
+                        seen_at_s=now_s,
                     ),
                     new=True,
                 )
@@ -380,6 +410,8 @@ class Jobs(JobPart):
                         gpu_name=reg.gpu_name,
                         supported_clocks_mhz=tuple(reg.supported_clocks_mhz),
                         host=host,
+                        instance=reg.instance,
+                        seen_at_s=now_s,
                     ),
                     new=False,
                 )

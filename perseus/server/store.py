@@ -256,8 +256,12 @@ class Transaction:
             RANKS.c.job_id == job_id, RANKS.c.rank.in_(list(ranks))
         )
         return {
-            int(rank): IterationWindow(iterations, last, version, tuple(times), tuple(energies))
-            for rank, iterations, last, version, times, energies in self._conn.execute(query)
+            int(rank): IterationWindow(
+                iterations, last, version, tuple(times), tuple(energies), seen_at_s
+            )
+            for rank, iterations, last, version, times, energies, seen_at_s in self._conn.execute(
+                query
+            )
         }
 
     def save_iteration_windows(
@@ -277,6 +281,7 @@ class Transaction:
                         "window_version": w.window_version,
                         "recent_times_s": list(w.recent_times_s),
                         "recent_energies_j": list(w.recent_energies_j),
+                        "seen_at_s": w.seen_at_s,
                     }
                     for rank, w in windows.items()
                 ],

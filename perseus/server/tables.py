@@ -101,6 +101,8 @@ RANKS = Table(
     Column("recent_times_s", JSON, nullable=False),
     Column("recent_energies_j", JSON, nullable=False),
     Column("host", String(255)),
+    Column("instance", String(64)),
+    Column("seen_at_s", Float),
     UniqueConstraint("job_id", "stage", "data_parallel_rank", "tensor_parallel_rank"),
 )
 
@@ -196,6 +198,10 @@ class RankRow:
     recent_energies_j: tuple[float, ...] = ()
     host: str | None = None
     """The address the rank registered from."""
+    instance: str | None = None
+    """The registering process's own id (a client that sends none: None)."""
+    seen_at_s: float | None = None
+    """When the rank last registered or reported an iteration."""
 
     @property
     def coordinates(self) -> tuple[int, int, int]:
@@ -233,6 +239,7 @@ class IterationWindow:
     window_version: int
     recent_times_s: tuple[float, ...]
     recent_energies_j: tuple[float, ...]
+    seen_at_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

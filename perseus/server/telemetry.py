@@ -10,6 +10,7 @@ samples (baseline, plan by version: what the realized saving is measured on).
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Sequence
 
 from perseus.schemas import ChosenPoint, IterationReport, ReplicaTelemetry, Telemetry
@@ -46,6 +47,7 @@ class IterationLog:
             buckets = tx.sample_buckets(job_id, ranks, plan_versions)
             new: set[tuple[int, str, int]] = set()
             counted = 0
+            now_s = time.time()  # the ranks were heard from (a re-registration's test)
             for report in reports:
                 state = windows.get(report.rank)
                 if state is None or state.last_iteration == report.iteration:
@@ -58,7 +60,7 @@ class IterationLog:
                     times = (*times, report.time_s)[-window:]
                     energies = (*energies, report.energy_j)[-window:]
                 windows[report.rank] = IterationWindow(
-                    state.iterations + 1, report.iteration, version, times, energies
+                    state.iterations + 1, report.iteration, version, times, energies, now_s
                 )
                 phase, ran = bucket_key(report, version)
                 key = (report.rank, phase, ran)

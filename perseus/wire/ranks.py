@@ -39,6 +39,11 @@ class RankRegistration(WireModel):
     tensor_parallel_rank: StageNumber
     gpu_name: GpuName
     supported_clocks_mhz: Annotated[list[FrequencyMhz], Field(min_length=1, max_length=MAX_CLOCKS)]
+    instance: Annotated[str, Field(pattern=r"^[0-9A-Za-z_-]{1,64}$")] | None = Field(
+        default=None,
+        description="The registering process's own id (one per process): the same rank "
+        "registered again by another process while the first is live is refused (409).",
+    )
 
 
 class RankRegistered(WireModel):

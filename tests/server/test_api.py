@@ -978,3 +978,33 @@ def test_a_rank_registered_again_from_elsewhere_is_logged(
     with caplog.at_level("WARNING", logger="perseus.server"):
         assert client.post(job.url("/ranks"), json=reg, headers=job.auth).status_code == 200
     assert "rank 0 registered again" in caplog.text and "another clock list" in caplog.text
+
+
+def test_one_rank_from_two_live_processes_is_409_naming_it(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = create_job(client)
+    first = client.post(job.url("/ranks"), json=_rank(0, instance="a1"), headers=job.auth)
+    assert first.status_code == 200
+    # the same process again (a retry) is fine
+    again = client.post(job.url("/ranks"), json=_rank(0, instance="a1"), headers=job.auth)
+    assert again.status_code == 200
+    second = client.post(
+        job.url("/ranks"),
+        json=_rank(0, instance="b2", supported_clocks_mhz=[1980]),
+        headers=job.auth,
+    )
+    assert second.status_code == 409
+    assert "rank 0 is registered by another live process" in second.json()["detail"]
+    # the first process's clock list stands
+    assert job.view()["counts"]["ranks_registered"] == 1
+    # once the first has been quiet long enough, a new process is a restart
+    monkeypatch.setattr("perseus.server.jobs.RANK_LIVE_S", 0.0)
+    restart = client.post(job.url("/ranks"), json=_rank(0, instance="b2"), headers=job.auth)
+    assert restart.status_code == 200
+    assert (
+        client.post(
+            job.url("/ranks"), json=_rank(0, instance="bad id!"), headers=job.auth
+        ).status_code
+        == 422
+    )

@@ -1,7 +1,9 @@
 """Ranks that gave up, and re-runs: ``perseus_gave_up`` keeps, per job and rank, the latest
 reason a rank reported for no longer planning (it rejected the job, the planner refused it)
 and when; ``perseus_jobs.planned_from_s`` when the planning behind the current frontier
-began (profiles reported after it are a re-run's; null for jobs planned before).
+began (profiles reported after it are a re-run's; null for jobs planned before);
+``perseus_ranks.instance`` and ``seen_at_s``, the registering process's id and when the rank
+was last heard from (a second live process registering the same rank is refused).
 
 Revision ID: 0003
 Revises: 0002
@@ -29,9 +31,15 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("perseus_jobs") as batch:
         batch.add_column(sa.Column("planned_from_s", sa.Float))
+    with op.batch_alter_table("perseus_ranks") as batch:
+        batch.add_column(sa.Column("instance", sa.String(64)))
+        batch.add_column(sa.Column("seen_at_s", sa.Float))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("perseus_ranks") as batch:
+        batch.drop_column("seen_at_s")
+        batch.drop_column("instance")
     with op.batch_alter_table("perseus_jobs") as batch:
         batch.drop_column("planned_from_s")
     op.drop_table("perseus_gave_up")
