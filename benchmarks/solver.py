@@ -27,7 +27,10 @@ the synthetic H200-shaped profile (``perseus.solver.synthetic``, 110 clocks from
 32 x 256, plus 16 x 128 interleaved (V=2). "seconds" is the whole process's wall clock (the
 median of ``--repeat`` runs), "peak MiB" its ru_maxrss, "cells" instructions x clocks; the last
 lines fit time and memory to ``a * cells^b`` over the 1F1B series (least squares in log-log)
-and print ``b``.
+and print ``b``. With ``--gaps`` each case is planned once more in the same fresh process (not
+timed; `compute_frontier` with the CLI's defaults) for the gap each frontier reports at the
+deadlines the policies name, 1, 1.01, 1.02 and 1.05 x the default plan's time: the point's
+energy against the relaxation's lower bound at that deadline.
 
 ``--versus DIR`` times the planning call (`compute_frontier` with default settings, in a fresh
 process each run) of this checkout against the perseus in DIR (an older commit, e.g. from
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import resource
@@ -140,6 +144,28 @@ def _scale_run(case: Case, profile_path: Path) -> dict[str, Any]:
     return {"seconds": seconds, "peak_mib": usage.ru_maxrss / 1024.0, "points": points}
 
 
+SCALE_GAP_FACTORS = (1.0, 1.01, 1.02, 1.05)
+
+
+def _scale_gaps(case: Case, profile_path: Path) -> list[float]:
+    """The gaps the frontier reports at SCALE_GAP_FACTORS x the default plan's time."""
+    from perseus.baselines import BaselineKey
+    from perseus.defaults import CLOCK_CHANGE_MARGIN_S
+    from perseus.solver import compute_frontier, load_profile, make_schedule
+
+    profile = load_profile(profile_path)
+    schedule = make_schedule(case.schedule, case.stages, case.microbatches, case.virtual_stages)
+    frontier = compute_frontier(profile, schedule, p_block_w=SCALE_P_BLOCK_W,
+                                clock_change_margin_s=CLOCK_CHANGE_MARGIN_S)  # fmt: skip
+    default_s = frontier.baselines[BaselineKey.DEFAULT].time_s
+    gaps = []
+    for factor in SCALE_GAP_FACTORS:
+        fits = [i for i in range(len(frontier))
+                if frontier.times_s[i] <= factor * default_s * (1 + 1e-12)]  # fmt: skip
+        gaps.append(float(frontier.gaps[fits[-1]]) if fits else math.nan)
+    return gaps
+
+
 def _fit_exponent(xs: list[float], ys: list[float]) -> float:
     import math
 
@@ -151,7 +177,7 @@ def _fit_exponent(xs: list[float], ys: list[float]) -> float:
     )
 
 
-def run_scale(repeat: int) -> None:
+def run_scale(repeat: int, gaps: bool = False, only: list[str] | None = None) -> None:
     """The doubling series (see the module's docstring), one table."""
     import statistics
     import tempfile
@@ -163,6 +189,11 @@ def run_scale(repeat: int) -> None:
     fit: list[tuple[float, float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in scale_cases():
+            name = f"{case.stages}x{case.microbatches}" + (
+                f"v{case.virtual_stages}" if case.virtual_stages > 1 else ""
+            )
+            if only and name not in only:
+                continue
             path = Path(tmp) / f"h200_{case.stages}.csv"
             if not path.exists():
                 path.write_text(to_csv(synthetic_profile(case.stages, SCALE_CLOCKS_MHZ, SEED)))
@@ -179,7 +210,7 @@ def run_scale(repeat: int) -> None:
             for _ in range(repeat):
                 child = subprocess.run(
                     [sys.executable, str(Path(__file__).resolve()), "--scale-child",
-                     json.dumps([asdict(case), str(path)])],
+                     json.dumps([asdict(case), str(path), gaps and not runs])],
                     capture_output=True, text=True, cwd=REPO,
                 )  # fmt: skip
                 lines = child.stdout.strip().splitlines()
@@ -192,12 +223,15 @@ def run_scale(repeat: int) -> None:
                 continue
             seconds = statistics.median(r["seconds"] for r in ok)
             peak = max(r["peak_mib"] for r in ok)
-            rows.append((*head, str(ok[0]["points"]), f"{seconds:.1f}", f"{peak:.0f}"))
+            found = [f"{100 * g:.2f}" for g in ok[0].get("gaps", [])]
+            rows.append((*head, str(ok[0]["points"]), f"{seconds:.1f}", f"{peak:.0f}", *found))
             if case.virtual_stages == 1:
                 fit.append((float(cells), seconds, peak))
     header = ("schedule", "S", "M", "V", "instr", "instr x clocks", "points", "seconds",
               "peak MiB")  # fmt: skip
-    widths = [max(len(h), *(len(r[i]) for r in rows if i < len(r))) for i, h in enumerate(header)]
+    if gaps:
+        header += tuple(f"gap {f:g}x %" for f in SCALE_GAP_FACTORS)
+    widths = [max([len(h)] + [len(r[i]) for r in rows if i < len(r)]) for i, h in enumerate(header)]
     print(
         f"# perseus plan, default settings, synthetic H200 profile ({len(SCALE_CLOCKS_MHZ)} "
         f"clocks), whole process, median of {repeat}; {os.cpu_count()} CPUs, "
@@ -504,6 +538,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small grid")
     parser.add_argument("--no-lowtime", action="store_true", help="perseus only")
     parser.add_argument("--scale", action="store_true", help="doubling series up to 32 x 256")
+    parser.add_argument("--gaps", action="store_true",
+                        help="--scale: also the gaps at 1-1.05 x (plans each case twice)")
+    parser.add_argument("--only", nargs="+", metavar="SxM[vV]",
+                        help="--scale: only these cases (e.g. 16x128v2 32x256)")  # fmt: skip
     parser.add_argument("--repeat", type=int, default=1,
                         help="--scale, --versus: runs per case (median)")  # fmt: skip
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -519,11 +557,14 @@ def main() -> None:
         run_versus(args.versus, args.repeat)
         return
     if args.scale_child:
-        case_fields, path = json.loads(args.scale_child)
-        print(json.dumps(_scale_run(Case(**case_fields), Path(path))))
+        case_fields, path, with_gaps = json.loads(args.scale_child)
+        result = _scale_run(Case(**case_fields), Path(path))
+        if with_gaps and "error" not in result:
+            result["gaps"] = _scale_gaps(Case(**case_fields), Path(path))
+        print(json.dumps(result))
         return
     if args.scale:
-        run_scale(args.repeat)
+        run_scale(args.repeat, args.gaps, args.only)
         return
     if args.child:
         print(json.dumps(_perseus_child(Case(**json.loads(args.child)))))
