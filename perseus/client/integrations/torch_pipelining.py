@@ -38,7 +38,6 @@ the backward (:mod:`perseus.client.profiler`).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,8 +62,6 @@ from perseus.solver import InstructionKind
 from perseus.solver.schedules import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES
 
 __all__ = ["StageWorkload", "instrument", "schedule_name"]
-
-_log = logging.getLogger("perseus.client")
 
 
 _NAMES: dict[type, str] = {
