@@ -7,6 +7,7 @@ and the caches and puts them on ``app.state.perseus``. Nothing is built at impor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import re
@@ -286,6 +287,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         runner.start_maintenance()
         telemetry.start()
+        storage_probe = (
+            asyncio.create_task(_probe_storage(store), name="perseus storage probe")
+            if store.guard is not None
+            else None
+        )
         # Everything loaded so far (modules, the app, caches) lives as long as the process:
         # keep it out of the garbage collector's full passes, which would otherwise stall
         # the event loop for 100 ms and more once the heap is large.
@@ -294,6 +300,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if storage_probe is not None:
+                storage_probe.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await storage_probe
             await telemetry.close()
             await runner.close()
             await heads.close()
@@ -326,6 +336,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(AuthBeforeBody)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
+
+
+STORAGE_PROBE_S = 1.0
+"""How often the SQLite store's files are checked for writability (a fault found answers
+503 and /healthz names it; the next check that passes clears it)."""
+
+
+async def _probe_storage(store: Store) -> None:
+    while True:
+        await asyncio.sleep(STORAGE_PROBE_S)
+        try:
+            await run_in_threadpool(store.probe_storage)
+        except Exception:  # the probe must outlive any one failure
+            log.exception("storage probe failed")
 
 
 def create_app_from_env() -> FastAPI:

@@ -20,6 +20,7 @@ from perseus.errors import (
 )
 from perseus.server.jobs import RequestFieldError
 from perseus.server.quotas import QuotaExceeded
+from perseus.server.storage import StorageFault
 
 __all__ = ["error_response", "error_status"]
 
@@ -36,6 +37,7 @@ _STATUS: tuple[tuple[type[PerseusError], int], ...] = (
     (InfeasibleDeadline, 422),
     (PlanningTooLarge, 422),
     (SolverTimeout, 503),
+    (StorageFault, 503),
 )
 
 
@@ -61,6 +63,8 @@ def error_response(exc: PerseusError) -> JSONResponse:
     if isinstance(exc, PlanNotReady):
         content["state"] = exc.state
         headers["Retry-After"] = "1"
+    if isinstance(exc, StorageFault):
+        headers["Retry-After"] = "5"
     if code == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(content, status_code=code, headers=headers)

@@ -33,6 +33,7 @@ from sqlalchemy import (
     cast,
     create_engine,
     delete,
+    event,
     func,
     insert,
     or_,
@@ -41,6 +42,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 from perseus.schemas import JobState
 from perseus.server.alembic import VERSION_TABLE
@@ -52,6 +54,7 @@ from perseus.server.database import (
     normalize_database_url,
     sqlite_engine,
 )
+from perseus.server.storage import StorageGuard, is_storage_error, storage_problem
 from perseus.server.tables import (
     FRONTIERS,
     GAVE_UP,
@@ -532,13 +535,19 @@ class Store:
 
     Args:
         url: SQLAlchemy URL: ``sqlite:///path.db`` or ``postgresql+psycopg://user:pw@host/db``.
+        storage_check: for an SQLite file, what finds a storage fault (tests inject one;
+            default :func:`~perseus.server.storage.storage_problem`).
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self, url: str, *, storage_check: Callable[[str], str | None] = storage_problem
+    ) -> None:
         self.url = normalize_database_url(url)
         parsed = make_url(self.url)
         self.backend = parsed.get_backend_name()
         self._write_lock: AbstractContextManager[Any]
+        self.guard: StorageGuard | None = None
+        """The SQLite file's storage faults (None: in memory, or PostgreSQL)."""
         if self.backend == "sqlite":
             in_memory = parsed.database in (None, "", ":memory:")
             # Reads take no lock; writes take SQLite's one write lock up front, so that a
@@ -552,6 +561,14 @@ class Store:
             # Threads of one process queue here for SQLite's single write lock rather than
             # in SQLite's busy handler, which sleeps in growing steps (long tail latencies).
             self._write_lock = threading.Lock()
+            if not in_memory and parsed.database:
+                self.guard = StorageGuard(
+                    parsed.database, storage_check, on_recover=self._drop_connections
+                )
+                guard = self.guard
+                for engine in {self._write_engine, self._read_engine}:
+                    # Before SQLite opens (and maps) anything: never a read-only -shm.
+                    event.listen(engine, "do_connect", lambda *_: guard.require())
         else:
             engine = create_engine(self.url, pool_size=5, max_overflow=10, pool_pre_ping=True)
             self._write_engine = self._read_engine = engine
@@ -597,9 +614,40 @@ class Store:
 
     @contextmanager
     def write(self) -> Iterator[Transaction]:
-        """A write transaction; :meth:`Transaction.job` locks the job row."""
-        with self._write_lock, self._write_engine.begin() as connection:
-            yield Transaction(connection, locking=True, notify=self.backend == "postgresql")
+        """A write transaction; :meth:`Transaction.job` locks the job row.
+
+        Raises:
+            StorageFault: the SQLite file's storage cannot be written (checked first; or
+                the write failed with a storage error).
+        """
+        guard = self.guard
+        if guard is None:
+            with self._write_lock, self._write_engine.begin() as connection:
+                yield Transaction(connection, locking=True, notify=self.backend == "postgresql")
+            return
+        guard.require()
+        try:
+            with self._write_lock, self._write_engine.begin() as connection:
+                yield Transaction(connection, locking=True)
+        except OperationalError as err:
+            if not is_storage_error(err):
+                raise
+            raise guard.failed(err) from err
+
+    @property
+    def fault(self) -> str | None:
+        """Why the store cannot write now (None: it can, or it cannot tell)."""
+        return None if self.guard is None else self.guard.fault
+
+    def probe_storage(self) -> str | None:
+        """Check the storage now (sets or clears :attr:`fault`); returns the fault."""
+        return None if self.guard is None else self.guard.probe()
+
+    def _drop_connections(self) -> None:
+        # Connections opened while the storage was faulty may hold read-only handles.
+        self._write_engine.dispose()
+        if self._read_engine is not self._write_engine:
+            self._read_engine.dispose()
 
     def listen(self, callback: Callable[[str, int, str], None]) -> ChangeListener | None:
         """Call ``callback(job_id, version, state)`` in a thread on every job's plan change

@@ -35,9 +35,19 @@ __all__ = ["get_activity", "healthz", "metrics", "overview", "router"]
 router = APIRouter(responses=ERROR_RESPONSES)
 
 
-@router.get(HEALTHZ_PATH, response_model=Health, tags=["server"])
-async def healthz() -> Health:
-    """Liveness."""
+@router.get(
+    HEALTHZ_PATH,
+    response_model=Health,
+    response_model_exclude_none=True,
+    tags=["server"],
+    responses={503: {"model": Health, "description": "The job database cannot be written"}},
+)
+async def healthz(state: State, response: Response) -> Health:
+    """Liveness, and whether the job database can be written (503 naming the fault)."""
+    fault = state.service.store.fault
+    if fault is not None:
+        response.status_code = 503
+        return Health(status="storage-fault", storage=fault)
     return Health(status="ok")
 
 

@@ -90,7 +90,12 @@ class WireModel(BaseModel):
 
 
 class Health(WireModel):
-    status: Literal["ok"]
+    status: Literal["ok", "storage-fault"]
+    storage: str | None = Field(
+        default=None,
+        description="Why the job database cannot be written now (503 meanwhile); null "
+        "while it can.",
+    )
 
 
 class ErrorBody(WireModel):

@@ -47,6 +47,7 @@ from perseus.server.app import create_app
 from perseus.server.jobs import RequestFieldError
 from perseus.server.routes import error_response, error_status
 from perseus.server.settings import Settings
+from perseus.server.storage import StorageFault
 from perseus.solver import load_profile, profile_to_json
 
 # The TestClient ignores timeouts and says so; a long poll sets its read timeout on purpose.
@@ -227,6 +228,7 @@ def test_every_status_the_server_maps_comes_back_as_its_class() -> None:
         RequestFieldError: RequestRejected,
         SolverTimeout: PlannerUnavailable,  # any 5xx
         PlanTooLarge: RequestRejected,  # the rank's own refusal: no server sends it
+        StorageFault: PlannerUnavailable,  # a 503
     }
     mapped: set[str] = set()
     for cls in _subclasses(PerseusError):
