@@ -514,6 +514,310 @@ ATTACKS: list[tuple[str, Callable[[Server, Job], str]]] = [
 ]
 
 
+# ----------------------------------------------------------------------------- issue 24
+
+RANK_SCRIPT = r"""
+import json, logging, resource, sys, threading, time
+from pathlib import Path
+import httpx
+attack = sys.argv[1]
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record)
+logging.getLogger("perseus").addHandler(Keep())
+logging.getLogger("perseus").setLevel(logging.INFO)
+if attack == "nonvml":
+    import perseus.client
+    try:
+        rank = perseus.client.connect(gpu="nvml", server="http://127.0.0.1:9", job="j",
+                                      token="t", install_signal_handlers=False)
+    except Exception as err:
+        print(f"connect() raised {type(err).__name__}: training dies")
+    else:
+        errors = [r for r in records if r.levelno >= logging.ERROR]
+        tb = sum(r.exc_info is not None for r in errors)
+        print(f"training goes on: {len(errors)} error line, {tb} tracebacks")
+    raise SystemExit(0)
+from perseus.client.fake import FakeGpu
+from perseus.client.planner import PlannerClient
+from perseus.client.rank import Rank
+from perseus.client.settings import load_settings
+from perseus.schemas import JobView
+JOB = "abuse"
+ORDER = [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1)]
+VIEW = JobView.model_validate({"job_id": JOB, "name": None, "state": "ready", "reason": None,
+    "spec": {"schedule": "1f1b", "stages": 1, "microbatches": 2, "data_parallel": 1,
+             "tensor_parallel": 1},
+    "policy": {"kind": "no-slowdown"}, "straggler": None, "version": 1,
+    "counts": {"ranks_expected": 1, "ranks_registered": 1, "profiles_reported": 1,
+               "stages_profiled": 1, "iterations_reported": 0},
+    "frontier_points": None, "planning_s": None, "chosen": None, "telemetry": None}
+).model_dump_json()
+def plan(version, mhz, repeat=1):
+    ins = [{"instruction": k, "microbatch": j, "chunk": None, "frequency_mhz": mhz,
+            "time_s": 0.01} for k, j in ORDER * repeat]
+    return json.dumps({"job_id": JOB, "version": version, "stage": 0, "time_s": 1.0,
+                       "energy_j": 1.0, "instructions": ins}).encode()
+class Planner:
+    def __init__(self, plans, switch_s=None):
+        self.plans, self.switch_s, self.t0 = plans, switch_s, time.monotonic()
+        self.polls, self.reports = 0, []
+    def current(self):
+        late = self.switch_s is not None and time.monotonic() - self.t0 > self.switch_s
+        return len(self.plans) if late else 1
+    def handle(self, request):
+        path = request.url.path.removeprefix(f"/v1/jobs/{JOB}")
+        if request.method == "GET" and path == "":
+            return httpx.Response(200, text=VIEW)
+        if path == "/ranks":
+            return httpx.Response(200, json={"rank": 0, "state": "ready", "ranks_registered": 1})
+        if path == "/profiles":
+            return httpx.Response(200, json={"rank": 0, "state": "ready",
+                                             "profiles_reported": 1, "planning": False})
+        if path == "/plan":
+            self.polls += 1
+            version = self.current()
+            if not self.plans or request.headers.get("If-None-Match") == f'"{version}"':
+                return httpx.Response(304)  # at once, as a proxy cutting long polls would
+            return httpx.Response(200, content=self.plans[version - 1],
+                                  headers={"ETag": f'"{version}"'})
+        if path == "/iterations":
+            report = json.loads(request.content)
+            self.reports.append(report)
+            return httpx.Response(200, json={"rank": 0, "iteration": report["iteration"],
+                                             "version": 1})
+        return httpx.Response(404, json={"detail": "no", "error": "JobNotFound"})
+def run(planner, seconds):
+    example = Path("perseus/data/example_profile.csv").resolve()
+    settings = load_settings({"PERSEUS_BASELINE_ITERATIONS": "0"}, server="http://p.test",
+        job=JOB, token="t", stage=0, gpu="fake", profile_path=str(example), poll_wait_s=30.0)
+    http = httpx.Client(base_url="http://p.test", transport=httpx.MockTransport(planner.handle))
+    rank = Rank(settings, gpu=FakeGpu(), planner=PlannerClient(http, JOB, "t"))
+    times = []
+    cpu0 = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t = time.monotonic()
+        with rank.iteration():
+            for kind, j in ORDER:
+                with rank.instruction(kind, j):
+                    time.sleep(0.002)
+        times.append(time.monotonic() - t)
+    cpu = sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu0
+    version, enabled = rank.plan_version, rank.controller.enabled
+    rank.close()
+    return times, cpu, version, enabled
+rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+if attack == "poll304":
+    p = Planner([])
+    times, cpu, *_ = run(p, 5.0)
+    print(f"{p.polls / 5:.0f} plan requests/s; {cpu:.1f} s CPU in 5 s of training")
+elif attack == "hugeplan":
+    p = Planner([plan(1, 1500, repeat=65536)])  # 262,144 instructions, ~20 MB
+    times, cpu, version, _ = run(p, 6.0)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - rss0
+    print(f"20 MB plan: slowest iteration {max(times):.2f} s (median "
+          f"{sorted(times)[len(times) // 2] * 1e3:.0f} ms), RSS +{rss:.0f} MB, "
+          f"follows {version}")
+elif attack == "badplan":
+    p = Planner([plan(1, 1234), plan(2, 1500)], switch_s=3.0)
+    times, cpu, version, enabled = run(p, 8.0)
+    claims = sum(r.get("plan_version") == 1 for r in p.reports)
+    print(f"v1 (unsupported clock), then v2: follows v{version}, clock control "
+          f"{'on' if enabled else 'off'}, {claims} reports claim v1")
+"""
+
+SERVER_RANK_SCRIPT = r"""
+import logging, sys, time
+attack, url, job, token = sys.argv[1:5]
+from perseus.client.fake import FakeGpu
+from perseus.client.planner import PlannerClient
+from perseus.client.rank import Rank
+from perseus.client.settings import ClientSettings
+def make():
+    s = ClientSettings(server=url, job=job, token=token, stage=0, gpu="fake", poll_wait_s=1.0)
+    return Rank(s, gpu=FakeGpu(), planner=PlannerClient.open(url, job, token))
+if attack == "gaveup":
+    rank = make()
+    rank.bind(schedule="1f1b", microbatches=2)  # the job has 4
+    time.sleep(4)
+    rank.close()
+elif attack == "tworanks":
+    first, second = make(), make()
+    time.sleep(4)
+    print(f"first: {first.failure or 'fine'} | second: {second.failure or 'fine'}"[:200])
+    first.close(); second.close()
+"""
+
+
+def _checkout_python(checkout: Path, script: str, *args: str, timeout_s: float = 120) -> str:
+    """Run ``script`` with the checkout's perseus; its last line of output."""
+    env = {**os.environ, "PYTHONPATH": str(checkout), "PERSEUS_SERVER": ""}
+    try:
+        done = subprocess.run([sys.executable, "-c", script, *args], cwd=checkout, env=env,
+                              capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return f"no answer in {timeout_s:.0f} s"
+    lines = (done.stdout.strip() or done.stderr.strip() or "(nothing)").splitlines()
+    return lines[-1][:150] if done.returncode == 0 else f"exit {done.returncode}: {lines[-1][:120]}"
+
+
+def attack_max_wait_zero(checkout: Path, workdir: Path) -> str:
+    env = {**os.environ, "PYTHONPATH": str(checkout), "PERSEUS_MAX_WAIT_S": "0"}
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "perseus.server", "--port", str(port),
+         "--database", f"sqlite:///{workdir / 'wait0.db'}"],
+        env=env, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    return "accepted: the server starts and answers polls at once"
+            time.sleep(0.1)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(20)
+    text = process.stdout.read() if process.stdout else ""
+    said = [line for line in text.splitlines() if "MAX_WAIT" in line]
+    return f"refused at start: {said[0].strip()[:90]}" if said else "did not start"
+
+
+def attack_gave_up(checkout: Path, server: Server) -> str:
+    job = create_job(server.url, stages=1, microbatches=4, plan=False)
+    _checkout_python(checkout, SERVER_RANK_SCRIPT, "gaveup", server.url, job.job_id, job.token)
+    view = httpx.get(f"{server.url}/v1/jobs/{job.job_id}", headers=job.auth).json()
+    gave_up = view.get("gave_up")
+    if gave_up is None:
+        return f"job view: state {view['state']}, no trace of the rank that gave up"
+    return f"job view: state {view['state']}, {len(gave_up)} rank gave up: " + (
+        gave_up[0]["reason"][:60] if gave_up else "-"
+    )
+
+
+def attack_two_ranks(checkout: Path, server: Server) -> str:
+    job = create_job(server.url, stages=1, microbatches=2, plan=False)
+    return _checkout_python(
+        checkout, SERVER_RANK_SCRIPT, "tworanks", server.url, job.job_id, job.token
+    )
+
+
+def attack_rerun(checkout: Path, server: Server) -> str:
+    job = create_job(server.url, stages=1, microbatches=2, plan=True)
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        body = {"rank": 0, "stage": 0, "rows": ROWS[0]}
+        c.post(f"/v1/jobs/{job.job_id}/profiles", json=body, headers=job.auth)  # the re-run's
+        deadline = time.monotonic() + 15
+        version = 1
+        while time.monotonic() < deadline and version == 1:
+            version = c.get(f"/v1/jobs/{job.job_id}", headers=job.auth).json()["version"]
+            time.sleep(0.2)
+    replan = subprocess.run(
+        [sys.executable, "-m", "perseus.cli", "job", "replan", "--help"],
+        env={**os.environ, "PYTHONPATH": str(checkout)}, cwd=checkout, capture_output=True,
+    ).returncode == 0  # fmt: skip
+    command = "a 'perseus job replan' command" if replan else "no replan command"
+    if version == 1:
+        return f"profiles re-reported: still plan version 1 (old profiles); {command}"
+    return f"profiles re-reported: replanned (version {version}); {command}"
+
+
+def attack_storage(checkout: Path, workdir: Path) -> str:
+    where = workdir / "fs"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "none", str(where)]).returncode != 0:
+        return "not run: mounting a tmpfs is not allowed"
+    said = []
+    try:
+        for suffix in ("-shm", "-wal", ""):
+            db = where / f"p{suffix or '-main'}.db"
+            server = Server(checkout, f"sqlite:///{db}", workdir / "storage.log").start()
+            try:
+                create_job(server.url, stages=1, microbatches=2, plan=False)
+                target = f"{db}{suffix}"
+                bind = f"mount --bind {target} {target} && mount -o remount,ro,bind {target}"
+                subprocess.run(bind, shell=True, check=True)
+                spec = {"schedule": "1f1b", "stages": 1, "microbatches": 2,
+                        "data_parallel": 1, "tensor_parallel": 1}  # fmt: skip
+                codes = []
+                for _ in range(3):
+                    try:
+                        answer = httpx.post(f"{server.url}/v1/jobs", json=spec)
+                        codes.append(str(answer.status_code))
+                    except httpx.HTTPError:
+                        codes.append("refused")
+                    time.sleep(0.3)
+                alive = server.process is not None and server.process.poll() is None
+                health = "-"
+                with contextlib.suppress(httpx.HTTPError):
+                    health = str(httpx.get(f"{server.url}/healthz", timeout=2).status_code)
+                subprocess.run(["umount", target], check=True)
+                time.sleep(2.5)
+                after = "-"
+                with contextlib.suppress(httpx.HTTPError):
+                    after = str(httpx.get(f"{server.url}/healthz", timeout=2).status_code)
+                code = server.process.poll() if server.process is not None else None
+                state = "alive" if alive else f"dead (exit {code})"
+                said.append(
+                    f"{suffix or 'main'}: {state}, writes {'/'.join(codes)}, healthz "
+                    f"{health}, then {after}"
+                )
+            finally:
+                server.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(where)])
+    return "; ".join(said)
+
+
+BEFORE_24 = "600bf05"
+"""The commit issue 24's remaining items (3, 5, 10-14) were measured against."""
+
+RANK_ATTACKS = [
+    ("304 at once, rank polls", "poll304"),
+    ("20 MB plan to a rank", "hugeplan"),
+    ("bad plan, then a good one", "badplan"),
+    ("no NVML, PERSEUS_GPU=nvml", "nonvml"),
+]
+SERVER_ATTACKS: list[tuple[str, Callable[[Path, Server], str]]] = [
+    ("rank rejects its job", attack_gave_up),
+    ("one rank, two processes", attack_two_ranks),
+    ("re-run on a planned job", attack_rerun),
+]
+ISSUE_24 = [name for name, _ in RANK_ATTACKS] + [
+    "PERSEUS_MAX_WAIT_S=0",
+    *(name for name, _ in SERVER_ATTACKS),
+    "read-only -shm, -wal, main",
+]
+
+
+def run_issue_24(checkout: Path, workdir: Path) -> dict[str, str]:
+    """Issue 24's attacks on the rank (the checkout's client) and the server."""
+    results: dict[str, str] = {}
+
+    def record(name: str, run: Callable[[], str]) -> None:
+        try:
+            results[name] = run()
+        except Exception as exc:  # a benchmark reports, it does not stop
+            results[name] = f"error: {type(exc).__name__}: {exc}"[:120]
+        print(f"  {checkout.name:<20} {name:<28} {results[name]}", flush=True)
+
+    for name, attack in RANK_ATTACKS:
+        record(name, lambda attack=attack: _checkout_python(checkout, RANK_SCRIPT, attack))
+    record("PERSEUS_MAX_WAIT_S=0", lambda: attack_max_wait_zero(checkout, workdir))
+    for name, server_attack in SERVER_ATTACKS:
+        server = Server(checkout, f"sqlite:///{workdir / 'p24.db'}", workdir / "p24.log").start()
+        try:
+            record(name, lambda a=server_attack, s=server: a(checkout, s))
+        finally:
+            server.stop()
+    record("read-only -shm, -wal, main", lambda: attack_storage(checkout, workdir))
+    return results
+
+
 def run_side(checkout: Path, workdir: Path) -> dict[str, str]:
     """Every attack on a fresh server process of ``checkout`` (one database, one job)."""
     results: dict[str, str] = {}
@@ -549,8 +853,29 @@ def run_side(checkout: Path, workdir: Path) -> dict[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", type=Path, default=Path("/tmp/perseus-before-12"))
+    parser.add_argument("--before-24", type=Path, default=Path("/tmp/perseus-before-24"))
     parser.add_argument("--after", type=Path, default=ROOT)
+    parser.add_argument(
+        "--only", choices=("12", "24"), help="only the attacks of issue 12, or of issue 24"
+    )
     args = parser.parse_args()
+    if args.only != "12":
+        if not args.before_24.exists():
+            subprocess.run(["git", "clone", "-q", str(ROOT), str(args.before_24)], check=True)
+            subprocess.run(["git", "-C", str(args.before_24), "checkout", "-q", BEFORE_24],
+                           check=True)  # fmt: skip
+        sides24 = []
+        for checkout in (args.before_24, args.after):
+            with tempfile.TemporaryDirectory(prefix="perseus-abuse-24-") as tmp:
+                sides24.append(run_issue_24(checkout.resolve(), Path(tmp)))
+        width = max(len(n) for n in ISSUE_24)
+        print("\nissue 24: the rank and the server under attack, loopback")
+        print(f"{'attack':<{width}}  {'before (' + BEFORE_24 + ')':<72}  after")
+        for name in ISSUE_24:
+            print(f"{name:<{width}}  {sides24[0].get(name, '-'):<72}  {sides24[1].get(name, '-')}")
+        print(json.dumps({"before": sides24[0], "after": sides24[1]}))
+        if args.only == "24":
+            return 0
     if not args.before.exists():
         subprocess.run(["git", "clone", "-q", str(ROOT), str(args.before)], check=True)
     # This process holds the idle sockets: it needs more than 1,024 descriptors itself.
