@@ -230,6 +230,7 @@ class PlanningLease:
                     times=instruction_times(report.stage, rows),
                     resolution_s=job.spec.resolution_s,
                     max_cells=self._max_cells,
+                    schedule=job.spec.schedule,
                 )
             now_s = self._clock()
             is_new = not tx.has_profile(job_id, report.rank)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from perseus.defaults import CLOCK_CHANGE_MARGIN_S
 from perseus.errors import PerseusError, PlanningTooLarge, ProfileError
 from perseus.solver.deadlines import MAX_CELLS, MIN_DEADLINES, deadline_count, default_resolution
+from perseus.solver.schedules import SPLIT_BACKWARD_SCHEDULES
 
 if TYPE_CHECKING:
     from perseus.solver import Frontier, Profile
@@ -155,7 +156,8 @@ class PlanningWork:
     """What computing one job's frontier implies, estimated before it runs.
 
     Attributes:
-        instructions: DAG nodes, ``2 x stages x microbatches x virtual_stages``.
+        instructions: DAG nodes, ``2 x stages x microbatches x virtual_stages`` (3 x where
+            the profile has the split backward's halves, for zero-bubble schedules).
         deadlines: frontier deadlines the solver sweeps (its grid), at most.
         options: (instruction, clock) pairs the linear programs choose among.
         cells: ``instructions x deadlines``, the size of the solver's main table and of its
@@ -303,6 +305,7 @@ def estimate_planning_work(
     times: Iterable[InstructionTimes],
     resolution_s: float | None,
     polish_s: float = 0.0,
+    schedule: str | None = None,
 ) -> PlanningWork:
     """Estimate the work of a frontier computation from the job's shape and profile ranges.
 
@@ -317,7 +320,9 @@ def estimate_planning_work(
     the slowest plan, so the estimate errs large; the memory and time coefficients are measured
     (``benchmarks/planning_work.py``).
 
-    The schedule's name does not matter: the three schedules share the critical-path length.
+    The schedule's name does not matter: the schedules share the critical-path length (the
+    zero-bubble ones are shorter), and a split backward counts as the wider of the whole
+    backward and its two halves.
     Ranges from a subset of the stages (or of the ranks) never give a larger estimate than
     all of them, so a rank's own profile can be checked on arrival.
 
@@ -332,6 +337,8 @@ def estimate_planning_work(
             instructions), so the default grid never holds many more than
             ``max(MIN_DEADLINES, GRID_CELLS / instructions)`` deadlines.
         polish_s: seconds the worker may spend polishing the no-slowdown point.
+        schedule: the job's schedule name; one that splits the backward counts 3
+            instructions per (stage, microbatch, chunk), not 2 (None: not split).
 
     Returns:
         The estimate. O(len(times)).
@@ -344,12 +351,21 @@ def estimate_planning_work(
         low[key] = min(low.get(key, math.inf), t.fastest_s)
         high[key] = max(high.get(key, 0.0), t.slowest_s)
         clocks[key] = max(clocks.get(key, 0), t.clocks)
-    widest: dict[int, float] = defaultdict(float)
-    for key, fastest_s in low.items():
-        widest[key[0]] += max(high[key] - fastest_s, 0.0)
+    ranges: dict[int, dict[str, float]] = defaultdict(dict)
+    for (stage, instruction), fastest_s in low.items():
+        ranges[stage][instruction] = max(high[stage, instruction] - fastest_s, 0.0)
+    # A split backward's halves run in place of the whole one: the wider of the two counts.
+    widest = {
+        stage: r.get("forward", 0.0)
+        + max(r.get("backward", 0.0), r.get("backward_input", 0.0) + r.get("backward_weight", 0.0))
+        for stage, r in ranges.items()
+    }
     spread_s = max(widest.values(), default=0.0) / virtual_stages
     span_s = (microbatches * virtual_stages + stages - 1) * spread_s
-    instructions = 2 * stages * microbatches * virtual_stages
+    # a schedule that splits the backward runs up to 3 instructions per (stage, microbatch,
+    # chunk) instead of 2 (DualPipeV keeps some whole: errs large)
+    split = schedule in SPLIT_BACKWARD_SCHEDULES
+    instructions = (3 if split else 2) * stages * microbatches * virtual_stages
     resolution = default_resolution(span_s, instructions) if resolution_s is None else resolution_s
     deadlines = deadline_count(span_s, resolution)
     per_gpu = max(clocks.values(), default=1)
@@ -372,11 +388,12 @@ def check_planning_work(
     times: Sequence[InstructionTimes],
     resolution_s: float | None,
     max_cells: int,
+    schedule: str | None = None,
 ) -> PlanningWork:
     """Estimate a job's planning work and refuse it when over ``max_cells``.
 
     Args:
-        stages, microbatches, virtual_stages, times, resolution_s: as for
+        stages, microbatches, virtual_stages, times, resolution_s, schedule: as for
             :func:`estimate_planning_work`.
         max_cells: the planner's limit on ``instructions x deadlines``
             (the ``planning_max_cells`` setting).
@@ -398,6 +415,7 @@ def check_planning_work(
             virtual_stages=virtual_stages,
             times=times,
             resolution_s=resolution_s,
+            schedule=schedule,
         )
 
     estimate = work(microbatches, resolution_s)
@@ -506,6 +524,7 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
             ],
             resolution_s=inp.resolution_s,
             max_cells=inp.max_cells,
+            schedule=inp.schedule,
         )
     schedule = make_schedule(inp.schedule, inp.stages, inp.microbatches, inp.virtual_stages)
     frontier = compute_frontier(
@@ -546,6 +565,7 @@ def sample_planning_work(inp: PlanningInput) -> PlanningWork:
         ],
         resolution_s=inp.resolution_s,
         polish_s=inp.polish_s,
+        schedule=inp.schedule,
     )
 
 

@@ -48,3 +48,21 @@ def test_every_schedule_name_is_accepted(client: TestClient) -> None:
         assert r.status_code == 201, (name, r.text)
     r = client.post("/v1/jobs", json={**JOB_SPEC, "schedule": "zbv"})
     assert r.status_code in (400, 422) and "virtual_stages" in r.text
+
+
+def test_planning_work_counts_the_split_backward() -> None:
+    """A zero-bubble job plans 3 instructions per (stage, microbatch, chunk); the halves
+    widen the span only as far as the whole backward would."""
+    from perseus.server.planning import InstructionTimes, estimate_planning_work
+
+    whole = [
+        InstructionTimes(0, "forward", 1.0, 2.0, 3),
+        InstructionTimes(0, "backward", 2.0, 4.0, 3),
+    ]
+    halves = [InstructionTimes(0, "backward_input", 1.1, 2.2, 3),
+              InstructionTimes(0, "backward_weight", 0.9, 1.8, 3)]  # fmt: skip
+    sizes = {"stages": 1, "microbatches": 8, "virtual_stages": 2, "resolution_s": 1e-3}
+    plain = estimate_planning_work(times=whole, **sizes)
+    split = estimate_planning_work(times=whole + halves, schedule="zbv", **sizes)
+    assert (plain.instructions, split.instructions) == (32, 48)
+    assert split.deadlines == plain.deadlines  # I + W spans 2.0 s, as B does
