@@ -29,8 +29,8 @@ median of ``--repeat`` runs), "peak MiB" its ru_maxrss, "cells" instructions x c
 lines fit time and memory to ``a * cells^b`` over the 1F1B series (least squares in log-log)
 and print ``b``. With ``--gaps`` each case is planned once more in the same fresh process (not
 timed; `compute_frontier` with the CLI's defaults) for the gap each frontier reports at the
-deadlines the policies name, 1, 1.01, 1.02 and 1.05 x the default plan's time: the point's
-energy against the relaxation's lower bound at that deadline.
+deadlines the policies name, 1, 1.01, 1.02 and 1.05 x the default plan's time (the point's
+energy against the relaxation's lower bound at that deadline), and the largest over all points.
 
 ``--versus DIR`` times the planning call (`compute_frontier` with default settings, in a fresh
 process each run) of this checkout against the perseus in DIR (an older commit, e.g. from
@@ -163,7 +163,7 @@ def _scale_gaps(case: Case, profile_path: Path) -> list[float]:
         fits = [i for i in range(len(frontier))
                 if frontier.times_s[i] <= factor * default_s * (1 + 1e-12)]  # fmt: skip
         gaps.append(float(frontier.gaps[fits[-1]]) if fits else math.nan)
-    return gaps
+    return [*gaps, float(frontier.gaps.max())]
 
 
 def _fit_exponent(xs: list[float], ys: list[float]) -> float:
@@ -230,7 +230,7 @@ def run_scale(repeat: int, gaps: bool = False, only: list[str] | None = None) ->
     header = ("schedule", "S", "M", "V", "instr", "instr x clocks", "points", "seconds",
               "peak MiB")  # fmt: skip
     if gaps:
-        header += tuple(f"gap {f:g}x %" for f in SCALE_GAP_FACTORS)
+        header += (*(f"gap {f:g}x %" for f in SCALE_GAP_FACTORS), "max gap %")
     widths = [max([len(h)] + [len(r[i]) for r in rows if i < len(r)]) for i, h in enumerate(header)]
     print(
         f"# perseus plan, default settings, synthetic H200 profile ({len(SCALE_CLOCKS_MHZ)} "

@@ -51,7 +51,7 @@ from perseus.defaults import EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
 from perseus.errors import InfeasibleDeadline, PlanError, ProfileError
 from perseus.solver.baselines import Baseline, baselines_at, default_time
 from perseus.solver.costs import build_costs
-from perseus.solver.dag import build_dag
+from perseus.solver.dag import PipelineDag, build_dag
 from perseus.solver.deadlines import (
     MAX_CELLS,
     MAX_RESOLUTION_S,
@@ -301,7 +301,7 @@ def compute_frontier(
     )
     if margin_s > 0:
         times, energies, gaps, freqs = _with_transitions(
-            profile, schedule, power, margin_s, (times, energies, gaps, freqs), baselines
+            profile, schedule, power, margin_s, (times, energies, gaps, freqs), baselines, dag
         )
     return Frontier(
         schedule=schedule,
@@ -323,6 +323,7 @@ def _with_transitions(
     margin_s: float,
     found: tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[np.uint16]],
     baselines: dict[str, Baseline],
+    dag: PipelineDag,
 ) -> tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[np.uint16]]:
     """The frontier of the searched plans stated with their transitions.
 
@@ -334,7 +335,6 @@ def _with_transitions(
     options, so a gap is clamped at 0). O(n * P).
     """
     times, energies, gaps, freqs = found
-    dag = build_dag(schedule)
     tables = clock_tables(profile, schedule)
     plans = freqs.T.astype(np.int64)  # (n, P)
     extra = [
