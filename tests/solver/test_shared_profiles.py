@@ -193,6 +193,8 @@ def test_real_frontier_near_the_milp_at_the_deadlines_users_pick(
     for row in rows:
         if row["profile"] != path.name or row["microbatches"] != MICROBATCHES:
             continue
+        if row.get("schedule", "1f1b") != "1f1b":  # zero-bubble rows: their own test
+            continue
         deadline = row["factor"] * t_default
         assert rel(deadline, row["deadline_s"]) <= 1e-9
         fits = [i for i in range(len(frontier)) if frontier.times_s[i] <= deadline * (1 + RTOL)]
@@ -240,7 +242,8 @@ def test_real_frontier_near_the_milp_where_the_profile_is_not_convex() -> None:
 
     frontier, t_default = _shared_frontier("bloom+a40_bf16.csv", 24)
     rows = [row for row in json.loads(MILP_REFERENCE.read_text())
-            if row["profile"] == "bloom+a40_bf16.csv" and row["microbatches"] == 24]  # fmt: skip
+            if row["profile"] == "bloom+a40_bf16.csv" and row["microbatches"] == 24
+            and row.get("schedule", "1f1b") == "1f1b"]  # fmt: skip
     assert len(rows) == 4
     for row in rows:
         fits = np.flatnonzero(frontier.times_s <= row["factor"] * t_default * (1 + RTOL))
