@@ -324,7 +324,7 @@ def run_versus(base: str, repeat: int) -> None:
                      f"{case.stages * 2 * case.microbatches:,}", f"{base_s:.2f}", f"{new_s:.2f}",
                      f"{base_s / new_s:.2f}x", str(len(old["time_s"])),
                      str(len(new["time_s"])), f"{100 * max(excess.max(), 0.0):.4f}",
-                     f"{100 * max(-excess.min(), 0.0):.4f}", f"{100 * old['max_gap']:.3f}",
+                     f"{100 * max(-excess.min(), 0.0) + 0.0:.4f}", f"{100 * old['max_gap']:.3f}",
                      f"{100 * new['max_gap']:.3f}"))  # fmt: skip
     header = ("profile", "case", "instr", "before s", "after s", "speedup", "points before",
               "points after", "worse %", "better %", "max gap before %",
