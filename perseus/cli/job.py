@@ -272,9 +272,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         parents=[connection, job],
         help="the job's merged profile (for perseus plan)",
         description="Write the job's profile, each stage's ranks merged as for planning: "
-        "perseus.profile/1 JSON with the blocking power when FILE ends in .json (what "
-        "'perseus plan' takes as it is), else the Zeus CSV (which has no column for the "
-        "blocking power: plan it with --p-block).",
+        "perseus.profile/1 JSON when FILE ends in .json, else the Zeus CSV with a last "
+        "p_block_w column; both carry the blocking power, so 'perseus plan' takes either as "
+        "it is.",
     )
     profile.add_argument(
         "-o",
@@ -616,22 +616,21 @@ def _profile(args: argparse.Namespace, ctx: _Context) -> None:
             document = _get(ctx, args, path, token).json()
             text = json.dumps(document, indent=1) + "\n"
             rows = len(document.get("rows", ()))
-            p_block_w = document.get("p_block_w")
+            carries_p_block = document.get("p_block_w") is not None
         else:
             text = client.profile_csv()
             rows = max(text.count("\n") - 1, 0)
-            p_block_w = None if target is None else client.job().p_block_w
+            # the server writes the p_block_w column when it knows the blocking power
+            carries_p_block = "p_block_w" in text.partition("\n")[0].split(",")
     if target is None:
         ctx.out.write(text)
         return
     _write_atomically(target, text)
     ctx.out.write(f"wrote {target} ({rows} rows)\n")
-    if not as_json and p_block_w is not None:
-        # The Zeus CSV has no column for it: say what perseus plan needs.
-        json_name = target.with_suffix(".json").name
+    if not carries_p_block:
         ctx.out.write(
-            f"the CSV has no blocking power: plan it with --p-block {p_block_w:g}, "
-            f"or write {json_name} (it carries p_block_w)\n"
+            "the profile carries no blocking power (the job has no p_block_w and no rank "
+            "reported one): plan it with --p-block WATTS\n"
         )
 
 

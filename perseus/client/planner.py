@@ -607,7 +607,8 @@ class PlannerClient:
     def profile_csv(self) -> str:
         """The job's profile, its ranks merged as for planning, as Zeus CSV.
 
-        The text is what ``perseus plan`` reads (``stage,instruction,frequency,time,energy``).
+        The text is what ``perseus plan`` reads as it is
+        (``stage,instruction,frequency,time,energy``, then ``p_block_w`` when it is known).
 
         Raises:
             JobStateError: some stage has no profile from each of its tensor-parallel ranks.

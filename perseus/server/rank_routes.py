@@ -194,7 +194,7 @@ def _profile_csv(inp: PlanningInput) -> tuple[str, float | None]:
     responses={
         200: {
             "content": {"text/csv": {}},
-            "description": "Zeus CSV stage,instruction,frequency,time,energy",
+            "description": "Zeus CSV stage,instruction,frequency,time,energy[,p_block_w]",
         }
     },
     tags=["plans"],
@@ -205,9 +205,10 @@ async def get_profile_csv(job: AuthorizedJob, state: State) -> Response:
     Each stage's ranks are combined exactly as planning combines them (the slowest rank's
     time; energy summed over the tensor-parallel group and averaged over replicas; only
     clocks every rank measured). Answers 409 until every stage has a profile from each of
-    its tensor-parallel ranks: a partial profile is never sent. The CSV has no column for
-    blocking power; the ``X-Perseus-P-Block-W`` header carries the stage's (the job's
-    ``p_block_w``, else the ranks' mean, times the tensor-parallel size) when known.
+    its tensor-parallel ranks: a partial profile is never sent. When the stage's blocking
+    power is known (the job's ``p_block_w``, else the ranks' mean, times the tensor-parallel
+    size) a last ``p_block_w`` column carries it, so ``perseus plan`` takes the file as it
+    is; the ``X-Perseus-P-Block-W`` header carries it too.
     """
     inp = await run_in_threadpool(state.service.lease.planning_input, job.id)
     text, p_block_w = await run_in_threadpool(_profile_csv, inp)

@@ -6,7 +6,11 @@ instruction takes and how much energy it draws at each measured SM clock. A stag
 halves of the split backward or neither; schedules that split the backward (zero-bubble ones)
 need them on every stage. Two on-disk forms are accepted:
 
-- the Zeus-compatible CSV ``stage,instruction,frequency,time,energy`` (MHz, s, J);
+- the Zeus-compatible CSV ``stage,instruction,frequency,time,energy`` (MHz, s, J), with an
+  optional ``p_block_w`` column after them: the stage's blocking power in watts, the same on
+  every row that fills it (rows may leave it empty). A column, not a comment line, so the file
+  stays a plain table for Zeus, pandas, ``csv.DictReader`` and spreadsheets, which read the
+  columns they know by name; CSVs without it stay valid and carry no blocking power;
 - the project's JSON form ``{"format": "perseus.profile/1", "p_block_w": 83.6,
   "rows": [{"stage": 0, "instruction": "forward", "frequency_mhz": 1410, "time_s": 0.05,
   "energy_j": 24.1}, ...]}``.
@@ -53,6 +57,7 @@ SPLIT_INSTRUCTIONS: tuple[InstructionKind, ...] = (
 _ALL = (*INSTRUCTIONS, *SPLIT_INSTRUCTIONS)
 PROFILE_FORMAT = "perseus.profile/1"
 _CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+_CSV_P_BLOCK = "p_block_w"
 
 Row = tuple[int, str, int, float, float]
 
@@ -93,7 +98,8 @@ class Profile:
 
     Attributes:
         stages: Per stage, instruction name -> every measured option, frequency descending.
-        p_block_w: Blocking power from the file, if it carried one.
+        p_block_w: Blocking power from the file (JSON's ``p_block_w``, the CSV's
+            ``p_block_w`` column), if it carried one.
         source: Where the profile came from (file name or ``"request"``).
     """
 
@@ -248,16 +254,26 @@ def profile_to_csv(profile: Profile) -> str:
     Rows go by stage, then ``forward``, ``backward``, ``backward_input``, ``backward_weight``
     (those a stage measures), then clock descending. Numbers are
     written in Python's shortest round-trip form, so reading the text back gives equal floats.
-    The CSV has no column for blocking power: ``profile.p_block_w`` is not written.
+    A profile with ``p_block_w`` gets a last column ``p_block_w`` holding it on every row
+    (one value per row keeps the file a plain table any CSV reader takes); one without has
+    the five Zeus columns only.
     """
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(_CSV_COLUMNS)
+    p_block = () if profile.p_block_w is None else (repr(profile.p_block_w),)
+    writer.writerow(_CSV_COLUMNS + ((_CSV_P_BLOCK,) if p_block else ()))
     for stage, per_instruction in enumerate(profile.stages):
         for instruction in _ALL:
             for opt in per_instruction.get(instruction, ()):
                 writer.writerow(
-                    (stage, instruction, opt.frequency_mhz, repr(opt.time_s), repr(opt.energy_j))
+                    (
+                        stage,
+                        instruction,
+                        opt.frequency_mhz,
+                        repr(opt.time_s),
+                        repr(opt.energy_j),
+                        *p_block,
+                    )
                 )
     return out.getvalue()
 
@@ -276,6 +292,8 @@ def _load_csv(text: str, name: str) -> Profile:
             f"{name}: row 1: missing column(s) {', '.join(missing)}; expected {_header()}"
         )
     index = {col: columns.index(col) for col in _CSV_COLUMNS}
+    p_block_at = columns.index(_CSV_P_BLOCK) if _CSV_P_BLOCK in columns else None
+    p_block: tuple[int, float] | None = None  # (row, watts) of the first row that fills it
     checked: list[tuple[int, Row]] = []
     for number, cells in enumerate(reader, start=2):
         if not cells or not any(cell.strip() for cell in cells):
@@ -300,9 +318,19 @@ def _load_csv(text: str, name: str) -> Profile:
                 ),
             )
         )
+        watts_text = "" if p_block_at is None else cells[p_block_at].strip()
+        if watts_text:
+            watts = _csv_blocking_power(watts_text, where)
+            if p_block is None:
+                p_block = (number, watts)
+            elif watts != p_block[1]:
+                raise ProfileError(
+                    f"{where}: {_CSV_P_BLOCK}: {watts_text} differs from row {p_block[0]}'s "
+                    f"{p_block[1]!r}; a profile has one blocking power"
+                )
     if not checked:
         raise ProfileError(f"{name}: row 2: the file has a header but no data rows")
-    return _assemble(checked, name, None)
+    return _assemble(checked, name, None if p_block is None else p_block[1])
 
 
 def _load_json(text: str, name: str) -> Profile:
@@ -417,6 +445,18 @@ def _positive(value: object, where: str, field: str) -> float:
     if number <= 0:
         raise ProfileError(f"{where}: {field}: must be > 0, got {value!r}")
     return number
+
+
+def _csv_blocking_power(text: str, where: str) -> float:
+    try:
+        watts = float(text)
+    except ValueError:
+        raise ProfileError(
+            f"{where}: {_CSV_P_BLOCK}: expected a number of watts, got {text!r}"
+        ) from None
+    if not math.isfinite(watts) or watts < 0:
+        raise ProfileError(f"{where}: {_CSV_P_BLOCK}: expected a finite number >= 0, got {text!r}")
+    return watts
 
 
 def _instruction(value: object, where: str) -> InstructionKind:

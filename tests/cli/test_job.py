@@ -417,11 +417,19 @@ def test_the_saved_profile_plans_as_it_is(
     r = run(capsys, "plan", str(saved), "--microbatches", "4")
     assert r.status == 0, r.err
 
+    # the CSV carries it too (a p_block_w column): it plans as it is, to the same plan
     csv = tmp_path / "profile.csv"
     r = run(capsys, "job", "profile", "-o", str(csv))
     assert r.status == 0, r.err
-    assert "plan it with --p-block 100, or write profile.json" in r.out
+    assert r.out == f"wrote {csv} ({len(csv.read_text().splitlines()) - 1} rows)\n"
+    assert csv.read_text().splitlines()[0] == "stage,instruction,frequency,time,energy,p_block_w"
     assert load_profile(csv).stages == load_profile(saved).stages
+    assert load_profile(csv).p_block_w == load_profile(saved).p_block_w
+    from_json = run(capsys, "plan", str(saved), "--microbatches", "4").out
+    r = run(capsys, "plan", str(csv), "--microbatches", "4")
+    assert r.status == 0, r.err
+    assert "P_block 100 W" in r.out
+    assert r.out.replace(str(csv), "PROFILE") == from_json.replace(str(saved), "PROFILE")
 
 
 def test_the_servers_frontier_replays_offline(

@@ -175,7 +175,7 @@ def test_a_job_from_creation_to_deletion(
     assert reply.iteration == 0
 
     text = client.profile_csv()
-    assert text.startswith("stage,instruction,frequency,time,energy\n")
+    assert text.startswith("stage,instruction,frequency,time,energy,p_block_w\n")
 
     view = client.job()
     assert (view.state, view.version, view.name) == ("ready", 4, "client")

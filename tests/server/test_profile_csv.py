@@ -37,7 +37,7 @@ def test_csv_reads_back_equal_to_the_merged_profile(
     r = ready_job.client.get(_csv_url(ready_job), headers=ready_job.auth)
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/csv")
-    assert r.text.splitlines()[0] == "stage,instruction,frequency,time,energy"
+    assert r.text.splitlines()[0] == "stage,instruction,frequency,time,energy,p_block_w"
     profile = _read_back(r.text, tmp_path)
     assert profile.stages == _server_merge(ready_job.client, ready_job).stages
     # Two replicas that measured the same rows merge into those rows.
@@ -47,8 +47,9 @@ def test_csv_reads_back_equal_to_the_merged_profile(
             option = profile.option(stage, row["instruction"], row["frequency_mhz"])
             assert option.time_s == row["time_s"]
             assert option.energy_j == row["energy_j"]
-    # The job's p_block_w per GPU times one GPU per stage.
+    # The job's p_block_w per GPU times one GPU per stage, in the header and the file.
     assert float(r.headers["x-perseus-p-block-w"]) == 100.0
+    assert profile.p_block_w == 100.0
 
 
 def test_tensor_parallel_ranks_merge_slowest_time_and_summed_energy(
@@ -81,6 +82,7 @@ def test_tensor_parallel_ranks_merge_slowest_time_and_summed_energy(
             assert option.time_s == pytest.approx(row["time_s"] * 1.25)
             assert option.energy_j == pytest.approx(row["energy_j"] * 1.5)
     assert float(r.headers["x-perseus-p-block-w"]) == pytest.approx(160.0)
+    assert profile.p_block_w == pytest.approx(160.0)
 
 
 def test_409_until_every_stage_has_a_profile(
@@ -109,11 +111,12 @@ def test_409_until_every_stage_has_a_profile(
     )
     assert r.status_code == 200, r.text
     # One replica per stage is enough (the job itself still waits for the other replica);
-    # no blocking power is known yet, so the header is absent.
+    # no blocking power is known yet, so the header and the column are absent.
     r = client.get(_csv_url(job), headers=job.auth)
     assert r.status_code == 200, r.text
     assert job.view()["state"] == "profiling"
     assert "x-perseus-p-block-w" not in r.headers
+    assert r.text.splitlines()[0] == "stage,instruction,frequency,time,energy"
     assert _read_back(r.text, tmp_path).num_stages == 4
 
 
@@ -137,8 +140,6 @@ def test_perseus_plan_reads_the_csv(ready_job: Job, tmp_path: Path) -> None:
             str(path),
             "--microbatches",
             "4",
-            "--p-block",
-            r.headers["x-perseus-p-block-w"],
             "--polish",
             "0",
         ]

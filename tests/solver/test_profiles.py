@@ -19,6 +19,7 @@ from perseus.solver import (
     profile_from_rows,
     profile_to_json,
 )
+from perseus.solver.profiles import profile_to_csv
 
 from . import reference as ref
 from .cases import cases, examples
@@ -89,6 +90,42 @@ def test_json_carries_blocking_power_and_round_trips(tmp_path: Path) -> None:
     assert loaded.stages == profile.stages
     assert loaded.p_block_w == 83.64
     assert profile_from_rows([tuple(r) for r in GOOD], p_block_w=70.0).p_block_w == 70.0
+
+
+def test_csv_carries_blocking_power_in_a_column_and_round_trips(tmp_path: Path) -> None:
+    """profile_to_csv writes p_block_w as a last column; load_profile reads it back, so a
+    written CSV plans as it is. Without it the five Zeus columns stay as they were."""
+    profile = load_profile(write_json(tmp_path / "p.json", GOOD, p_block_w=83.64))
+    text = profile_to_csv(profile)
+    assert text.splitlines()[0] == "stage,instruction,frequency,time,energy,p_block_w"
+    assert all(line.endswith(",83.64") for line in text.splitlines()[1:])
+    again = tmp_path / "again.csv"
+    again.write_text(text)
+    loaded = load_profile(again)
+    assert loaded.stages == profile.stages
+    assert loaded.p_block_w == 83.64
+    assert profile_to_csv(loaded) == text
+    plain = profile_to_csv(profile_from_rows([tuple(r) for r in GOOD]))  # type: ignore[misc]
+    assert plain.splitlines()[0] == ",".join(HEADER)
+
+
+def test_csv_blocking_power_may_be_left_empty_but_never_disagree(tmp_path: Path) -> None:
+    header = [*HEADER, "p_block_w"]
+    watts: list[object] = ["", 70.38, "", 70.38, "", "", "", ""]
+    path = write_csv(tmp_path / "sparse.csv", [[*r, w] for r, w in zip(GOOD, watts, strict=True)],
+                     header)  # fmt: skip
+    assert load_profile(path).p_block_w == 70.38
+    empty = write_csv(tmp_path / "empty.csv", [[*r, ""] for r in GOOD], header)
+    assert load_profile(empty).p_block_w is None
+    watts[5] = 80
+    path = write_csv(tmp_path / "two.csv", [[*r, w] for r, w in zip(GOOD, watts, strict=True)],
+                     header)  # fmt: skip
+    message = expect_error(lambda: load_profile(path), "two.csv", 7, "p_block_w")
+    assert "differs from row 3's 70.38" in message
+    for bad in ("nan", "-1", "watts"):
+        rows = [[*r, bad if i == 2 else ""] for i, r in enumerate(GOOD)]
+        path = write_csv(tmp_path / "bad.csv", rows, header)
+        expect_error(lambda path=path: load_profile(path), "bad.csv", 4, "p_block_w")
 
 
 def test_csv_with_column_order_shuffled_and_blank_line(tmp_path: Path) -> None:
