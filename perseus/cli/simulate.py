@@ -12,7 +12,7 @@ from pathlib import Path
 
 from perseus.cli.arguments import Parser, UsageError, index, positive_float
 from perseus.cli.arguments import policy as policy_argument
-from perseus.cli.plan import margin_text
+from perseus.cli.plan_views import margin_text
 from perseus.cli.tables import format_table, schedule_text
 from perseus.errors import PlanError
 
