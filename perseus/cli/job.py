@@ -209,6 +209,11 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     frontier.add_argument(
         "--plot", metavar="FILE", help="draw the frontier and the chosen point as a PNG"
     )
+    frontier.add_argument(
+        "--timeline",
+        metavar="FILE",
+        help="draw the timeline of the plan the ranks run (per GPU, coloured by clock) as a PNG",
+    )
     frontier.set_defaults(job_command=_frontier)
 
     replan = commands.add_parser(
@@ -488,12 +493,15 @@ def _status(args: argparse.Namespace, ctx: _Context) -> None:
 def _frontier(args: argparse.Namespace, ctx: _Context) -> None:
     from perseus.schemas import FRONTIER_FILE_PATH
 
-    targets = [Path(p) for p in (args.output, args.plot) if p is not None and p != "-"]
+    targets = [
+        Path(p) for p in (args.output, args.plot, args.timeline) if p is not None and p != "-"
+    ]
     for target in targets:
         refused = check_writable(target)
         if refused is not None:
             raise CommandError(refused)
     document: bytes | None = None
+    profile_document: bytes | None = None
     blocking_w: float | None = None
     with _open(args, ctx) as client:
         view = client.frontier()
@@ -502,11 +510,17 @@ def _frontier(args: argparse.Namespace, ctx: _Context) -> None:
             job = client.job()
             if job.p_block_w is not None:
                 blocking_w = job.p_block_w * job.spec.stages
-        if args.output is not None or args.plot is not None:
+        if args.output is not None or args.plot is not None or args.timeline is not None:
             path = _job_path(FRONTIER_FILE_PATH, client.job_id)
             document = _get(ctx, args, path, _token(args, ctx.env, admin_first=False)).content
+        if args.timeline is not None:
+            from perseus.schemas import PROFILE_JSON_PATH
+
+            path = _job_path(PROFILE_JSON_PATH, client.job_id)
+            token = _token(args, ctx.env, admin_first=False)
+            profile_document = _get(ctx, args, path, token).content
     if document is not None:
-        _write_frontier_files(args, ctx, view, document)
+        _write_frontier_files(args, ctx, view, document, profile_document)
         if args.output == "-":
             return
     if args.json:
@@ -517,9 +531,14 @@ def _frontier(args: argparse.Namespace, ctx: _Context) -> None:
 
 
 def _write_frontier_files(
-    args: argparse.Namespace, ctx: _Context, view: FrontierView, document: bytes
+    args: argparse.Namespace,
+    ctx: _Context,
+    view: FrontierView,
+    document: bytes,
+    profile_document: bytes | None,
 ) -> None:
-    """``-o``: the frontier file as the server sent it; ``--plot``: its PNG."""
+    """``-o``: the frontier file as the server sent it; ``--plot``: its PNG; ``--timeline``:
+    the running plan's timeline (needs the job's profile)."""
     files: dict[str, bytes] = {}
     if args.output is not None:
         if args.output == "-":
@@ -528,6 +547,12 @@ def _write_frontier_files(
             files[args.output] = document
     if args.plot is not None:
         files[args.plot] = _frontier_plot(view, document)
+    if args.timeline is not None and profile_document is not None:
+        from perseus.cli.job_timeline import timeline_png_of
+
+        files[args.timeline] = timeline_png_of(
+            view, document, profile_document, job_id=_job_id(args, ctx.env)
+        )
     if not files:
         return
     try:

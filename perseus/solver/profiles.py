@@ -42,6 +42,7 @@ __all__ = [
     "ProfileRow",
     "effective_options",
     "load_profile",
+    "profile_from_json",
     "profile_from_rows",
     "profile_to_csv",
     "profile_to_json",
@@ -227,6 +228,19 @@ def profile_from_rows(
     return _assemble(checked, source, _blocking_power(p_block_w, source))
 
 
+def profile_from_json(data: str | bytes | Mapping[str, Any], *, source: str = "request") -> Profile:
+    """Read the ``perseus.profile/1`` JSON form (text, or a decoded document): what
+    :func:`profile_to_json` returns and the server's ``profile.json`` answers.
+
+    Raises:
+        ProfileError: Not that form, or a row that is invalid; the message names ``source``.
+    """
+    if isinstance(data, Mapping):
+        return _profile_of_document(data, source)
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    return _load_json(text, source)
+
+
 def profile_to_json(profile: Profile) -> dict[str, Any]:
     """Return the ``perseus.profile/1`` JSON form of ``profile``."""
     rows = [
@@ -338,6 +352,10 @@ def _load_json(text: str, name: str) -> Profile:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ProfileError(f"{name}: line {err.lineno}: not valid JSON: {err.msg}") from err
+    return _profile_of_document(data, name)
+
+
+def _profile_of_document(data: object, name: str) -> Profile:
     if not isinstance(data, Mapping):
         raise ProfileError(f"{name}: expected a JSON object with 'format' and 'rows'")
     if "format" not in data:

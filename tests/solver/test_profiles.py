@@ -19,7 +19,7 @@ from perseus.solver import (
     profile_from_rows,
     profile_to_json,
 )
-from perseus.solver.profiles import profile_to_csv
+from perseus.solver.profiles import profile_from_json, profile_to_csv
 
 from . import reference as ref
 from .cases import cases, examples
@@ -90,6 +90,18 @@ def test_json_carries_blocking_power_and_round_trips(tmp_path: Path) -> None:
     assert loaded.stages == profile.stages
     assert loaded.p_block_w == 83.64
     assert profile_from_rows([tuple(r) for r in GOOD], p_block_w=70.0).p_block_w == 70.0
+
+
+def test_profile_from_json_reads_text_bytes_and_documents() -> None:
+    data = {"format": "perseus.profile/1", "p_block_w": 70.0,
+            "rows": [dict(zip(JSON_FIELDS, r, strict=True)) for r in GOOD]}  # fmt: skip
+    expected = profile_from_rows([tuple(r) for r in GOOD], p_block_w=70.0)  # type: ignore[misc]
+    for form in (data, json.dumps(data), json.dumps(data).encode()):
+        read = profile_from_json(form, source="server")
+        assert (read.stages, read.p_block_w, read.source) == (expected.stages, 70.0, "server")
+    assert profile_from_json(profile_to_json(expected)).stages == expected.stages
+    expect_error(lambda: profile_from_json("{", source="server"), "server", None, "not valid JSON")
+    expect_error(lambda: profile_from_json({"format": "x"}, source="s"), "s", None, "format")
 
 
 def test_csv_carries_blocking_power_in_a_column_and_round_trips(tmp_path: Path) -> None:
