@@ -33,11 +33,13 @@ __all__ = ["ANCHOR_SLOWDOWNS", "anchor_slowdowns", "fast_frontier"]
 # Relative chord-minus-tangent error of V between knots above which another knot is solved.
 _KNOT_TOLERANCE = 2e-4
 _MAX_KNOTS = 64
-# DAGs over _FINE_KNOTS_UP_TO instructions (beyond 8 x 96 1F1B and 8 x 32 interleaved) solve
-# fewer knots: each relaxation costs seconds there (16 x 128 interleaved: ~0.35 s, 32 x 256:
-# several), and 64 of them were 40 % of the run. The bound between knots is the higher of their
-# tangents, so a looser tolerance costs at most that much of a reported gap.
-_FINE_KNOTS_UP_TO = 4096
+# DAGs over _FINE_KNOTS_UP_TO instructions (beyond 16 x 64 1F1B; every shared-profile case up
+# to 8 x 96 stays below) solve fewer knots: each relaxation costs a second or more there
+# (16 x 128 interleaved: ~1 s, 32 x 256: ~36 s), and 64 of them were 40 % of the run; 16 x 128
+# 1F1B (4,096) took 62 s with them, against 37 s for interleaved 16 x 128 (8,192) without. The
+# bound between knots is the higher of their tangents, so a looser tolerance costs at most
+# that much of a reported gap.
+_FINE_KNOTS_UP_TO = 2048
 _COARSE_KNOT_TOLERANCE = 1e-3
 _COARSE_MAX_KNOTS = 16
 _CHUNK = 1024  # grid deadlines per vectorised batch, at most

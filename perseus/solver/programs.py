@@ -81,12 +81,12 @@ class _Rows:
 _STATUS = highspy.HighsModelStatus
 # Statuses where HiGHS stopped on a limit (time, nodes, iterations) before proving optimality.
 _LIMITS = (_STATUS.kTimeLimit, _STATUS.kIterationLimit, _STATUS.kSolutionLimit, _STATUS.kInterrupt)
-# Relaxations of DAGs over this many instructions price the dual simplex by devex instead of
+# Relaxations of DAGs of this many instructions or more price the dual simplex by devex instead of
 # HiGHS's default dual steepest edge, whose exact weights cost more than they save there:
 # on 16 x 128 interleaved (8,192 instructions) the free optimum, the all-fastest deadline and
 # four anchors from each other took 6.1 s against 16.4 s, at the same iteration counts within
 # 15 %; on 8 x 96 no difference (so smaller DAGs keep the default and their frontiers).
-_DEVEX_FROM = 4097
+_DEVEX_FROM = 2049
 
 
 @dataclass(frozen=True, slots=True)
