@@ -1,7 +1,8 @@
-"""The planner server under the attacks of issue 12, before and after: one row per attack.
+"""The planner server and the rank under the attacks of issues 12 and 24, before and after.
 
     python benchmarks/server_abuse.py                       # before = a clone of HEAD
     python benchmarks/server_abuse.py --before /tmp/perseus-before-12 --after .
+    python benchmarks/server_abuse.py --only 24                # issue 24's attacks only
 
 "before" is a checkout given by ``--before`` (made with ``git clone -q <repo> DIR`` when
 missing), "after" the working tree; each runs as ``python -m perseus.server`` with
@@ -35,7 +36,28 @@ of 1,024 (soft and hard, as ``ulimit -n 1024``) and its log captured. Attacks:
    through one, and the other is asked for a plan newer than the old version (If-None-Match
    of the new one, ``wait_s=2``) right after: how often it answers with an older version.
 
-No asserts; the figures are printed as they come. Takes about 3 minutes.
+Issue 24's attacks (``--only 24``; "before" is ``--before-24``, a clone at ``600bf05``):
+
+10. ``304 at once``: a planner (a mock transport in the rank's process) that answers every
+    plan poll with 304 at once, as a proxy cutting long polls would: the rank's plan requests
+    per second and its CPU time over 5 s of training (the fake GPU).
+11. ``20 MB plan``: the first plan has 262,144 instructions: the slowest training iteration,
+    the rank's peak memory growth, and whether it follows the plan.
+12. ``bad plan, then a good one``: plan v1 asks for a clock the GPU lacks, v2 (3 s later) is
+    right: which version the rank follows, whether it still controls clocks, and how many
+    iteration reports claim v1.
+13. ``no NVML``: ``connect()`` with ``PERSEUS_GPU=nvml`` where the NVML library is missing.
+14. ``PERSEUS_MAX_WAIT_S=0``: whether the server starts with it.
+15. ``rank rejects its job``: a rank whose training runs 2 microbatches against a 4-microbatch
+    job: what the job view shows.
+16. ``one rank, two processes``: two ranks 0 of one job: what each ends with.
+17. ``re-run``: every profile of a planned job re-reported: the plan version 15 s later, and
+    whether ``perseus job replan`` exists.
+18. ``read-only -shm, -wal, main``: the database on a tmpfs, one file made read-only with a
+    read-only bind mount (root ignores file modes): whether the server lives, what three
+    job creations and ``/healthz`` answer, and ``/healthz`` 2.5 s after the mount is gone.
+
+No asserts; the figures are printed as they come. Takes about 3 minutes per issue.
 """
 
 from __future__ import annotations
@@ -707,23 +729,40 @@ def attack_two_ranks(checkout: Path, server: Server) -> str:
 
 
 def attack_rerun(checkout: Path, server: Server) -> str:
-    job = create_job(server.url, stages=1, microbatches=2, plan=True)
+    job = create_job(server.url, stages=4, microbatches=4, plan=True)
     with httpx.Client(base_url=server.url, timeout=60) as c:
-        body = {"rank": 0, "stage": 0, "rows": ROWS[0]}
-        c.post(f"/v1/jobs/{job.job_id}/profiles", json=body, headers=job.auth)  # the re-run's
+
+        def version_now() -> int:
+            view = c.get(f"/v1/jobs/{job.job_id}", headers=job.auth).json()
+            return int(view["version"]) if view["state"] == "ready" else 0
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and version_now() < 1:
+            time.sleep(0.2)
+        first = version_now()
+        for stage in range(4):  # the re-run's profiles
+            body = {"rank": stage, "stage": stage, "rows": ROWS[stage]}
+            c.post(f"/v1/jobs/{job.job_id}/profiles", json=body, headers=job.auth)
         deadline = time.monotonic() + 15
-        version = 1
-        while time.monotonic() < deadline and version == 1:
-            version = c.get(f"/v1/jobs/{job.job_id}", headers=job.auth).json()["version"]
+        version = first
+        while time.monotonic() < deadline and version <= first:
+            version = version_now()
             time.sleep(0.2)
     replan = subprocess.run(
         [sys.executable, "-m", "perseus.cli", "job", "replan", "--help"],
         env={**os.environ, "PYTHONPATH": str(checkout)}, cwd=checkout, capture_output=True,
     ).returncode == 0  # fmt: skip
     command = "a 'perseus job replan' command" if replan else "no replan command"
-    if version == 1:
-        return f"profiles re-reported: still plan version 1 (old profiles); {command}"
-    return f"profiles re-reported: replanned (version {version}); {command}"
+    if version <= first:
+        return f"profiles re-reported: still plan version {first} (old profiles); {command}"
+    return f"profiles re-reported: replanned (version {first} -> {version}); {command}"
+
+
+def _status(url: str) -> str:
+    try:
+        return str(httpx.get(url, timeout=5).status_code)
+    except httpx.HTTPError:
+        return "refused"
 
 
 def attack_storage(checkout: Path, workdir: Path) -> str:
@@ -751,11 +790,16 @@ def attack_storage(checkout: Path, workdir: Path) -> str:
                     except httpx.HTTPError:
                         codes.append("refused")
                     time.sleep(0.3)
+                # New connections (concurrent reads) open the files as they are now.
+                with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                    reads = list(pool.map(_status, [f"{server.url}/v1/jobs"] * 32))
+                codes.append(f"reads {sum(r == '200' for r in reads)}/32 ok")
                 alive = server.process is not None and server.process.poll() is None
                 health = "-"
                 with contextlib.suppress(httpx.HTTPError):
                     health = str(httpx.get(f"{server.url}/healthz", timeout=2).status_code)
-                subprocess.run(["umount", target], check=True)
+                if subprocess.run(["umount", target]).returncode != 0:
+                    subprocess.run(["umount", "-l", target])
                 time.sleep(2.5)
                 after = "-"
                 with contextlib.suppress(httpx.HTTPError):

@@ -7,13 +7,15 @@ read-only ``-wal`` fails each write (500s), and a read-only main file lets write
 the WAL while checkpoints fail silently. The realistic trigger is a filesystem remounted
 read-only after errors.
 
-So the store asks :class:`StorageGuard` first: before SQLite opens a connection (no mapping
-of a file it cannot write is ever made), and before each write transaction (a few
-``access()`` calls). A fault found there, or a write failing with a storage error, marks the
-store faulted: writes answer 503 naming the file, ``/healthz`` says so, and a probe every
-second clears the fault once the files are writable again (pooled connections are dropped
-then, so none opened meanwhile lingers). Root ignores file modes but not a read-only
-filesystem (``access()`` says ``EROFS``), which is what a remount gives.
+So the store asks :class:`StorageGuard` first: before SQLite opens a connection (none is
+opened while the ``-shm`` or the directory is read-only: no mapping of a file it cannot
+write is ever made; a read-only ``-wal`` or main file still lets connections read), and
+before each write transaction (a few ``access()`` calls). A fault found there, or a write
+failing with a storage error, marks the store faulted: writes answer 503 naming the file,
+``/healthz`` says so, and a probe every second clears the fault once the files are
+writable again (pooled connections are dropped then, so none opened meanwhile lingers).
+Root ignores file modes but not a read-only filesystem (``access()`` says ``EROFS``),
+which is what a remount gives.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from perseus.errors import PerseusError
 
-__all__ = ["StorageFault", "StorageGuard", "storage_problem"]
+__all__ = ["StorageFault", "StorageGuard", "StorageProblem", "storage_problem"]
 
 _log = logging.getLogger("perseus.server")
 
@@ -45,22 +48,38 @@ class StorageFault(PerseusError):
     error): 503 until the store's probe finds it writable again."""
 
 
+@dataclass(frozen=True, slots=True)
+class StorageProblem:
+    """Why SQLite cannot write the database.
+
+    Attributes:
+        message: what is read-only, named.
+        maps: whether a new connection would map a file it cannot write (the ``-shm``, or a
+            directory where it cannot create one): then no connection may open at all.
+    """
+
+    message: str
+    maps: bool
+
+
 def _writable(path: str) -> bool:
     return os.access(path, os.W_OK)
 
 
-def storage_problem(path: str, writable: Callable[[str], bool] = _writable) -> str | None:
+def storage_problem(
+    path: str, writable: Callable[[str], bool] = _writable
+) -> StorageProblem | None:
     """What keeps SQLite from writing the database at ``path`` (None: nothing).
 
-    Checks the directory (SQLite creates ``-wal`` and ``-shm`` there), the main file and,
-    where they exist, the ``-wal`` and ``-shm`` files. Complexity: four ``access()`` calls.
+    Checks the directory (SQLite creates ``-wal`` and ``-shm`` there), then, where they
+    exist, the ``-shm``, the main file and the ``-wal``. Complexity: four ``access()`` calls.
     """
     directory = os.path.dirname(os.path.abspath(path))
     if not writable(directory):
-        return f"{directory} (the database's directory) is not writable"
-    for name in (path, f"{path}-wal", f"{path}-shm"):
+        return StorageProblem(f"{directory} (the database's directory) is not writable", True)
+    for name, maps in ((f"{path}-shm", True), (path, False), (f"{path}-wal", False)):
         if os.path.exists(name) and not writable(name):
-            return f"{name} is read-only (file mode or read-only filesystem)"
+            return StorageProblem(f"{name} is read-only (file mode or read-only filesystem)", maps)
     return None
 
 
@@ -83,7 +102,7 @@ class StorageGuard:
     def __init__(
         self,
         path: str,
-        check: Callable[[str], str | None] = storage_problem,
+        check: Callable[[str], StorageProblem | None] = storage_problem,
         on_recover: Callable[[], None] | None = None,
     ) -> None:
         self.path = path
@@ -97,8 +116,17 @@ class StorageGuard:
         """Raise :class:`StorageFault` if the storage cannot be written now (checked)."""
         problem = self._check(self.path)
         if problem is not None:
-            self._set(problem)
-            raise StorageFault(f"storage fault: {problem}")
+            self._set(problem.message)
+            raise StorageFault(f"storage fault: {problem.message}")
+
+    def require_connectable(self) -> None:
+        """Raise :class:`StorageFault` if a new connection would map a file it cannot write
+        (a read-only ``-wal`` or main file still lets it read)."""
+        problem = self._check(self.path)
+        if problem is not None:
+            self._set(problem.message)
+            if problem.maps:
+                raise StorageFault(f"storage fault: {problem.message}")
 
     def failed(self, err: BaseException) -> StorageFault:
         """A write failed with ``err``, a storage error: the store is faulted."""
@@ -110,8 +138,8 @@ class StorageGuard:
         """Check the storage now: sets or clears the fault; returns it."""
         problem = self._check(self.path)
         if problem is not None:
-            self._set(problem)
-            return problem
+            self._set(problem.message)
+            return problem.message
         with self._lock:
             was, self.fault = self.fault, None
         if was is not None:

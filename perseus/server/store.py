@@ -54,7 +54,12 @@ from perseus.server.database import (
     normalize_database_url,
     sqlite_engine,
 )
-from perseus.server.storage import StorageGuard, is_storage_error, storage_problem
+from perseus.server.storage import (
+    StorageGuard,
+    StorageProblem,
+    is_storage_error,
+    storage_problem,
+)
 from perseus.server.tables import (
     FRONTIERS,
     GAVE_UP,
@@ -540,7 +545,7 @@ class Store:
     """
 
     def __init__(
-        self, url: str, *, storage_check: Callable[[str], str | None] = storage_problem
+        self, url: str, *, storage_check: Callable[[str], StorageProblem | None] = storage_problem
     ) -> None:
         self.url = normalize_database_url(url)
         parsed = make_url(self.url)
@@ -568,7 +573,7 @@ class Store:
                 guard = self.guard
                 for engine in {self._write_engine, self._read_engine}:
                     # Before SQLite opens (and maps) anything: never a read-only -shm.
-                    event.listen(engine, "do_connect", lambda *_: guard.require())
+                    event.listen(engine, "do_connect", lambda *_: guard.require_connectable())
         else:
             engine = create_engine(self.url, pool_size=5, max_overflow=10, pool_pre_ping=True)
             self._write_engine = self._read_engine = engine

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 
 from perseus.server.app import create_app
 from perseus.server.settings import Settings
-from perseus.server.storage import StorageFault, storage_problem
+from perseus.server.storage import StorageFault, StorageProblem, storage_problem
 from perseus.server.store import Store
 
 BODY = {
@@ -80,7 +80,7 @@ def test_a_read_only_database_file_answers_503_and_recovers(tmpfs: Path, suffix:
 
 def test_the_store_refuses_writes_while_its_check_finds_a_fault(tmp_path: Path) -> None:
     db = tmp_path / "perseus.db"
-    problem: list[str] = []
+    problem: list[StorageProblem] = []
     store = Store(
         f"sqlite:///{db}",
         storage_check=lambda path: problem[0] if problem else storage_problem(path),
@@ -88,7 +88,7 @@ def test_the_store_refuses_writes_while_its_check_finds_a_fault(tmp_path: Path) 
     try:
         store.create_schema()
         assert store.fault is None
-        problem.append(f"{db}-shm is read-only")
+        problem.append(StorageProblem(f"{db}-shm is read-only", maps=True))
         with pytest.raises(StorageFault, match="-shm is read-only"), store.write():
             pass
         assert store.fault == f"{db}-shm is read-only"
@@ -105,4 +105,7 @@ def test_the_check_names_an_unwritable_directory(tmp_path: Path) -> None:
     db = tmp_path / "perseus.db"
     assert storage_problem(str(db)) is None
     said = storage_problem(str(db), writable=lambda p: p != str(tmp_path))
-    assert said is not None and "directory" in said
+    assert said is not None and "directory" in said.message and said.maps
+    db.write_bytes(b"")
+    said = storage_problem(str(db), writable=lambda p: p != str(db))
+    assert said is not None and not said.maps
