@@ -39,6 +39,7 @@ from perseus.wire.common import (
     PROFILES_PATH,
     RANKS_PATH,
     STRAGGLER_PATH,
+    TIMELINE_PATH,
     ErrorBody,
     FieldError,
     Health,
@@ -130,6 +131,8 @@ from perseus.wire.views import (
     SampleStats,
     SavingsView,
     Telemetry,
+    TimelineInstruction,
+    TimelineView,
 )
 
 __all__ = [
@@ -157,6 +160,7 @@ __all__ = [
     "PROFILE_JSON_PATH",
     "RANKS_PATH",
     "STRAGGLER_PATH",
+    "TIMELINE_PATH",
     "ActivityView",
     "Baseline",
     "ChosenPoint",
@@ -202,6 +206,8 @@ __all__ = [
     "StragglerSpec",
     "StragglerView",
     "Telemetry",
+    "TimelineInstruction",
+    "TimelineView",
     "ValidationErrorBody",
     "ZeusCostPolicy",
 ]

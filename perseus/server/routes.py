@@ -50,7 +50,7 @@ from perseus.server.route_deps import (
     log,
     server_state,
 )
-from perseus.server.view_routes import get_activity, healthz, metrics, overview
+from perseus.server.view_routes import get_activity, get_timeline, healthz, metrics, overview
 
 __all__ = [
     "P_BLOCK_HEADER",
@@ -74,6 +74,7 @@ __all__ = [
     "get_plan",
     "get_profile_csv",
     "get_profile_json",
+    "get_timeline",
     "healthz",
     "list_jobs",
     "log",
@@ -111,6 +112,7 @@ _ORDER: tuple[Callable[..., object], ...] = (
     get_profile_json,
     get_frontier_file,
     get_activity,
+    get_timeline,
     get_plan,
     report_iteration,
 )

@@ -1,10 +1,11 @@
 """``/ui``: the planner's web page, served from files installed with the package.
 
 The page (``static/index.html``, ``ui.js``, ``ui.css``) draws its charts as plain SVG from a
-few lines of JavaScript instead of a chart library: two scatter charts need no dependency
-to vendor, audit and update, the page stays near 20 kB, and every value reaches the DOM as
-text. It reads the ``/v1`` API with the token the user types (admin: ``/v1/overview``; a
-job's token: that job), sent only in the Authorization header. Nothing comes from a CDN.
+few lines of JavaScript instead of a chart library: two scatter charts and the running
+plan's timeline (a row of boxes per GPU, from ``GET .../timeline``) need no dependency to
+vendor, audit and update, the page stays near 25 kB, and every value reaches the DOM as text.
+It reads the ``/v1`` API with the token the user types (admin: ``/v1/overview``; a job's
+token: that job), sent only in the Authorization header. Nothing comes from a CDN.
 """
 
 from __future__ import annotations

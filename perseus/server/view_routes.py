@@ -14,13 +14,16 @@ from perseus.schemas import (
     HEALTHZ_PATH,
     METRICS_PATH,
     OVERVIEW_PATH,
+    TIMELINE_PATH,
     ActivityView,
     Health,
     JobView,
     JobViews,
+    TimelineView,
 )
 from perseus.server.auth import check_admin
 from perseus.server.metrics import JobGauges
+from perseus.server.plans import not_ready
 from perseus.server.route_deps import (
     ERROR_RESPONSES,
     AuthorizedJob,
@@ -29,8 +32,9 @@ from perseus.server.route_deps import (
     State,
     credentials_token,
 )
+from perseus.server.timeline import timeline_view
 
-__all__ = ["get_activity", "healthz", "metrics", "overview", "router"]
+__all__ = ["get_activity", "get_timeline", "healthz", "metrics", "overview", "router"]
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
@@ -125,3 +129,18 @@ async def get_activity(job: AuthorizedJob, state: State) -> ActivityView:
     over ranks; energy: sum over ranks), as this server process received them."""
     ranks = await run_in_threadpool(state.service.jobs.ranks, job.id)
     return await run_in_threadpool(state.activity.view, job.version, job.id, ranks)
+
+
+@router.get(TIMELINE_PATH, response_model=TimelineView, tags=["jobs"])
+async def get_timeline(job: AuthorizedJob, state: State) -> TimelineView:
+    """The plan the ranks run, replayed on the profile it was planned on: per GPU, every
+    instruction's clock, start and finish (the web page's timeline); 409 while not ready."""
+
+    def build() -> TimelineView:
+        frontiers = state.service.frontiers
+        if not job.frontier_rev:
+            raise not_ready(job)
+        frontier = frontiers.get(job.id, job.frontier_rev)
+        return timeline_view(job, frontier, frontiers.profile(job.id, job.frontier_rev))
+
+    return await run_in_threadpool(build)

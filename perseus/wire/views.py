@@ -9,7 +9,7 @@ from pydantic import Field
 
 from perseus.wire.common import JobState, WireModel
 from perseus.wire.jobs import ChosenPoint, JobCounts, JobCreate, PolicySpec, StragglerView
-from perseus.wire.ranks import IterationPhase
+from perseus.wire.ranks import IterationPhase, PlanInstruction
 
 if TYPE_CHECKING:
     from perseus.solver import Baseline as SolverBaseline
@@ -210,6 +210,29 @@ class IterationPoint(WireModel):
     ranks: int
     phase: IterationPhase | None
     plan_version: int | None
+
+
+class TimelineInstruction(PlanInstruction):
+    """One instruction of the running plan with when it runs in the replayed iteration."""
+
+    start_s: float
+    finish_s: float
+    critical: bool = Field(description="On a longest path through the iteration.")
+
+
+class TimelineView(WireModel):
+    """``GET /v1/jobs/{id}/timeline``: the plan the ranks run (the chosen point: the
+    straggler's while one is set, else the policy's), replayed on the profile it was planned
+    on: per GPU (stage), its instructions in execution order with their clocks and times."""
+
+    version: int
+    point: int = Field(description="The frontier point (FrontierView.chosen_index).")
+    time_s: float
+    energy_j: float
+    clock_change_margin_s: float
+    min_frequency_mhz: int = Field(description="The profile's lowest clock (colour scale).")
+    max_frequency_mhz: int = Field(description="The profile's highest clock.")
+    gpus: list[list[TimelineInstruction]]
 
 
 class ActivityView(WireModel):

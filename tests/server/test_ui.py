@@ -32,6 +32,8 @@ ADMIN = "the-admin-token"
 STAGES = 4
 # Markup a job name must never become: shown as text, it stays these characters.
 MARKUP_NAME = '<img src=x onerror="window.pwned=1"><b>bert</b> & co'
+# Why a rank gave up, as a rank would say it; markup in it stays text too.
+GAVE_UP = "cannot set clocks: <b>NVML_ERROR_NO_PERMISSION</b> (run as root or unlock clocks)"
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -168,6 +170,35 @@ def _cell(driver: Any, job: str, field: str) -> str:
     return str(found[0].text) if found else ""
 
 
+def _boxes(driver: Any) -> list[tuple[int, str, int]]:
+    """The timeline's boxes: (GPU, label, clock) in drawing order."""
+    from selenium.webdriver.common.by import By
+
+    return [
+        (int(b.get_attribute("data-gpu")), b.get_attribute("data-instruction"),
+         int(b.get_attribute("data-clock")))
+        for b in driver.find_elements(By.CSS_SELECTOR, "#timeline-svg .box")
+    ]  # fmt: skip
+
+
+def _api_boxes(timeline: dict[str, Any]) -> list[tuple[int, str, int]]:
+    letter = {"forward": "F", "backward": "B"}
+    return [
+        (gpu, f"{letter[i['instruction']]}{i['microbatch']}", i["frequency_mhz"])
+        for gpu, row in enumerate(timeline["gpus"])
+        for i in row
+    ]
+
+
+def _rank_state(driver: Any, rank: int) -> str:
+    from selenium.webdriver.common.by import By
+
+    found = driver.find_elements(
+        By.CSS_SELECTOR, f'#ranks tr[data-rank="{rank}"] [data-field="rank-state"]'
+    )
+    return str(found[0].text) if found else ""
+
+
 def _screenshot(driver: Any, tmp_path: Path, name: str) -> Path:
     path = tmp_path / name
     driver.save_screenshot(str(path))
@@ -188,8 +219,10 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
 
     with httpx.Client(base_url=planner, timeout=60) as http:
         job, token = _job(http, MARKUP_NAME, reports=True)
-        other, _ = _job(http, "second job", reports=False)
-        view = http.get(f"/v1/jobs/{job}", headers={"Authorization": f"Bearer {token}"}).json()
+        other, other_token = _job(http, "second job", reports=False)
+        auth = {"Authorization": f"Bearer {token}"}
+        view = http.get(f"/v1/jobs/{job}", headers=auth).json()
+        timeline = http.get(f"/v1/jobs/{job}/timeline", headers=auth).json()
     savings = view["savings"]
     assert savings is not None and savings["realized_saving"] is not None
 
@@ -225,7 +258,24 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
     ranks = browser.find_elements(By.CSS_SELECTOR, "#ranks tbody tr")
     assert len(ranks) == STAGES
     assert all("following plan v1" in r.text for r in ranks)
+    assert all(_rank_state(browser, rank) == "following plan v1" for rank in range(STAGES))
+
+    # The running plan's timeline: a row per GPU, the API's instructions and clocks.
+    assert _until(lambda: _boxes(browser)) == _api_boxes(timeline)
+    assert len({gpu for gpu, _, _ in _boxes(browser)}) == STAGES
+    caption = browser.find_element(By.ID, "timeline-caption").text
+    assert caption.startswith(
+        f"plan v1, point {view['chosen']['index']}: {timeline['time_s']:.4f} s"
+    )
+    box = browser.find_element(By.CSS_SELECTOR, "#timeline-svg .box")
+    ActionChains(browser).move_to_element(box).perform()
+    first = timeline["gpus"][0][0]
+    assert _until(lambda: browser.find_element(By.ID, "timeline-hover").text).startswith(
+        f"GPU 0: F0 (forward, microbatch 0) at {first['frequency_mhz']} MHz"
+    )
+    browser.set_window_size(1500, 1450)
     _screenshot(browser, tmp_path, "ui.png")
+    browser.set_window_size(1500, 1250)
 
     # A policy change made through the CLI shows without a reload.
     browser.execute_script("window.sameDocument = true")
@@ -235,7 +285,35 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
     assert main(["job", "policy", "max-slowdown:1.1"]) == 0
     assert _until(lambda: _cell(browser, job, "policy") == "max-slowdown:1.1")
     assert _until(lambda: _cell(browser, job, "chosen").startswith("v2, point"))
+    # ... and so does the new plan's timeline.
+    with httpx.Client(base_url=planner, timeout=60) as http:
+        moved = http.get(f"/v1/jobs/{job}/timeline", headers=auth).json()
+    assert moved["version"] == 2
+    assert _until(lambda: _boxes(browser) == _api_boxes(moved))
+    caption = browser.find_element(By.ID, "timeline-caption").text
+    assert caption.startswith(f"plan v2, point {moved['point']}:")
     assert browser.execute_script("return window.sameDocument") is True
+
+    # A rank that gave up: its state says why (as text) and when; the others follow.
+    with httpx.Client(base_url=planner, timeout=60) as http:
+        r = http.post(f"/v1/jobs/{other}/ranks:gave-up", json={"rank": 2, "reason": GAVE_UP},
+                      headers={"Authorization": f"Bearer {other_token}"})  # fmt: skip
+        assert r.status_code == 200, r.text
+    browser.find_element(By.CSS_SELECTOR, f'tr[data-job="{other}"]').click()
+    state = _until(lambda: "gave up" in _rank_state(browser, 2) and _rank_state(browser, 2))
+    assert state.startswith("gave up at ") and state.endswith(f": {GAVE_UP}")
+    cell = browser.find_element(
+        By.CSS_SELECTOR, '#ranks tr[data-rank="2"] [data-field="rank-state"]'
+    )
+    assert cell.find_elements(By.CSS_SELECTOR, "*") == []
+    assert "1 of 4 ranks gave up" in browser.find_element(By.ID, "detail-summary").text
+    assert _until(
+        lambda: browser.find_element(By.ID, "timeline-caption").text.startswith("plan v1")
+    )
+    assert browser.find_element(By.ID, "timeline-hover").text == ""  # the other job's box
+    browser.set_window_size(1500, 1450)
+    _screenshot(browser, tmp_path, "ui-gave-up.png")
+    browser.set_window_size(1500, 1250)
 
 
 def test_a_job_token_sees_its_job_only(browser: Any, planner: str) -> None:

@@ -1,4 +1,5 @@
-// The planner's web page: jobs, frontier, measured iterations and ranks, polled every 2 s.
+// The planner's web page: jobs, frontier, measured iterations, the running plan's timeline and
+// the ranks, polled every 2 s (the timeline fetched again only when the plan version moves).
 // Plain DOM and SVG, no library: every value from the server is set as text (textContent,
 // createTextNode, SVG <title>), never parsed as markup. The token lives in sessionStorage
 // and travels only in the Authorization header, never in a URL.
@@ -11,6 +12,7 @@ const API = location.pathname.replace(/ui\/?$/, "") + "v1/";
 const $ = (id) => document.getElementById(id);
 let selected = null;
 let timer = null;
+let timelineKey = null;  // "job:version" of the timeline drawn: a version's plan never changes
 
 function credentials() {
   return { token: sessionStorage.getItem("perseus.token"), job: sessionStorage.getItem("perseus.job") };
@@ -175,24 +177,144 @@ function drawIterations(view, activity) {
     `predicted ${secs(predicted)}, ${view.chosen ? (view.chosen.expected_energy_j * view.spec.data_parallel).toFixed(1) + " J" : "-"}`));
 }
 
-function rankState(r, version) {
-  if (r.following) return ["following plan v" + version, "following"];
-  if (r.phase === "default") return ["gave up: default clocks", "gave-up"];
-  if (r.phase === "plan") return [`on plan v${r.plan_version}`, ""];
+// ----------------------------------------------------------------------------- the timeline
+
+// matplotlib's viridis at five stops, as the PNG timelines colour clocks.
+const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+const KIND_LETTER = { forward: "F", backward: "B", backward_input: "I", backward_weight: "W" };
+
+function viridis(t) {
+  const x = Math.min(Math.max(t, 0), 1) * (VIRIDIS.length - 1);
+  const i = Math.min(Math.floor(x), VIRIDIS.length - 2), f = x - i;
+  return VIRIDIS[i].map((c, k) => Math.round(c + f * (VIRIDIS[i + 1][k] - c)));
+}
+
+const rgb = (c) => `rgb(${c[0]},${c[1]},${c[2]})`;
+const MAX_BOXES = 20000;  // beyond this an SVG box per instruction is no longer light
+
+function drawTimeline(t) {
+  const root = $("timeline");
+  const boxes = t.gpus.reduce((n, row) => n + row.length, 0);
+  $("timeline-caption").textContent = `plan v${t.version}, point ${t.point}: ${t.time_s.toFixed(4)} s and ` +
+    `${t.energy_j.toFixed(1)} J per iteration (one pipeline); boxes coloured by SM clock, outlined on the critical path`;
+  if (boxes > MAX_BOXES) {
+    root.replaceChildren(el("p", `${boxes} instructions: too many to draw here; 'perseus job frontier --timeline FILE' draws them`));
+    return;
+  }
+  const width = 1140, rowH = 26, gap = 6;
+  const m = { left: 58, right: 16, top: 8, bottom: 58 };
+  const height = m.top + t.gpus.length * (rowH + gap) + m.bottom;
+  const sx = (s) => m.left + (s / t.time_s) * (width - m.left - m.right);
+  const chart = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, id: "timeline-svg" });
+  const span = t.max_frequency_mhz - t.min_frequency_mhz || 1;
+  const colour = (mhz) => viridis((mhz - t.min_frequency_mhz) / span);
+  const hover = $("timeline-hover");
+  hover.textContent = "";  // it described a box of the timeline drawn before
+  t.gpus.forEach((row, gpu) => {
+    const y = m.top + gpu * (rowH + gap);
+    chart.append(svg("rect", { x: m.left, y, width: width - m.left - m.right, height: rowH, fill: "#eceff2" }));
+    chart.append(svg("text", { x: m.left - 6, y: y + rowH / 2 + 4, "text-anchor": "end" }, `GPU ${gpu}`));
+    for (const ins of row) {
+      const letter = KIND_LETTER[ins.instruction] ?? "?";
+      const label = `${letter}${ins.microbatch}${ins.chunk === undefined || ins.chunk === null ? "" : "." + ins.chunk}`;
+      const x = sx(ins.start_s), w = Math.max(sx(ins.finish_s) - x - 0.6, 0.6);
+      const c = colour(ins.frequency_mhz);
+      const box = svg("g", { "data-gpu": gpu, "data-instruction": label, "data-clock": ins.frequency_mhz, class: "box" });
+      box.append(svg("rect", { x, y, width: w, height: rowH, fill: rgb(c),
+        stroke: ins.critical ? "#1d232a" : "none", "stroke-width": ins.critical ? 1.6 : 0 }));
+      if (letter !== "F") box.append(svg("rect", { x, y: y + rowH - 5, width: w, height: 5, fill: "#000", "fill-opacity": 0.3 }));
+      if (w >= 9 * label.length) {
+        const light = 0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] < 140;
+        box.append(svg("text", { x: x + w / 2, y: y + rowH / 2 + 3, "text-anchor": "middle", class: light ? "on-dark" : "on-light" }, label));
+      }
+      const text = `GPU ${gpu}: ${label} (${ins.instruction}, microbatch ${ins.microbatch}) at ${ins.frequency_mhz} MHz, ` +
+        `${ins.start_s.toFixed(4)} s to ${ins.finish_s.toFixed(4)} s${ins.critical ? ", critical" : ""}`;
+      box.append(svg("title", {}, text));
+      box.addEventListener("mouseenter", () => { hover.textContent = text; });
+      chart.append(box);
+    }
+  });
+  const axisY = m.top + t.gpus.length * (rowH + gap);
+  chart.append(svg("line", { x1: m.left, y1: axisY, x2: width - m.right, y2: axisY, stroke: "#889" }));
+  for (let i = 0; i <= 8; i++) {
+    const s = (t.time_s * i) / 8;
+    chart.append(svg("text", { x: sx(s), y: axisY + 14, "text-anchor": "middle" }, +s.toPrecision(3)));
+  }
+  chart.append(svg("text", { x: (width + m.left) / 2, y: axisY + 30, "text-anchor": "middle" }, "time in the iteration (s)"));
+  // The clock scale: a gradient from the profile's lowest to its highest clock.
+  const defs = svg("defs");
+  const gradient = svg("linearGradient", { id: "clock-scale" });
+  VIRIDIS.forEach((c, i) => gradient.append(svg("stop", { offset: `${(100 * i) / (VIRIDIS.length - 1)}%`, "stop-color": rgb(c) })));
+  defs.append(gradient);
+  chart.append(defs);
+  const lx = width - m.right - 260, ly = axisY + 38;
+  chart.append(svg("text", { x: lx - 6, y: ly + 9, "text-anchor": "end" }, `SM clock ${t.min_frequency_mhz} MHz`));
+  chart.append(svg("rect", { x: lx, y: ly, width: 170, height: 12, fill: "url(#clock-scale)" }));
+  chart.append(svg("text", { x: lx + 176, y: ly + 9 }, `${t.max_frequency_mhz} MHz`));
+  chart.append(svg("rect", { x: m.left, y: ly, width: 24, height: 12, fill: "#8a8f96" }));
+  chart.append(svg("rect", { x: m.left, y: ly + 8, width: 24, height: 4, fill: "#000", "fill-opacity": 0.3 }));
+  chart.append(svg("text", { x: m.left + 30, y: ly + 10 }, "backward (dark strip)"));
+  chart.append(svg("rect", { x: m.left + 170, y: ly, width: 24, height: 12, fill: "#eceff2" }));
+  chart.append(svg("text", { x: m.left + 200, y: ly + 10 }, "blocked (draws P_block)"));
+  root.replaceChildren(chart);
+}
+
+async function refreshTimeline(view) {
+  if (!view.chosen) {
+    timelineKey = null;
+    $("timeline-caption").textContent = "";
+    $("timeline").replaceChildren(el("p", `no plan yet (${view.state})`));
+    return;
+  }
+  const key = `${view.job_id}:${view.version}`;
+  if (key === timelineKey) return;
+  try {
+    drawTimeline(await get(`jobs/${view.job_id}/timeline`));
+  } catch (err) {
+    if (err.status === 401 || err.status === 403) throw err;
+    // Say why here (an old frontier without its profile, say); the rest of the page goes on.
+    $("timeline").replaceChildren(el("p", `no timeline: ${err.message}`, { class: "error" }));
+  }
+  timelineKey = key;
+}
+
+// ----------------------------------------------------------------------------- ranks
+
+const clockTime = (unixS) => new Date(unixS * 1000).toLocaleTimeString();
+
+function rankState(r, version, gaveUp) {
+  if (r && r.following) return ["following plan v" + version, "following"];
+  const g = gaveUp.get(r ? r.rank : null);
+  if (g) return [`gave up at ${clockTime(g.at_s)}: ${g.reason}`, "gave-up"];
+  if (!r) return ["no report yet", ""];
+  if (r.phase === "default") return ["at default clocks", "gave-up"];
+  if (r.phase === "plan") return [`on plan v${r.plan_version} (not the current v${version})`, ""];
   return [r.phase ?? "no report yet", ""];
 }
 
-function drawRanks(activity) {
+function drawRanks(view, activity) {
   const body = $("ranks").tBodies[0];
-  body.replaceChildren(...activity.ranks.map((r) => {
-    const row = el("tr");
-    const [text, cls] = rankState(r, activity.version);
+  const gaveUp = new Map(view.gave_up.map((g) => [g.rank, g]));
+  const rows = activity.ranks.map((r) => {
+    const row = el("tr", undefined, { "data-rank": r.rank });
+    const [text, cls] = rankState(r, activity.version, gaveUp);
+    const age = r.last_report_age_s;
     row.append(el("td", r.rank, { class: "num" }), el("td", r.stage, { class: "num" }),
       el("td", r.data_parallel_rank, { class: "num" }), el("td", r.host ?? "-"),
-      el("td", text, { class: cls }), el("td", r.iterations, { class: "num" }),
-      el("td", r.last_report_age_s === null ? "-" : `${r.last_report_age_s.toFixed(1)} s ago`));
+      el("td", text, { class: cls, "data-field": "rank-state" }), el("td", r.iterations, { class: "num" }),
+      el("td", age === null ? "-" : `${clockTime(Date.now() / 1000 - age)} (${age.toFixed(1)} s ago)`));
     return row;
-  }));
+  });
+  // A rank may give up before it registers (it rejected the job): shown all the same.
+  const seen = new Set(activity.ranks.map((r) => r.rank));
+  for (const g of view.gave_up.filter((g) => !seen.has(g.rank))) {
+    const row = el("tr", undefined, { "data-rank": g.rank });
+    row.append(el("td", g.rank, { class: "num" }), el("td", "-"), el("td", "-"), el("td", "-"),
+      el("td", `gave up at ${clockTime(g.at_s)}: ${g.reason}`, { class: "gave-up", "data-field": "rank-state" }),
+      el("td", "-"), el("td", "-"));
+    rows.push(row);
+  }
+  body.replaceChildren(...rows);
 }
 
 async function drawDetail(view) {
@@ -201,9 +323,13 @@ async function drawDetail(view) {
   const s = view.savings;
   $("detail-summary").textContent = `${view.state}; ${scheduleText(view.spec)}; policy ${policyText(view.policy)}; ` +
     `plan version ${view.version}; energy saved so far ${joules(s?.energy_saved_j)} of ${joules(s?.energy_j)} reported`;
+  if (view.gave_up.length) {
+    $("detail-summary").textContent += `; ${view.gave_up.length} of ${view.counts.ranks_expected} ranks gave up (default clocks)`;
+  }
   const activity = await get(`jobs/${view.job_id}/activity`);
-  drawRanks(activity);
+  drawRanks(view, activity);
   drawIterations(view, activity);
+  await refreshTimeline(view);
   if (view.chosen) {
     drawFrontier(view, await get(`jobs/${view.job_id}/frontier`));
   } else {
