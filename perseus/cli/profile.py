@@ -25,10 +25,12 @@ from typing import Any
 from perseus.cli.arguments import Parser, install_hint, needs
 from perseus.cli.outputs import check_writable, write_files
 from perseus.client.gpu import GpuControl, open_gpu
+from perseus.client.measurements import StageProfile
 from perseus.client.meter import EnergyMeter
-from perseus.client.profiler import ClockSweep, StageProfile, device_work, measure_idle_power
+from perseus.client.profiler import ClockSweep, device_work
 from perseus.client.settings import GPU_MODES, ProfileBudget, SettingsError
 from perseus.client.standalone import SyntheticStage
+from perseus.client.wait_power import measure_idle_power
 from perseus.errors import NvmlPermissionError, PerseusError
 
 __all__ = ["add_profile_arguments", "build_parser", "run", "run_profile"]

@@ -29,7 +29,7 @@ span within :data:`CALIBRATION_GUARD_S` of the loops (the counter lags). Then a 
 thread reads the meter over those spans (:meth:`EnergyMeter.energies_between`: the training
 thread never reads the meter), and once the sweep is done the rank solves for the power of its
 waits against the profile at the default clock
-(:func:`~perseus.client.profiler.in_pipeline_wait_power`) and reports that as its blocking
+(:func:`~perseus.client.wait_power.in_pipeline_wait_power`) and reports that as its blocking
 power. Anything that goes wrong (too little waiting, as on a pipeline's last stage; the meter
 gone) falls back to the idle-measured power, with one log line. Ranks decide when to stop
 collecting on their own: nothing here is collective.
@@ -46,22 +46,17 @@ from collections.abc import Callable
 
 from perseus.client.controller import ClockController, Stamp
 from perseus.client.gpu import GpuControl
+from perseus.client.measurements import ClockMeasurement, StageProfile, calibrated
 from perseus.client.meter import EnergyMeter
-from perseus.client.profiler import (
-    ClockMeasurement,
-    ClockSweep,
-    StageProfile,
-    StreamWindow,
-    WaitPower,
-    Workload,
-    calibrated,
-    device_work,
-    in_pipeline_wait_power,
-    measure_idle_power,
-    splits_backward,
-)
+from perseus.client.profiler import ClockSweep, Workload, device_work, splits_backward
 from perseus.client.state import RankState
 from perseus.client.torch_env import distributed
+from perseus.client.wait_power import (
+    StreamWindow,
+    WaitPower,
+    in_pipeline_wait_power,
+    measure_idle_power,
+)
 from perseus.errors import ProfileError
 from perseus.schemas import ProfileRow
 

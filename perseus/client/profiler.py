@@ -38,16 +38,9 @@ are kept to at least :data:`MIN_HALF_SHARE` of the backward so that every instru
 profile has a positive time and energy. The full backward's rows stay in the profile (a
 schedule may run both, as DualPipeV does).
 
-The blocking power (what a GPU draws while it waits on a peer) is measured separately by the
-caller, while the rank really waits in a collective (see :mod:`perseus.client.rank`). That is
-a long wait; the short waits inside a pipeline draw far more on a real GPU (BACKGROUND.md: about
-200-400 W against about 125 W at rest on an H200), so the caller also measures the training
-stream itself over at least two seconds of iterations at the default clock and solves for the
-power of its waits (:func:`in_pipeline_wait_power`)::
-
-    P_wait = (E_measured - sum_i e_i) / (T_spans - sum_i t_i)
-
-with ``e_i``, ``t_i`` the profiled energy and time of each instruction run, at the default clock.
+The values measured are :mod:`perseus.client.measurements`'s (:class:`ClockMeasurement`,
+:class:`StageProfile`); the blocking power, measured at rest and solved from the training
+stream, is :mod:`perseus.client.wait_power`'s. Both are re-exported here.
 """
 
 from __future__ import annotations
@@ -57,18 +50,34 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
 from typing import Protocol
 
 from perseus.client.gpu import GpuControl, work_observer
+from perseus.client.measurements import (
+    MIN_HALF_SHARE,
+    ClockMeasurement,
+    StageProfile,
+    calibrated,
+    profile_csv,
+    split_backward,
+)
 from perseus.client.meter import CounterEdge, EnergyMeter
 from perseus.client.settings import ProfileBudget
+from perseus.client.wait_power import (
+    MIN_WAIT_S,
+    MIN_WAIT_SHARE,
+    StreamWindow,
+    WaitPower,
+    in_pipeline_wait_power,
+    measure_idle_power,
+)
 from perseus.errors import ProfileError
-from perseus.schemas import ProfileRow
 
 __all__ = [
     "MAX_WINDOW_FACTOR",
     "MIN_HALF_SHARE",
+    "MIN_WAIT_S",
+    "MIN_WAIT_SHARE",
     "MIN_WINDOW_INSTRUCTIONS",
     "ClockMeasurement",
     "ClockSweep",
@@ -99,12 +108,6 @@ MIN_WINDOW_INSTRUCTIONS = 100
 over many launches and many counter updates."""
 
 MAX_WINDOW_FACTOR = 4.0
-
-MIN_HALF_SHARE = 0.01
-"""Each half of a split backward is reported as at least this share of the backward's time
-and energy (a first stage's ``I`` is empty; see the module docstring)."""
-
-_SPLIT_KINDS = ("backward_input", "backward_weight")
 
 DeviceWork = Callable[[str], AbstractContextManager[object]]
 """Brackets one unit of device work of a kind (``"forward"``, ``"backward"``,
@@ -160,125 +163,6 @@ def splits_backward(workload: Workload) -> bool:
     return bool(getattr(workload, "splits_backward", False)) and callable(
         getattr(workload, "backward_input", None)
     )
-
-
-@dataclass(frozen=True, slots=True)
-class ClockMeasurement:
-    """Time and energy of one forward and one backward at one clock, and of the backward's
-    halves when the schedule splits it (else None)."""
-
-    frequency_mhz: int
-    forward_time_s: float
-    forward_energy_j: float
-    backward_time_s: float
-    backward_energy_j: float
-    forward_loop_power_w: float
-    forward_backward_loop_power_w: float
-    backward_input_time_s: float | None = None
-    backward_input_energy_j: float | None = None
-    backward_weight_time_s: float | None = None
-    backward_weight_energy_j: float | None = None
-    forward_input_loop_power_w: float | None = None
-
-    @property
-    def microbatch_energy_j(self) -> float:
-        """Energy of one forward and its backward."""
-        return self.forward_energy_j + self.backward_energy_j
-
-    @property
-    def split(self) -> bool:
-        """Whether the backward's halves were measured."""
-        return self.backward_input_time_s is not None
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        """The instruction kinds measured: forward, backward, and the halves when split."""
-        return ("forward", "backward", *_SPLIT_KINDS) if self.split else ("forward", "backward")
-
-    def time_s(self, kind: str) -> float:
-        """Time of one instruction of ``kind`` (one of :attr:`kinds`).
-
-        Raises:
-            ProfileError: ``kind`` was not measured.
-        """
-        return self._value(kind, "time_s")
-
-    def energy_j(self, kind: str) -> float:
-        """Energy of one instruction of ``kind`` (one of :attr:`kinds`).
-
-        Raises:
-            ProfileError: ``kind`` was not measured.
-        """
-        return self._value(kind, "energy_j")
-
-    def _value(self, kind: str, unit: str) -> float:
-        value = getattr(self, f"{kind}_{unit}", None) if kind in self.kinds else None
-        if not isinstance(value, float):
-            raise ProfileError(f"{self.frequency_mhz} MHz: no {kind} measured")
-        return value
-
-
-@dataclass(frozen=True, slots=True)
-class StageProfile:
-    """What one rank measured: clocks high to low, and why the sweep ended."""
-
-    measurements: tuple[ClockMeasurement, ...]
-    stopped: str
-
-    def inversions(self, tolerance: float = 0.1) -> list[str]:
-        """Where a lower clock ran an instruction faster than a higher one by more than
-        ``tolerance``: a GPU never does that, so the measurement was disturbed (another
-        process on the GPU or, for the fake GPU, on the CPU). One line per instruction kind,
-        naming its worst pair; empty when the times follow the clocks."""
-        found = []
-        ascending = sorted(self.measurements, key=lambda m: m.frequency_mhz)
-        kinds = self.measurements[0].kinds if self.measurements else ()
-        for kind in kinds:
-            worst: tuple[float, ClockMeasurement, ClockMeasurement] | None = None
-            fastest_below: ClockMeasurement | None = None  # quickest at a lower clock so far
-            for high in ascending:
-                if fastest_below is not None:
-                    low = fastest_below
-                    ratio = getattr(high, f"{kind}_time_s") / getattr(low, f"{kind}_time_s")
-                    if ratio > 1 + tolerance and (worst is None or ratio > worst[0]):
-                        worst = (ratio, high, low)
-                if fastest_below is None or getattr(high, f"{kind}_time_s") < getattr(
-                    fastest_below, f"{kind}_time_s"
-                ):
-                    fastest_below = high
-            if worst is not None:
-                ratio, high, low = worst
-                found.append(
-                    f"{kind} took {getattr(high, f'{kind}_time_s') * 1e3:.1f} ms at "
-                    f"{high.frequency_mhz} MHz but {getattr(low, f'{kind}_time_s') * 1e3:.1f} ms "
-                    f"at {low.frequency_mhz} MHz"
-                )
-        return found
-
-    def rows(self) -> list[ProfileRow]:
-        """The measurements as wire rows (forward and backward per clock, then the
-        backward's halves when split)."""
-        return [
-            ProfileRow(
-                instruction=kind,  # type: ignore[arg-type]
-                frequency_mhz=m.frequency_mhz,
-                time_s=m.time_s(kind),
-                energy_j=m.energy_j(kind),
-            )
-            for m in self.measurements
-            for kind in m.kinds
-        ]
-
-
-def profile_csv(profiles: dict[int, StageProfile]) -> str:
-    """Zeus-compatible CSV (``stage,instruction,frequency,time,energy``) of stage profiles."""
-    lines = ["stage,instruction,frequency,time,energy"]
-    for stage in sorted(profiles):
-        for row in profiles[stage].rows():
-            lines.append(
-                f"{stage},{row.instruction},{row.frequency_mhz},{row.time_s:.9g},{row.energy_j:.9g}"
-            )
-    return "\n".join(lines) + "\n"
 
 
 class ClockSweep:
@@ -531,216 +415,3 @@ class ClockSweep:
         if not math.isfinite(power_w) or power_w <= 0:
             raise ProfileError(f"{frequency_mhz} MHz {what}: the energy counter gave {power_w} W")
         return seconds, power_w
-
-
-def split_backward(
-    measured: ClockMeasurement, input_time_s: float, input_energy_j: float, loop_power_w: float
-) -> ClockMeasurement:
-    """``measured`` with the backward's halves: the input half as given, each half kept to
-    at least :data:`MIN_HALF_SHARE` of the backward, the weight half the rest."""
-    lo, hi = MIN_HALF_SHARE, 1.0 - MIN_HALF_SHARE
-    t_b, e_b = measured.backward_time_s, measured.backward_energy_j
-    t_i = min(max(input_time_s, lo * t_b), hi * t_b)
-    e_i = min(max(input_energy_j, lo * e_b), hi * e_b)
-    return replace(
-        measured,
-        backward_input_time_s=t_i,
-        backward_input_energy_j=e_i,
-        backward_weight_time_s=t_b - t_i,
-        backward_weight_energy_j=e_b - e_i,
-        forward_input_loop_power_w=loop_power_w,
-    )
-
-
-def calibrated(profile: StageProfile, ratios: dict[str, float]) -> StageProfile:
-    """The profile with each kind's time and energy scaled by ``ratios[kind]``.
-
-    In a training stream an instruction can take longer than in a loop of its own (the
-    framework's work around the module: gradient accumulation into ``.grad``, a loss;
-    communication kernels sharing the GPU); the rank measures the ratio at the default
-    clock and applies it at every clock, keeping the loop's power (so energy scales too).
-    A kind without a ratio keeps its values, except a split backward's full backward, which
-    the stream may never run: without its own ratio it stays the sum of its scaled halves.
-    """
-    return StageProfile(
-        measurements=tuple(_calibrated(m, ratios) for m in profile.measurements),
-        stopped=profile.stopped,
-    )
-
-
-def _calibrated(m: ClockMeasurement, ratios: dict[str, float]) -> ClockMeasurement:
-    f = ratios.get("forward", 1.0)
-    b = ratios.get("backward", 1.0)
-    out = replace(
-        m,
-        forward_time_s=m.forward_time_s * f,
-        forward_energy_j=m.forward_energy_j * f,
-        backward_time_s=m.backward_time_s * b,
-        backward_energy_j=m.backward_energy_j * b,
-    )
-    if not m.split:
-        return out
-    i = ratios.get("backward_input", 1.0)
-    w = ratios.get("backward_weight", 1.0)
-    t_i, e_i = m.time_s("backward_input") * i, m.energy_j("backward_input") * i
-    t_w, e_w = m.time_s("backward_weight") * w, m.energy_j("backward_weight") * w
-    out = replace(
-        out,
-        backward_input_time_s=t_i,
-        backward_input_energy_j=e_i,
-        backward_weight_time_s=t_w,
-        backward_weight_energy_j=e_w,
-    )
-    if "backward" not in ratios:
-        out = replace(out, backward_time_s=t_i + t_w, backward_energy_j=e_i + e_w)
-    return out
-
-
-def measure_idle_power(
-    meter: EnergyMeter, wait: Callable[[float], None], seconds: float, clock: Callable[[], float]
-) -> float | None:
-    """Average power while ``wait(seconds)`` runs (the GPU waiting), skipping the first 0.2 s.
-
-    Returns None when the counter gave no usable reading.
-    """
-    with meter.precise():
-        start = clock()
-        wait(seconds)
-        end = clock()
-    reading = meter.power(start + min(0.2, seconds / 4), end)
-    return None if reading is None else reading.power_w
-
-
-@dataclass(frozen=True, slots=True)
-class StreamWindow:
-    """What the energy meter saw over some training iterations at the default clock.
-
-    Attributes:
-        iterations: Iteration spans summed (each from its first instruction to its end).
-        time_s: Their total duration.
-        energy_j: The energy the meter measured over them.
-        forwards: Forward instructions they ran.
-        backwards: Backward instructions they ran.
-        backward_inputs: Input halves of split backwards they ran.
-        backward_weights: Weight halves of split backwards they ran.
-    """
-
-    iterations: int
-    time_s: float
-    energy_j: float
-    forwards: int
-    backwards: int
-    backward_inputs: int = 0
-    backward_weights: int = 0
-
-    @property
-    def counts(self) -> dict[str, int]:
-        """Instructions run per kind."""
-        return {
-            "forward": self.forwards,
-            "backward": self.backwards,
-            "backward_input": self.backward_inputs,
-            "backward_weight": self.backward_weights,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class WaitPower:
-    """The power of a rank's in-pipeline waits, solved from a :class:`StreamWindow`.
-
-    Attributes:
-        power_w: The estimate to report as the blocking power (``raw_w`` clamped).
-        raw_w: ``wait_energy_j / wait_s`` before clamping.
-        wait_s: Span time not covered by the profiled instruction times.
-        wait_energy_j: Measured energy beyond the profiled busy energy.
-        busy_s: Profiled time of the instructions run.
-        busy_energy_j: Profiled energy of the instructions run.
-        clamped: ``"idle"`` or ``"loop"`` when ``raw_w`` fell outside the bounds, else None.
-    """
-
-    power_w: float
-    raw_w: float
-    wait_s: float
-    wait_energy_j: float
-    busy_s: float
-    busy_energy_j: float
-    clamped: str | None
-
-    def describe(self, window: StreamWindow) -> str:
-        """One clause for the log."""
-        clamp = "" if self.clamped is None else f", clamped from {self.raw_w:.1f} W"
-        return (
-            f"{self.wait_s * 1e3:.0f} ms of waits in {window.time_s:.2f} s of "
-            f"{window.iterations} iterations carried {self.wait_energy_j:.1f} J beyond the "
-            f"profiled busy energy{clamp}"
-        )
-
-
-MIN_WAIT_SHARE = 0.1
-"""Waits must be at least this share of the spans to be solved for: the estimate's error is
-the busy energy's error times ``busy / wait`` (3 % of a 600 W busy power at 90 % busy is
-160 W on the wait power); a stage with fewer waits (a pipeline's last stage, ~2 % on two
-H200s) is too noisy and keeps the idle-measured power."""
-
-MIN_WAIT_S = 0.05
-"""And at least this much wait time in all."""
-
-
-def in_pipeline_wait_power(
-    window: StreamWindow,
-    reference: ClockMeasurement,
-    *,
-    scale: float = 1.0,
-    idle_w: float | None,
-    min_wait_share: float = MIN_WAIT_SHARE,
-    min_wait_s: float = MIN_WAIT_S,
-) -> WaitPower:
-    """The power of the waits inside the spans of ``window``, clamped to sensible bounds.
-
-    ``reference`` is the profile at the clock the spans ran at (the default, calibrated to
-    the stream); each instruction costs ``scale`` of it (a chunk of an interleaved stage). The
-    waits are what the spans hold beyond the profiled times, and their energy what the meter
-    measured beyond the profiled energies, so the planner's model
-    ``E = sum e_i + P_block * (T - sum t_i)`` reproduces the measured energy of these
-    iterations with ``P_block = power_w``. The estimate is clamped between ``idle_w`` (a
-    wait never draws less than the GPU at rest) and the reference's loop power (nor more than
-    the work itself).
-
-    Raises:
-        ProfileError: The window cannot give an estimate (too few waits, no energy, a kind
-            the reference lacks); the message says why.
-    """
-    if not (window.time_s > 0 and math.isfinite(window.energy_j) and window.energy_j > 0):
-        raise ProfileError(
-            f"no usable energy over the iterations ({window.energy_j:.6g} J in "
-            f"{window.time_s:.6g} s)"
-        )
-    ran = {kind: n for kind, n in window.counts.items() if n}
-    busy_s = scale * sum(n * reference.time_s(kind) for kind, n in ran.items())
-    busy_j = scale * sum(n * reference.energy_j(kind) for kind, n in ran.items())
-    wait_s = window.time_s - busy_s
-    if wait_s < max(min_wait_s, min_wait_share * window.time_s):
-        raise ProfileError(
-            f"too little waiting to solve for: {max(wait_s, 0.0) * 1e3:.0f} ms of waits in "
-            f"{window.time_s:.2f} s of {window.iterations} iterations (needs "
-            f"{min_wait_share:.0%} and {min_wait_s * 1e3:.0f} ms)"
-        )
-    wait_j = window.energy_j - busy_j
-    raw = wait_j / wait_s
-    loop_w = max(reference.forward_loop_power_w, reference.forward_backward_loop_power_w)
-    power, clamped = raw, None
-    if idle_w is not None and raw < idle_w:
-        power, clamped = idle_w, "idle"
-    elif raw > loop_w and (idle_w is None or loop_w > idle_w):
-        power, clamped = loop_w, "loop"
-    if not (math.isfinite(power) and power > 0):
-        raise ProfileError(f"the waits came out at {raw:.6g} W")
-    return WaitPower(
-        power_w=power,
-        raw_w=raw,
-        wait_s=wait_s,
-        wait_energy_j=wait_j,
-        busy_s=busy_s,
-        busy_energy_j=busy_j,
-        clamped=clamped,
-    )
