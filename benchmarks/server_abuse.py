@@ -169,7 +169,9 @@ def _rows() -> dict[int, list[dict[str, Any]]]:
     with importlib_resources.as_file(path) as file:
         rows: dict[int, list[dict[str, Any]]] = {}
         for row in profile_to_json(load_profile(Path(file)))["rows"]:
-            rows.setdefault(row.pop("stage"), []).append(row)
+            # 1F1B jobs: forward and backward (older checkouts take no other rows)
+            if row["instruction"] in ("forward", "backward"):
+                rows.setdefault(row.pop("stage"), []).append(row)
         return rows
 
 

@@ -56,7 +56,7 @@ from perseus.client.reporter import Reporter
 from perseus.client.session import Session, read_saved_profile
 from perseus.client.settings import ClientSettings
 from perseus.client.state import ActivePlan, Expectation, RankState
-from perseus.errors import GpuControlError
+from perseus.errors import GpuControlError, PerseusError
 from perseus.schemas import IterationPhase
 from perseus.solver import InstructionKind
 
@@ -107,6 +107,25 @@ class _Iteration:
 
 
 _NOTHING: AbstractContextManager[None] = nullcontext()
+
+
+def _report_gave_up(settings: ClientSettings, planner: PlannerClient | None, why: str) -> None:
+    """Tell the planner, from a thread of its own, that this rank is off and why (the job
+    view lists it); a failure to is logged, never raised."""
+
+    def report() -> None:
+        client = planner or PlannerClient.open(
+            settings.server or "", settings.job or "", settings.token or ""
+        )
+        try:
+            client.report_gave_up(settings.rank, why)
+        except PerseusError as err:
+            _log.warning("perseus: could not tell the planner this rank is off: %s", err)
+        finally:
+            if planner is None:
+                client.close()
+
+    threading.Thread(target=report, name="perseus-gave-up", daemon=True).start()
 
 
 class Rank:
@@ -175,6 +194,7 @@ class Rank:
                     settings.rank,
                     self._state.failure,
                 )
+                _report_gave_up(settings, planner, self._state.failure)
                 return
         self._gpu = gpu
         self._observer = work_observer(self._gpu)

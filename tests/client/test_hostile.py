@@ -321,3 +321,26 @@ def test_a_gave_up_report_is_bounded_and_checked(app: TestClient) -> None:
     assert app.post(path, json={"rank": 0, "reason": "a\x1b[2J"}, headers=auth).status_code == 200
     view = JobView.model_validate(app.get(f"/v1/jobs/{created['job_id']}", headers=auth).json())
     assert "\x1b" not in format_job(view)
+
+
+@needs_no_nvml
+def test_a_rank_without_nvml_shows_in_the_job_view(app: TestClient) -> None:
+    body = {"schedule": "1f1b", "stages": 1, "microbatches": 2, "data_parallel": 1}
+    created = app.post("/v1/jobs", json=body | {"tensor_parallel": 1}).json()
+    job, token = created["job_id"], created["token"]
+    rank = perseus.client.connect(
+        gpu="nvml",
+        server="http://testserver",
+        job=job,
+        token=token,
+        planner=PlannerClient(app, job, token),
+        install_signal_handlers=False,
+    )
+    assert not rank.active
+    auth = {"Authorization": f"Bearer {token}"}
+    deadline = time.monotonic() + 10
+    while not app.get(f"/v1/jobs/{job}", headers=auth).json()["gave_up"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    (gave_up,) = app.get(f"/v1/jobs/{job}", headers=auth).json()["gave_up"]
+    assert "the GPU cannot be controlled" in gave_up["reason"] and "NVML" in gave_up["reason"]
