@@ -54,6 +54,7 @@ FULL = [
     Case("1f1b", 4, 8, time_scale=50.0),
     Case("1f1b", 16, 128),
     Case("interleaved-1f1b", 16, 128, 2),
+    Case("1f1b", 32, 128),
     Case("1f1b", 4, 32_768),
     Case("1f1b", 4, 8, time_scale=50_000.0),
     Case("1f1b", 2, 2, time_scale=1e7),

@@ -72,13 +72,20 @@ DEFAULT_MAX_CELLS = MAX_CELLS
 :data:`perseus.solver.MAX_CELLS` (an alias kept for old imports), about 4.7 GiB and 8 minutes
 (a shared 2-core host) at most; 16 stages x 128 microbatches interleaved is 1.5e8."""
 
-# Calibrated with benchmarks/planning_work.py: a worker's data segment after imports (~215
-# MiB), and per cell its peak memory (7-10 bytes measured, rounded up) and time (0.8-1.3 us
-# on a shared 2-core host, local search included), plus a fixed time per job.
+# Calibrated with benchmarks/planning_work.py (issue 26, after the refill in level order and
+# the large-DAG relaxation path): a worker's data segment after imports (~215 MiB), and per
+# cell its peak memory (9-12.6 bytes measured, rounded up) and time (0.8-1.0 us on a shared
+# 2-core host; 1.9 on a 2 x 2 job's 4e6-deadline grid), plus a fixed time per job (the local
+# search's work, 5-10 s from 8 x 32 up).
 _BASE_BYTES = 256 * 2**20
 _BYTES_PER_CELL = 12.0
 _SECONDS_PER_CELL = 1.2e-6
-_SECONDS_FIXED = 2.0
+_SECONDS_FIXED = 5.0
+# The relaxation's LP solves, which grow faster than the cells on large DAGs: ~15 s of
+# interleaved 16 x 128 (8,192 instructions, 29 s whole), ~115 s of 1F1B 32 x 128 (8,192, 135 s)
+# and ~700 s of 1F1B 32 x 256 (16,384; 20 solves of ~36 s): about _LP_SECONDS x
+# (instructions / 8,192)^2 x (stages / 16)^3. Only the estimate's seconds: the limit is on cells.
+_LP_SECONDS = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +383,10 @@ def estimate_planning_work(
         options=instructions * per_gpu,
         cells=cells,
         memory_bytes=int(_BASE_BYTES + _BYTES_PER_CELL * cells),
-        seconds=_SECONDS_FIXED + _SECONDS_PER_CELL * cells + polish_s,
+        seconds=_SECONDS_FIXED
+        + _SECONDS_PER_CELL * cells
+        + _LP_SECONDS * (instructions / 8192) ** 2 * (stages / 16) ** 3
+        + polish_s,
     )
 
 
