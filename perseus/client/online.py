@@ -14,9 +14,9 @@ Starting measures the blocking power (a collective every rank joins) and the loo
 clock the GPU picks by itself; then :class:`~perseus.client.profiler.ClockSweep` measures one
 clock per boundary while training goes on between clocks (with the backward's halves when the
 workload's schedule splits it: :func:`~perseus.client.profiler.splits_backward`). While SWEEPING, a
-:class:`StreamSampler` stamps the training stream's own instructions, so that the loop times
-can be scaled to what the stream really takes. The finished profile goes to the session
-thread for upload.
+:class:`~perseus.client.stream_sampling.StreamSampler` stamps the training stream's own
+instructions, so that the loop times can be scaled to what the stream really takes. The
+finished profile goes to the session thread for upload.
 
 Calibrating the blocking power with the training stream. The power measured in a long
 collective wait is what an idle GPU draws; the short waits inside a pipeline draw far more on a
@@ -40,19 +40,24 @@ from __future__ import annotations
 import enum
 import logging
 import statistics
-import threading
 import time
 from collections.abc import Callable
 
-from perseus.client.controller import ClockController, Stamp
+from perseus.client.controller import ClockController
 from perseus.client.gpu import GpuControl
 from perseus.client.measurements import ClockMeasurement, StageProfile, calibrated
 from perseus.client.meter import EnergyMeter
 from perseus.client.profiler import ClockSweep, Workload, device_work, splits_backward
 from perseus.client.state import RankState
+from perseus.client.stream_sampling import (
+    MAX_CALIBRATION_SPANS,
+    IterationSpan,
+    StreamEnergy,
+    StreamSampler,
+)
+from perseus.client.stream_sampling import MAX_STREAM_SAMPLES as MAX_STREAM_SAMPLES
 from perseus.client.torch_env import distributed
 from perseus.client.wait_power import (
-    StreamWindow,
     WaitPower,
     in_pipeline_wait_power,
     measure_idle_power,
@@ -73,7 +78,6 @@ _log = logging.getLogger("perseus.client")
 
 MIN_STREAM_SAMPLES = 5
 """In-stream samples per kind needed to calibrate."""
-MAX_STREAM_SAMPLES = 256
 CALIBRATION_ITERATIONS = 3
 """Iterations a finished sweep waits for in-stream samples before it reports uncalibrated."""
 CALIBRATION_S = 2.0
@@ -81,15 +85,10 @@ CALIBRATION_S = 2.0
 CALIBRATION_GUARD_S = 0.3
 """Spans starting this soon after the profiling loops, or ending this close to the last span
 resolved, are left out: the counter's lag would carry the loops' energy into them."""
-MAX_CALIBRATION_SPANS = 1024
-"""Iteration spans kept at most (bounded memory); collecting stops when full."""
 MAX_CALIBRATION_WALL_S = 30.0
 """Collecting stops after this long even with too few spans (then the idle power is kept)."""
 METER_WAIT_S = 30.0
 """How long the calibration thread waits for the meter to read past the spans."""
-
-_KINDS = ("forward", "backward", "backward_input", "backward_weight")
-"""The instruction kinds a profile can hold (a split backward's halves included)."""
 
 WorkloadSource = Workload | Callable[[], Workload | None] | None
 """A workload, or a callable returning it once the first iteration has run."""
@@ -110,144 +109,6 @@ class ProfilingState(enum.Enum):
     """Measured and handed over for upload."""
     FAILED = "failed"
     """Stopped; training goes on at default clocks."""
-
-
-class IterationSpan:
-    """One iteration under calibration: its first instruction's start to its end (device
-    stamps), and the instructions it ran per kind."""
-
-    __slots__ = ("counts", "end", "start")
-
-    def __init__(self, start: Stamp, end: Stamp, counts: dict[str, int]) -> None:
-        self.start = start
-        self.end = end
-        self.counts = counts
-
-    @property
-    def seconds(self) -> float | None:
-        """Its duration, None until both stamps are resolved."""
-        if self.start.at_s is None or self.end.at_s is None:
-            return None
-        return self.end.at_s - self.start.at_s
-
-
-class StreamSampler:
-    """Device stamps around the training stream's instructions while the sweep runs.
-
-    The training thread calls :meth:`begin`/:meth:`end` around each instruction and
-    :meth:`iteration_done` at each iteration's end. While :attr:`collecting`, it also keeps
-    each iteration's span (:class:`IterationSpan`, one more stamp per iteration). Bounded: at
-    most :data:`MAX_STREAM_SAMPLES` per kind and :data:`MAX_CALIBRATION_SPANS` spans.
-    """
-
-    __slots__ = (
-        "_counts",
-        "_mark",
-        "_span_start",
-        "_start",
-        "collecting",
-        "iterations",
-        "samples",
-        "spans",
-    )
-
-    def __init__(self, mark: Callable[[], Stamp]) -> None:
-        self._mark = mark
-        self._start: tuple[str, Stamp] | None = None
-        self.samples: dict[str, list[tuple[Stamp, Stamp]]] = {}
-        self.iterations = 0
-        self.collecting = False
-        """Whether iteration spans are kept (set by :class:`OnlineProfiling`)."""
-        self.spans: list[IterationSpan] = []
-        self._span_start: Stamp | None = None
-        self._counts: dict[str, int] = {}
-
-    def begin(self, kind: str) -> None:
-        """An instruction of ``kind`` starts."""
-        stamp = self._mark()
-        self._start = (kind, stamp)
-        if self.collecting:
-            if self._span_start is None:
-                self._span_start = stamp
-            self._counts[kind] = self._counts.get(kind, 0) + 1
-
-    def end(self) -> None:
-        """The instruction begun last ends."""
-        if self._start is not None:
-            kind, start = self._start
-            samples = self.samples.setdefault(kind, [])
-            if len(samples) < MAX_STREAM_SAMPLES:
-                samples.append((start, self._mark()))
-            self._start = None
-
-    def iteration_done(self) -> None:
-        """An iteration under calibration ended."""
-        self.iterations += 1
-        start, self._span_start = self._span_start, None
-        counts, self._counts = self._counts, {}
-        if self.collecting and start is not None and len(self.spans) < MAX_CALIBRATION_SPANS:
-            self.spans.append(IterationSpan(start, self._mark(), counts))
-        if self.iterations == 1:
-            # The first iteration under calibration still warms up (allocator, kernel
-            # autotuning) and runs slower than the rest: its times would inflate the ratio.
-            self.samples.clear()
-
-
-class StreamEnergy:
-    """The meter's energy over calibration spans, read on a thread of its own.
-
-    The thread waits (up to ``timeout_s``) until the meter has read past the last span, then
-    reads every span's energy from one copy of the reads. :attr:`done` is set when it has
-    finished; then :attr:`window` holds the result, or :attr:`error` says why not.
-    """
-
-    def __init__(self, meter: EnergyMeter, spans: list[IterationSpan], timeout_s: float) -> None:
-        self.window: StreamWindow | None = None
-        self.error: str | None = None
-        self.done = threading.Event()
-        self._meter = meter
-        self._spans = spans
-        self._timeout_s = timeout_s
-        self._thread = threading.Thread(target=self._run, name="perseus-calibration", daemon=True)
-        self._thread.start()
-
-    def join(self, timeout_s: float | None = None) -> None:
-        """Wait for the thread (tests)."""
-        self._thread.join(timeout_s)
-
-    def _run(self) -> None:
-        try:
-            windows = [(s.start.at_s or 0.0, s.end.at_s or 0.0) for s in self._spans]
-            deadline = time.monotonic() + self._timeout_s
-            while (energies := self._meter.energies_between(windows)) is None:
-                if self._meter.failed is not None:
-                    self.error = f"the energy counter failed: {self._meter.failed}"
-                    return
-                if time.monotonic() > deadline:
-                    self.error = "the meter did not read past the iterations"
-                    return
-                time.sleep(0.1)
-            counts: dict[str, int] = {}
-            for span in self._spans:
-                for kind, n in span.counts.items():
-                    counts[kind] = counts.get(kind, 0) + n
-            other = set(counts) - set(_KINDS)
-            if other:
-                self.error = f"the iterations ran instructions the profile lacks: {sorted(other)}"
-                return
-            self.window = StreamWindow(
-                iterations=len(windows),
-                time_s=sum(end - start for start, end in windows),
-                energy_j=sum(energies),
-                forwards=counts.get("forward", 0),
-                backwards=counts.get("backward", 0),
-                backward_inputs=counts.get("backward_input", 0),
-                backward_weights=counts.get("backward_weight", 0),
-            )
-        except Exception as err:  # never reaches training; the idle power is kept
-            self.error = f"{type(err).__name__}: {err}"
-        finally:
-            self.done.set()
 
 
 class OnlineProfiling:
