@@ -19,6 +19,7 @@ __all__ = [
     "ALL_ANCHORS_UP_TO",
     "DEFAULT_SEARCH_WORK",
     "Searching",
+    "best_at",
     "dived",
     "local_search",
     "moves",
