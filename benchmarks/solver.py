@@ -251,7 +251,8 @@ def run_scale(repeat: int, gaps: bool = False, only: list[str] | None = None) ->
         big = [f for f in fit if f[0] >= fit[-1][0] / 8]
         if len(big) >= 2:
             xs = [c for c, _, _ in big]
-            print(f"largest three: time ^{_fit_exponent(xs, [s for _, s, _ in big]):.2f}, "
+            time_b = _fit_exponent(xs, [s for _, s, _ in big])
+            print(f"the largest 8x of the series: time ^{time_b:.2f}, "
                   f"memory ^{_fit_exponent(xs, [m for _, _, m in big]):.2f}")  # fmt: skip
 
 
