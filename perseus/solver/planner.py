@@ -116,11 +116,6 @@ class Planner:
             rank[members] = (np.arange(len(members)) + 0.5) / max(len(members), 1)
             spread[members] = [_van_der_corput(i) for i in range(len(members))]
         self._crossing_orders = (rank, 1.0 - rank, spread)
-        # The all-fastest plan's time and energy (every instruction at its fastest option).
-        (fastest_time,), (fastest_energy,) = self.evaluate(np.zeros((dag.size, 1), np.int64))
-        self.fastest_time_s, self.fastest_energy_j = float(fastest_time), float(fastest_energy)
-        # The slowest plan's time (every instruction at its slowest option): the grid's end.
-        self.slowest_time_s = float(dag.iteration_time(self.durations(self.last[:, None]))[0])
         # The refill's passes work in level order: node j's row is _place[j], every level a
         # contiguous slice (one view per level, no scatter), and row n is "none" (the DAG's
         # link index n). The backward pass walks the same levels in reverse: a node's room
@@ -148,6 +143,11 @@ class Planner:
         table_first = padded_start[table_class] + self._table
         self._table_time = self._padded[table_first]
         self._table_next = self._padded[table_first + 1]
+        # The all-fastest plan's time and energy (every instruction at its fastest option).
+        (fastest_time,), (fastest_energy,) = self.evaluate(np.zeros((dag.size, 1), np.int64))
+        self.fastest_time_s, self.fastest_energy_j = float(fastest_time), float(fastest_energy)
+        # The slowest plan's time (every instruction at its slowest option): the grid's end.
+        self.slowest_time_s = float(dag.iteration_time(self.durations(self.last[:, None]))[0])
 
     def flat(self, choices: IntArray) -> IntArray:
         """Flat cost-table index of every (plan, node) choice."""
@@ -160,12 +160,25 @@ class Planner:
     def evaluate(self, choices: IntArray) -> tuple[FloatArray, FloatArray]:
         """Exact iteration time and energy of plans ``(n, P)``."""
         flat = self.start[:, None] + choices
-        times = self.costs.time_s[flat]
-        total = self.dag.iteration_time(times)
-        energy = self.costs.energy_j[flat].sum(axis=0) + self.costs.p_block_w * (
+        times = self.costs.time_s.take(flat)
+        total = self.iteration_time(times)
+        energy = self.costs.energy_j.take(flat).sum(axis=0) + self.costs.p_block_w * (
             self.costs.num_gpus * total - times.sum(axis=0)
         )
         return total, np.asarray(energy)
+
+    def iteration_time(self, durations: FloatArray) -> FloatArray:
+        """Longest path of plans' durations ``(n, P)``: ``dag.iteration_time``, in level order
+        (one slice per level, as the refill's passes). O(n * P)."""
+        n = self.dag.size
+        ordered = durations.take(self._order, axis=0)
+        finish = np.empty((n + 1, durations.shape[1]))
+        finish[n] = 0.0
+        for lo, hi, before_a, before_b, _, _, _ in self._steps:
+            level = finish[lo:hi]
+            np.maximum(finish.take(before_a, axis=0), finish.take(before_b, axis=0), out=level)
+            level += ordered[lo:hi]
+        return np.asarray(finish[:n].max(axis=0))
 
     def fit(self, nodes: IntArray, room: FloatArray) -> IntArray:
         """Slowest option of each of ``nodes`` that takes at most its ``room`` (the fastest if
@@ -268,7 +281,7 @@ class Planner:
         choices = chosen.take(self._place, axis=0)
         durations = durations.take(self._place, axis=0)
         flat = self.start[:, None] + choices
-        energy = self.costs.energy_j[flat].sum(axis=0) + self.costs.p_block_w * (
+        energy = self.costs.energy_j.take(flat).sum(axis=0) + self.costs.p_block_w * (
             self.costs.num_gpus * total - durations.sum(axis=0)
         )
         return choices, total, energy
