@@ -188,6 +188,7 @@ def check_database(url: str) -> None:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
     from perseus.errors import StoreError
+    from perseus.server.storage import StorageFault
     from perseus.server.store import Store
 
     try:
@@ -216,7 +217,7 @@ def check_database(url: str) -> None:
         ) from None
     try:
         store.create_schema()
-    except SQLAlchemyError as exc:
+    except (SQLAlchemyError, StorageFault) as exc:  # the guard's fault: a read-only folder
         reason = _first_line(getattr(exc, "orig", None) or exc)
         if backend == "sqlite":
             path = parsed.database or ":memory:"
