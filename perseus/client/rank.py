@@ -530,6 +530,11 @@ class Rank:
         # instruction has started must find it running.
         if observer is not None:
             observer.begin(kind, self._state.scale)
+        if self._sampler is not None:
+            # Stamped before anything below can hand the interpreter to another thread (the
+            # controller's queue wakes it): a stamp taken after such a switch lands up to
+            # the switch interval (5 ms) late and shortens this instruction's in-stream time.
+            self._sampler.begin(kind)
         k = self._k
         frequency: int | None = None
         plan = self._plan
@@ -554,8 +559,6 @@ class Rank:
             self._entry = entry  # the simulation says at end()
             controller.started(k)
         self._k = k + 1
-        if self._sampler is not None:
-            self._sampler.begin(kind)
 
     def _exit_instruction(self) -> None:
         if self._observer is not None:
