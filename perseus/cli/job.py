@@ -23,6 +23,20 @@ from typing import TYPE_CHECKING, TextIO
 
 from perseus.cli.arguments import Parser, UsageError, finite_number, needs, positive_int
 from perseus.cli.arguments import policy as policy_argument
+from perseus.cli.job_context import (
+    ADMIN_TOKEN_ENV,
+    JOB_ENV,
+    SERVER_ENV,
+    TOKEN_ENV,
+    CommandError,
+    JobContext,
+    get_answer,
+    job_id_of,
+    job_path,
+    open_client,
+    server_url,
+    token_of,
+)
 from perseus.cli.job_views import (
     format_frontier,
     format_job,
@@ -36,9 +50,6 @@ from perseus.cli.outputs import check_writable, write_files
 from perseus.errors import AuthError, JobNotFound, PerseusError, PlannerUnavailable, PlanNotReady
 
 if TYPE_CHECKING:
-    import httpx
-
-    from perseus.client.planner import PlannerClient
     from perseus.schemas import FrontierView, JobSummary
 
 __all__ = [
@@ -52,15 +63,6 @@ __all__ = [
     "run",
     "run_job",
 ]
-
-SERVER_ENV = "PERSEUS_SERVER"
-JOB_ENV = "PERSEUS_JOB"
-TOKEN_ENV = "PERSEUS_TOKEN"
-ADMIN_TOKEN_ENV = "PERSEUS_ADMIN_TOKEN"
-
-
-class CommandError(Exception):
-    """A job command cannot run as given (a missing server, job or token, a bad file)."""
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -317,10 +319,10 @@ def run_job(
     """
     env = os.environ if environ is None else environ
     stream = sys.stdout if out is None else out
-    server = _server(args, env)
-    command: Callable[[argparse.Namespace, _Context], None] = args.job_command
+    server = server_url(args, env)
+    command: Callable[[argparse.Namespace, JobContext], None] = args.job_command
     try:
-        command(args, _Context(server, env, stream))
+        command(args, JobContext(server, env, stream))
     except PlannerUnavailable as err:
         raise CommandError(
             f"{err}; is the planner running there? (--server or ${SERVER_ENV})"
@@ -339,51 +341,7 @@ def run_job(
     return 0
 
 
-class _Context:
-    """Where a job command talks to and writes: the server, the environment, the output."""
-
-    def __init__(self, server: str, env: Mapping[str, str], out: TextIO) -> None:
-        self.server = server
-        self.env = env
-        self.out = out
-
-
-def _server(args: argparse.Namespace, env: Mapping[str, str]) -> str:
-    server: str | None = args.server or env.get(SERVER_ENV)
-    if not server:
-        raise CommandError(f"no planner server: pass --server URL or set ${SERVER_ENV}")
-    if not server.startswith(("http://", "https://")):
-        raise CommandError(f"--server: expected http://HOST:PORT, got {server!r}")
-    return server.rstrip("/")
-
-
-def _job_id(args: argparse.Namespace, env: Mapping[str, str]) -> str:
-    job_id: str | None = args.job or env.get(JOB_ENV)
-    if not job_id:
-        raise CommandError(f"no job: give JOB or set ${JOB_ENV}")
-    return job_id
-
-
-def _token(args: argparse.Namespace, env: Mapping[str, str], *, admin_first: bool) -> str:
-    names = (ADMIN_TOKEN_ENV, TOKEN_ENV) if admin_first else (TOKEN_ENV, ADMIN_TOKEN_ENV)
-    token: str | None = args.token or next((env[n] for n in names if env.get(n)), None)
-    if not token:
-        raise CommandError(f"no token: pass --token or set ${TOKEN_ENV}")
-    return token
-
-
-def _open(args: argparse.Namespace, ctx: _Context, *, admin_first: bool = False) -> PlannerClient:
-    import httpx
-
-    from perseus.client.planner import PlannerClient
-
-    job_id = _job_id(args, ctx.env)
-    token = _token(args, ctx.env, admin_first=admin_first)
-    timeout = None if args.timeout is None else httpx.Timeout(args.timeout)
-    return PlannerClient.open(ctx.server, job_id, token, timeout=timeout)
-
-
-def _create(args: argparse.Namespace, ctx: _Context) -> None:
+def _create(args: argparse.Namespace, ctx: JobContext) -> None:
     import httpx
     from pydantic import ValidationError
 
@@ -422,58 +380,13 @@ def _create(args: argparse.Namespace, ctx: _Context) -> None:
     ctx.out.write(f"export {TOKEN_ENV}={shlex.quote(created.token)}\n")
 
 
-def _get(ctx: _Context, args: argparse.Namespace, path: str, token: str | None) -> httpx.Response:
-    """``GET path`` on the planner; a failed answer becomes the error it stands for."""
-    import httpx
-
-    from perseus.client.planner import DEFAULT_TIMEOUT
-
-    timeout = DEFAULT_TIMEOUT if args.timeout is None else httpx.Timeout(args.timeout)
-    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-    try:
-        with httpx.Client(base_url=ctx.server, timeout=timeout) as http:
-            response = http.get(path, headers=headers)
-    except httpx.HTTPError as err:
-        raise PlannerUnavailable(
-            f"planner {ctx.server} unreachable (GET {path}): {type(err).__name__}: {err}"
-        ) from err
-    if response.status_code == 200:
-        return response
-    raise _answer_error(response, f"GET {path}")
-
-
-def _answer_error(response: httpx.Response, where: str) -> PerseusError:
-    status = response.status_code
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    detail = body.get("detail") if isinstance(body, dict) else None
-    message = detail if isinstance(detail, str) else f"{where}: HTTP {status}"
-    if status in (401, 403):
-        return AuthError(message, status)
-    if status == 404:
-        return JobNotFound(message)
-    if status == 409 and isinstance(body, dict) and isinstance(body.get("state"), str):
-        return PlanNotReady(message, body["state"])
-    if status >= 500:
-        return PlannerUnavailable(f"{where}: the planner failed (HTTP {status}): {message}")
-    return PerseusError(message)
-
-
-def _job_path(template: str, job_id: str) -> str:
-    from urllib.parse import quote
-
-    return template.format(job_id=quote(job_id, safe=""))
-
-
-def _list(args: argparse.Namespace, ctx: _Context) -> None:
+def _list(args: argparse.Namespace, ctx: JobContext) -> None:
     from perseus.schemas import JOBS_PATH, JobList
 
     token = args.token or ctx.env.get(ADMIN_TOKEN_ENV) or None
     jobs: list[JobSummary] = []
     while True:  # the server answers at most 1,000 per page
-        response = _get(ctx, args, f"{JOBS_PATH}?limit=1000&offset={len(jobs)}", token)
+        response = get_answer(ctx, args, f"{JOBS_PATH}?limit=1000&offset={len(jobs)}", token)
         page = JobList.model_validate_json(response.content).jobs
         jobs.extend(page)
         if len(page) < 1000:
@@ -484,13 +397,13 @@ def _list(args: argparse.Namespace, ctx: _Context) -> None:
         ctx.out.write(format_job_list(jobs))
 
 
-def _status(args: argparse.Namespace, ctx: _Context) -> None:
-    with _open(args, ctx) as client:
+def _status(args: argparse.Namespace, ctx: JobContext) -> None:
+    with open_client(args, ctx) as client:
         view = client.job()
     ctx.out.write(view.model_dump_json(indent=2) + "\n" if args.json else format_job(view))
 
 
-def _frontier(args: argparse.Namespace, ctx: _Context) -> None:
+def _frontier(args: argparse.Namespace, ctx: JobContext) -> None:
     from perseus.schemas import FRONTIER_FILE_PATH
 
     targets = [
@@ -503,7 +416,7 @@ def _frontier(args: argparse.Namespace, ctx: _Context) -> None:
     document: bytes | None = None
     profile_document: bytes | None = None
     blocking_w: float | None = None
-    with _open(args, ctx) as client:
+    with open_client(args, ctx) as client:
         view = client.frontier()
         if view.straggler_time_s is not None and not args.json:
             # Stretching the default to the straggler's time needs the pipeline's blocking power.
@@ -511,14 +424,16 @@ def _frontier(args: argparse.Namespace, ctx: _Context) -> None:
             if job.p_block_w is not None:
                 blocking_w = job.p_block_w * job.spec.stages
         if args.output is not None or args.plot is not None or args.timeline is not None:
-            path = _job_path(FRONTIER_FILE_PATH, client.job_id)
-            document = _get(ctx, args, path, _token(args, ctx.env, admin_first=False)).content
+            path = job_path(FRONTIER_FILE_PATH, client.job_id)
+            document = get_answer(
+                ctx, args, path, token_of(args, ctx.env, admin_first=False)
+            ).content
         if args.timeline is not None:
             from perseus.schemas import PROFILE_JSON_PATH
 
-            path = _job_path(PROFILE_JSON_PATH, client.job_id)
-            token = _token(args, ctx.env, admin_first=False)
-            profile_document = _get(ctx, args, path, token).content
+            path = job_path(PROFILE_JSON_PATH, client.job_id)
+            token = token_of(args, ctx.env, admin_first=False)
+            profile_document = get_answer(ctx, args, path, token).content
     if document is not None:
         _write_frontier_files(args, ctx, view, document, profile_document)
         if args.output == "-":
@@ -532,7 +447,7 @@ def _frontier(args: argparse.Namespace, ctx: _Context) -> None:
 
 def _write_frontier_files(
     args: argparse.Namespace,
-    ctx: _Context,
+    ctx: JobContext,
     view: FrontierView,
     document: bytes,
     profile_document: bytes | None,
@@ -551,7 +466,7 @@ def _write_frontier_files(
         from perseus.cli.job_timeline import timeline_png_of
 
         files[args.timeline] = timeline_png_of(
-            view, document, profile_document, job_id=_job_id(args, ctx.env)
+            view, document, profile_document, job_id=job_id_of(args, ctx.env)
         )
     if not files:
         return
@@ -588,8 +503,8 @@ def _frontier_plot(view: FrontierView, document: bytes) -> bytes:
     )
 
 
-def _replan(args: argparse.Namespace, ctx: _Context) -> None:
-    with _open(args, ctx) as client:
+def _replan(args: argparse.Namespace, ctx: JobContext) -> None:
+    with open_client(args, ctx) as client:
         reply = client.replan()
     ctx.out.write(
         f"job {client.job_id}: planning on the profiles in (now plan version {reply.version}; "
@@ -597,17 +512,17 @@ def _replan(args: argparse.Namespace, ctx: _Context) -> None:
     )
 
 
-def _set_policy(args: argparse.Namespace, ctx: _Context) -> None:
+def _set_policy(args: argparse.Namespace, ctx: JobContext) -> None:
     spec = policy_spec(args.policy)
-    with _open(args, ctx) as client:
+    with open_client(args, ctx) as client:
         reply = client.set_policy(spec)
     ctx.out.write(f"policy {policy_text(spec)}: {version_text(reply)}\n")
 
 
-def _straggler(args: argparse.Namespace, ctx: _Context) -> None:
+def _straggler(args: argparse.Namespace, ctx: JobContext) -> None:
     from perseus.schemas import StragglerSpec
 
-    with _open(args, ctx) as client:
+    with open_client(args, ctx) as client:
         if args.clear:
             reply = client.clear_straggler()
             what = "straggler cleared"
@@ -620,13 +535,13 @@ def _straggler(args: argparse.Namespace, ctx: _Context) -> None:
     ctx.out.write(f"{what}: {version_text(reply)}\n")
 
 
-def _delete(args: argparse.Namespace, ctx: _Context) -> None:
-    with _open(args, ctx, admin_first=True) as client:
+def _delete(args: argparse.Namespace, ctx: JobContext) -> None:
+    with open_client(args, ctx, admin_first=True) as client:
         client.delete()
     ctx.out.write(f"deleted job {client.job_id}\n")
 
 
-def _profile(args: argparse.Namespace, ctx: _Context) -> None:
+def _profile(args: argparse.Namespace, ctx: JobContext) -> None:
     from perseus.schemas import PROFILE_JSON_PATH
 
     target = None if args.output == "-" else Path(args.output)
@@ -634,11 +549,11 @@ def _profile(args: argparse.Namespace, ctx: _Context) -> None:
     if refused is not None:
         raise CommandError(f"--output: {refused}")
     as_json = target is not None and target.suffix.lower() == ".json"
-    with _open(args, ctx) as client:
+    with open_client(args, ctx) as client:
         if as_json:
-            path = _job_path(PROFILE_JSON_PATH, client.job_id)
-            token = _token(args, ctx.env, admin_first=False)
-            document = _get(ctx, args, path, token).json()
+            path = job_path(PROFILE_JSON_PATH, client.job_id)
+            token = token_of(args, ctx.env, admin_first=False)
+            document = get_answer(ctx, args, path, token).json()
             text = json.dumps(document, indent=1) + "\n"
             rows = len(document.get("rows", ()))
             carries_p_block = document.get("p_block_w") is not None

@@ -1,0 +1,141 @@
+"""Where a ``perseus job`` command talks to: the server, job and token from the command line
+or the environment, and the planner reached with them.
+
+Imports the HTTP client (httpx) only when a command talks to the planner, so ``perseus job
+--help`` works without the client extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, TextIO
+
+from perseus.errors import AuthError, JobNotFound, PerseusError, PlannerUnavailable, PlanNotReady
+
+if TYPE_CHECKING:
+    import httpx
+
+    from perseus.client.planner import PlannerClient
+
+__all__ = [
+    "ADMIN_TOKEN_ENV",
+    "JOB_ENV",
+    "SERVER_ENV",
+    "TOKEN_ENV",
+    "CommandError",
+    "JobContext",
+    "get_answer",
+    "job_id_of",
+    "job_path",
+    "open_client",
+    "server_url",
+    "token_of",
+]
+
+SERVER_ENV = "PERSEUS_SERVER"
+JOB_ENV = "PERSEUS_JOB"
+TOKEN_ENV = "PERSEUS_TOKEN"
+ADMIN_TOKEN_ENV = "PERSEUS_ADMIN_TOKEN"
+
+
+class CommandError(Exception):
+    """A job command cannot run as given (a missing server, job or token, a bad file)."""
+
+
+class JobContext:
+    """Where a job command talks to and writes: the server, the environment, the output."""
+
+    def __init__(self, server: str, env: Mapping[str, str], out: TextIO) -> None:
+        self.server = server
+        self.env = env
+        self.out = out
+
+
+def server_url(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    """The planner's URL: ``--server``, else ``$PERSEUS_SERVER`` (CommandError if neither)."""
+    server: str | None = args.server or env.get(SERVER_ENV)
+    if not server:
+        raise CommandError(f"no planner server: pass --server URL or set ${SERVER_ENV}")
+    if not server.startswith(("http://", "https://")):
+        raise CommandError(f"--server: expected http://HOST:PORT, got {server!r}")
+    return server.rstrip("/")
+
+
+def job_id_of(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    """The job's id: ``JOB``, else ``$PERSEUS_JOB`` (CommandError if neither)."""
+    job_id: str | None = args.job or env.get(JOB_ENV)
+    if not job_id:
+        raise CommandError(f"no job: give JOB or set ${JOB_ENV}")
+    return job_id
+
+
+def token_of(args: argparse.Namespace, env: Mapping[str, str], *, admin_first: bool) -> str:
+    """The token: ``--token``, else the job's or the admin token from the environment."""
+    names = (ADMIN_TOKEN_ENV, TOKEN_ENV) if admin_first else (TOKEN_ENV, ADMIN_TOKEN_ENV)
+    token: str | None = args.token or next((env[n] for n in names if env.get(n)), None)
+    if not token:
+        raise CommandError(f"no token: pass --token or set ${TOKEN_ENV}")
+    return token
+
+
+def open_client(
+    args: argparse.Namespace, ctx: JobContext, *, admin_first: bool = False
+) -> PlannerClient:
+    """A planner client for the job the command names, with its token."""
+    import httpx
+
+    from perseus.client.planner import PlannerClient
+
+    job_id = job_id_of(args, ctx.env)
+    token = token_of(args, ctx.env, admin_first=admin_first)
+    timeout = None if args.timeout is None else httpx.Timeout(args.timeout)
+    return PlannerClient.open(ctx.server, job_id, token, timeout=timeout)
+
+
+def get_answer(
+    ctx: JobContext, args: argparse.Namespace, path: str, token: str | None
+) -> httpx.Response:
+    """``GET path`` on the planner; a failed answer becomes the error it stands for."""
+    import httpx
+
+    from perseus.client.planner import DEFAULT_TIMEOUT
+
+    timeout = DEFAULT_TIMEOUT if args.timeout is None else httpx.Timeout(args.timeout)
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    try:
+        with httpx.Client(base_url=ctx.server, timeout=timeout) as http:
+            response = http.get(path, headers=headers)
+    except httpx.HTTPError as err:
+        raise PlannerUnavailable(
+            f"planner {ctx.server} unreachable (GET {path}): {type(err).__name__}: {err}"
+        ) from err
+    if response.status_code == 200:
+        return response
+    raise _answer_error(response, f"GET {path}")
+
+
+def _answer_error(response: httpx.Response, where: str) -> PerseusError:
+    status = response.status_code
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    detail = body.get("detail") if isinstance(body, dict) else None
+    message = detail if isinstance(detail, str) else f"{where}: HTTP {status}"
+    if status in (401, 403):
+        return AuthError(message, status)
+    if status == 404:
+        return JobNotFound(message)
+    if status == 409 and isinstance(body, dict) and isinstance(body.get("state"), str):
+        return PlanNotReady(message, body["state"])
+    if status >= 500:
+        return PlannerUnavailable(f"{where}: the planner failed (HTTP {status}): {message}")
+    return PerseusError(message)
+
+
+def job_path(template: str, job_id: str) -> str:
+    """A job URL path from its template, the id quoted."""
+    from urllib.parse import quote
+
+    return template.format(job_id=quote(job_id, safe=""))
