@@ -356,6 +356,10 @@ def test_a_database_from_before_rank_hosts_gains_the_column(database_url: str) -
         # ... nor what revisions after the first added
         tx._conn.exec_driver_sql("DROP TABLE perseus_samples")
         tx._conn.exec_driver_sql("ALTER TABLE perseus_frontiers DROP COLUMN profile")
+        tx._conn.exec_driver_sql("DROP TABLE perseus_gave_up")
+        tx._conn.exec_driver_sql("ALTER TABLE perseus_jobs DROP COLUMN planned_from_s")
+        tx._conn.exec_driver_sql("ALTER TABLE perseus_ranks DROP COLUMN instance")
+        tx._conn.exec_driver_sql("ALTER TABLE perseus_ranks DROP COLUMN seen_at_s")
     store.create_schema()  # what a newer server does at start
     service = JobService(store)
     spec = _spec(stages=1, data_parallel=1)
