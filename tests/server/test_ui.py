@@ -140,9 +140,16 @@ def _pct(x: float | None) -> str:
 
 
 def _until(what: Callable[[], Any], timeout_s: float = 15) -> Any:
+    """``what()`` once it is truthy (or at the timeout); an element the page re-rendered
+    between finding it and reading it (it polls the API) is looked up again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
     deadline = time.monotonic() + timeout_s
     while True:
-        value = what()
+        try:
+            value = what()
+        except StaleElementReferenceException:
+            value = None
         if value or time.monotonic() > deadline:
             return value
         time.sleep(0.1)
@@ -166,8 +173,17 @@ def _login(driver: Any, url: str, token: str, job: str = "") -> None:
 def _cell(driver: Any, job: str, field: str) -> str:
     from selenium.webdriver.common.by import By
 
-    found = driver.find_elements(By.CSS_SELECTOR, f'tr[data-job="{job}"] [data-field="{field}"]')
-    return str(found[0].text) if found else ""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(20):  # the page re-renders its rows as it polls: look the cell up again
+        found = driver.find_elements(
+            By.CSS_SELECTOR, f'tr[data-job="{job}"] [data-field="{field}"]'
+        )
+        try:
+            return str(found[0].text) if found else ""
+        except StaleElementReferenceException:
+            time.sleep(0.05)
+    raise AssertionError(f"job {job}'s {field} cell kept changing")
 
 
 def _boxes(driver: Any) -> list[tuple[int, str, int]]:
