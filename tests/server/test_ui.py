@@ -171,9 +171,8 @@ def _login(driver: Any, url: str, token: str, job: str = "") -> None:
 
 
 def _cell(driver: Any, job: str, field: str) -> str:
-    from selenium.webdriver.common.by import By
-
     from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
 
     for _ in range(20):  # the page re-renders its rows as it polls: look the cell up again
         found = driver.find_elements(
