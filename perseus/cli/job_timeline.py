@@ -42,7 +42,6 @@ def timeline_png_of(
     from pydantic import ValidationError
 
     from perseus.files import FrontierFile, profile_fingerprint, validation_message
-    from perseus.solver import replay
     from perseus.solver.profiles import profile_from_json
 
     try:
@@ -58,14 +57,7 @@ def timeline_png_of(
         )
     point = frontier.point(view.chosen_index)
     schedule = frontier.schedule
-    replayed = replay(
-        profile,
-        schedule,
-        frontier.p_block_w,
-        point.frequencies_mhz,
-        clock_change_margin_s=frontier.clock_change_margin_s,
-    )
-    clocks = [o.frequency_mhz for stage in profile.stages for opts in stage.values() for o in opts]
+    replayed = frontier.replay_point(profile, view.chosen_index)
     if view.straggler_time_s is not None and view.chosen_index != view.policy_index:
         running = f"straggler at {view.straggler_time_s:.4f} s"
     else:
@@ -78,7 +70,7 @@ def timeline_png_of(
         schedule,
         replayed,
         point.frequencies_mhz,
-        clock_range_mhz=(min(clocks), max(clocks)),
+        clock_range_mhz=profile.clock_range_mhz,
         title=f"job {job_id}, plan version {view.version}: {schedule.stages} stages x "
         f"{schedule.microbatches} microbatches, {running}, point {view.chosen_index}",
     )

@@ -111,7 +111,7 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
         UsageError: A file could not be written (none was).
     """
     from perseus.files import FrontierFile, PlanFile, profile_fingerprint
-    from perseus.solver import baselines_at, choose_point, compute_frontier, replay
+    from perseus.solver import baselines_at, choose_point, compute_frontier
     from perseus.solver.exact import recorded_sweeps
 
     profile = request.profile
@@ -218,20 +218,14 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
         if request.timeline:
             progress.phase(f"drawing {request.timeline}")
             point = frontier.point(running)
-            replayed = replay(
-                profile,
-                schedule,
-                frontier.p_block_w,
-                point.frequencies_mhz,
-                clock_change_margin_s=frontier.clock_change_margin_s,
-            )
+            replayed = frontier.replay_point(profile, running)
             outputs.put(
                 request.timeline,
                 plots.timeline_png(
                     schedule,
                     replayed,
                     point.frequencies_mhz,
-                    clock_range_mhz=_clock_range(profile),
+                    clock_range_mhz=profile.clock_range_mhz,
                     title=f"{title}: {policy}, point {chosen}"
                     if straggler is None
                     else f"{title}: straggler at {straggler[0]:.4f} s, point {running}",
@@ -351,8 +345,3 @@ def _baselines_deadline(frontier: Frontier, policy: Policy, chosen: int) -> floa
         )
         return value * reference_s
     return float(frontier.times_s[chosen])
-
-
-def _clock_range(profile: Profile) -> tuple[int, int]:
-    clocks = [opt.frequency_mhz for s in profile.stages for opts in s.values() for opt in opts]
-    return min(clocks), max(clocks)

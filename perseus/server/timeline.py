@@ -11,7 +11,7 @@ from perseus.errors import JobStateError
 from perseus.schemas import TimelineInstruction, TimelineView
 from perseus.server.plans import choice_of, not_ready
 from perseus.server.store import JobRow
-from perseus.solver import Frontier, Profile, replay
+from perseus.solver import Frontier, Profile
 
 __all__ = ["timeline_view"]
 
@@ -43,23 +43,17 @@ def timeline_view(job: JobRow, frontier: Frontier, profile: Profile | None) -> T
     index = choice.chosen_index
     point = frontier.point(index)
     schedule = frontier.schedule
-    replayed = replay(
-        profile,
-        schedule,
-        frontier.p_block_w,
-        point.frequencies_mhz,
-        clock_change_margin_s=frontier.clock_change_margin_s,
-    )
+    replayed = frontier.replay_point(profile, index)
     chunked = schedule.virtual_stages > 1
-    clocks = [o.frequency_mhz for stage in profile.stages for opts in stage.values() for o in opts]
+    low_mhz, high_mhz = profile.clock_range_mhz
     return TimelineView(
         version=job.version,
         point=index,
         time_s=float(point.time_s),
         energy_j=float(point.energy_j),
         clock_change_margin_s=frontier.clock_change_margin_s,
-        min_frequency_mhz=min(clocks),
-        max_frequency_mhz=max(clocks),
+        min_frequency_mhz=low_mhz,
+        max_frequency_mhz=high_mhz,
         gpus=[
             [
                 TimelineInstruction(

@@ -64,6 +64,7 @@ from perseus.solver.planner import FloatArray, Planner, Progress, pareto
 from perseus.solver.profiles import Profile
 from perseus.solver.schedules import Schedule, per_gpu
 from perseus.solver.search import DEFAULT_SEARCH_WORK
+from perseus.solver.simulate import Replay, replay
 from perseus.solver.transitions import check_margin, clock_tables, evaluate_plans
 
 __all__ = [
@@ -146,6 +147,17 @@ class Frontier:
             float(self.energies_j[i]),
             float(self.gaps[i]),
             per_gpu(self.frequencies_mhz[i].tolist(), self.schedule),
+        )
+
+    def replay_point(self, profile: Profile, i: int) -> Replay:
+        """Point ``i``'s timeline on ``profile`` (the one it was planned on): its clocks
+        replayed with this frontier's blocking power and clock-change margin."""
+        return replay(
+            profile,
+            self.schedule,
+            self.p_block_w,
+            self.point(i).frequencies_mhz,
+            clock_change_margin_s=self.clock_change_margin_s,
         )
 
     @property

@@ -113,6 +113,12 @@ class Profile:
         """Number of pipeline stages."""
         return len(self.stages)
 
+    @property
+    def clock_range_mhz(self) -> tuple[int, int]:
+        """The lowest and highest clock measured anywhere in the profile."""
+        clocks = [o.frequency_mhz for stage in self.stages for opts in stage.values() for o in opts]
+        return min(clocks), max(clocks)
+
     def option(self, stage: int, instruction: str, frequency_mhz: int) -> Option:
         """Return the option measured at ``frequency_mhz``.
 
