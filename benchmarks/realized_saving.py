@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 
-from perseus.client.fake_model import FakeGpuModel, default_work
+from perseus.client.fake_model import default_throttled_clocks_mhz
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -58,9 +58,7 @@ SHAPES = {  # schedule -> (job create arguments, ranks, example arguments)
         ["--schedule", "interleaved-1f1b"],
     ),
 }
-THROTTLED_MHZ = {
-    kind: FakeGpuModel().unlocked_clock_mhz(work) for kind, work in default_work(0, 1).items()
-}
+THROTTLED_MHZ = default_throttled_clocks_mhz()
 
 
 @dataclass(frozen=True)

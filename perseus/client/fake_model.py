@@ -63,7 +63,13 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["BACKWARD_INPUT_SHARE", "FakeGpuModel", "FakeWork", "default_work"]
+__all__ = [
+    "BACKWARD_INPUT_SHARE",
+    "FakeGpuModel",
+    "FakeWork",
+    "default_throttled_clocks_mhz",
+    "default_work",
+]
 
 BACKWARD_INPUT_SHARE = 0.5
 """Share of a backward's time that its input half (``backward_input``) takes; the weight half
@@ -240,3 +246,11 @@ def default_work(stage: int, stages: int) -> dict[str, FakeWork]:
             time_at_max_s=backward_s * (1.0 - BACKWARD_INPUT_SHARE), power_at_max_w=760.0
         ),
     }
+
+
+def default_throttled_clocks_mhz(model: FakeGpuModel | None = None) -> dict[str, int]:
+    """The clock each kind of :func:`default_work` runs at under a lock at or above it (its
+    unlocked clock, the same on every stage: only times differ between stages): a clock log's
+    ``ran_mhz`` is ``min(frequency_mhz, this)`` for a plan followed on time."""
+    model = model if model is not None else FakeGpuModel()
+    return {kind: model.unlocked_clock_mhz(work) for kind, work in default_work(0, 1).items()}

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork, default_work
-from perseus.client.fake_model import BACKWARD_INPUT_SHARE
+from perseus.client.fake_model import BACKWARD_INPUT_SHARE, default_throttled_clocks_mhz
 from perseus.client.gpu import GpuControl
 from perseus.errors import GpuControlError
 
@@ -532,3 +532,19 @@ def test_placing_the_fake_models_that_stages_work() -> None:
     gpu, _ = make()
     gpu.place(2, 4)
     assert dict(gpu.work) == default_work(2, 4)
+
+
+def test_the_default_works_throttled_clocks() -> None:
+    # What a clock log shows for a lock at or above them: the backward (and its halves) at
+    # 760 W at the top clock throttle to 1890 MHz on every stage, the forward runs 1980.
+    throttled = default_throttled_clocks_mhz()
+    assert throttled == {
+        "forward": 1980,
+        "backward": 1890,
+        "backward_input": 1890,
+        "backward_weight": 1890,
+    }
+    for stages in (1, 4):
+        for stage in range(stages):
+            for kind, work in default_work(stage, stages).items():
+                assert MODEL.running_clock_mhz(work, 1980) == throttled[kind]

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from perseus.client.fake_model import FakeGpuModel, default_work
+from perseus.client.fake_model import default_throttled_clocks_mhz
 from perseus.defaults import CLOCK_CHANGE_MARGIN_S
 
 from .conftest import REPO, LiveServer, free_port
@@ -32,9 +32,7 @@ from .conftest import REPO, LiveServer, free_port
 FAKE_DELAY_S = 0.02  # the fake GPU's clock-change delay (its default)
 # The fake throttles a lock above an instruction's unlocked clock to it (its power limit, as
 # on a real GPU; the same on every stage): the clock such an instruction runs at.
-THROTTLED_MHZ = {
-    kind: FakeGpuModel().unlocked_clock_mhz(work) for kind, work in default_work(0, 1).items()
-}
+THROTTLED_MHZ = default_throttled_clocks_mhz()
 
 # A short profiling budget: every 8th clock, short windows (the fake's counter still
 # moves every 100 ms, so each window holds a few updates).
