@@ -1,4 +1,5 @@
-"""The rank-side measurement loops: ClockSweep and StageProfile.
+"""The rank-side measurement loops: ClockSweep (what it measured: test_measurements.py; the
+blocking power: test_wait_power.py).
 
 Two kinds of tests:
 
@@ -21,25 +22,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork, SweepProbe, default_work
 from perseus.client.meter import CounterEdge, EnergyMeter
 from perseus.client.profiler import (
     MAX_WINDOW_FACTOR,
-    MIN_HALF_SHARE,
     MIN_WINDOW_INSTRUCTIONS,
     ClockMeasurement,
     ClockSweep,
     DeviceWork,
-    StageProfile,
-    StreamWindow,
-    calibrated,
-    in_pipeline_wait_power,
     measure_idle_power,
-    profile_csv,
-    split_backward,
 )
 from perseus.client.settings import ProfileBudget, SettingsError
 from perseus.errors import GpuControlError, ProfileError
@@ -430,42 +423,6 @@ def test_unreadable_counter_names_the_meter_failure() -> None:
         meter.stop()
 
 
-# StageProfile ---------------------------------------------------------------------------------
-
-
-def _measurement(frequency_mhz: int, scale: float) -> ClockMeasurement:
-    return ClockMeasurement(
-        frequency_mhz=frequency_mhz,
-        forward_time_s=0.02 * scale,
-        forward_energy_j=10.0 / scale,
-        backward_time_s=0.04 * scale,
-        backward_energy_j=25.0 / scale,
-        forward_loop_power_w=500.0,
-        forward_backward_loop_power_w=600.0,
-    )
-
-
-def test_stage_profile_rows_and_csv() -> None:
-    profile = StageProfile(
-        measurements=(_measurement(1980, 1.0), _measurement(1200, 1.5)), stopped="done"
-    )
-    rows = profile.rows()
-    assert [(r.instruction, r.frequency_mhz) for r in rows] == [
-        ("forward", 1980),
-        ("backward", 1980),
-        ("forward", 1200),
-        ("backward", 1200),
-    ]
-    assert rows[0].time_s == 0.02 and rows[0].energy_j == 10.0
-    assert rows[3].time_s == pytest.approx(0.06) and rows[3].energy_j == pytest.approx(25.0 / 1.5)
-    assert profile.measurements[1].microbatch_energy_j == pytest.approx(35.0 / 1.5)
-    csv_text = profile_csv({1: profile, 0: StageProfile((_measurement(1980, 1.0),), "x")})
-    lines = csv_text.splitlines()
-    assert lines[0] == "stage,instruction,frequency,time,energy"
-    assert lines[1:3] == ["0,forward,1980,0.02,10", "0,backward,1980,0.04,25"]
-    assert len(lines) == 1 + 2 + 4 and lines[3].startswith("1,forward,1980,")
-
-
 # Split backward (zero-bubble schedules) ------------------------------------------------------
 
 # Longer than FAST_WORK: a bracket's host time (about half a millisecond on a loaded host)
@@ -519,87 +476,6 @@ def test_a_split_sweep_needs_a_workload_that_runs_the_input_half() -> None:
     gpu = FakeGpu(FAST, SPLIT_WORK)
     with pytest.raises(ProfileError, match="backward_input"):
         ClockSweep(gpu, EnergyMeter(gpu), IdleWork(), FAST_BUDGET, bracket(gpu), split=True)
-
-
-def test_each_half_keeps_a_share_of_the_backward() -> None:
-    # A first stage's input needs no gradient: its I is empty (noise around zero) and its W is
-    # the whole backward; both stay positive so the planner gets a usable profile.
-    m = _measurement(1980, 1.0)
-    empty = split_backward(m, -0.0001, -0.5, 500.0)
-    assert empty.time_s("backward_input") == pytest.approx(MIN_HALF_SHARE * 0.04)
-    assert empty.energy_j("backward_input") == pytest.approx(MIN_HALF_SHARE * 25.0)
-    assert empty.time_s("backward_weight") == pytest.approx((1 - MIN_HALF_SHARE) * 0.04)
-    even = split_backward(m, 0.02, 12.5, 500.0)
-    assert even.time_s("backward_weight") == pytest.approx(0.02)
-    assert even.energy_j("backward_weight") == pytest.approx(12.5)
-    assert not m.split and m.kinds == ("forward", "backward")
-    with pytest.raises(ProfileError, match="no backward_input"):
-        m.time_s("backward_input")
-
-
-def test_calibrating_a_split_profile_scales_each_half() -> None:
-    m = split_backward(_measurement(1980, 1.0), 0.015, 10.0, 500.0)  # W: 25 ms, 15 J
-    ratios = {"forward": 1.1, "backward_input": 1.2, "backward_weight": 0.9}
-    out = calibrated(StageProfile((m,), "done"), ratios).measurements[0]
-    assert out.forward_time_s == pytest.approx(0.022)
-    assert out.time_s("backward_input") == pytest.approx(0.018)
-    assert out.energy_j("backward_weight") == pytest.approx(13.5)
-    # the stream ran no full backward: it stays the sum of its halves
-    assert out.backward_time_s == pytest.approx(0.018 + 0.0225)
-    assert out.backward_energy_j == pytest.approx(12.0 + 13.5)
-    # a stream that ran full backwards too (DualPipeV) scales them by their own ratio
-    both = calibrated(StageProfile((m,), "done"), {"backward": 2.0}).measurements[0]
-    assert both.backward_time_s == pytest.approx(0.08)
-    assert both.time_s("backward_input") == pytest.approx(0.015)
-
-
-def test_wait_power_counts_the_backward_halves() -> None:
-    reference = split_backward(DEFAULT, 0.008, 5.0, 500.0)  # I 8 ms 5 J, W 12 ms 7 J
-    busy_s, busy_j = 4 * (0.010 + 0.008 + 0.012), 4 * (5.0 + 5.0 + 7.0)
-    window = StreamWindow(
-        iterations=20,
-        time_s=20 * (busy_s + 0.04),
-        energy_j=20 * (busy_j + 0.04 * 300.0),
-        forwards=80,
-        backwards=0,
-        backward_inputs=80,
-        backward_weights=80,
-    )
-    wait = in_pipeline_wait_power(window, reference, idle_w=125.0)
-    assert wait.power_w == pytest.approx(300.0)
-    assert wait.busy_s == pytest.approx(20 * busy_s)
-    with pytest.raises(ProfileError, match="no backward_input"):
-        in_pipeline_wait_power(window, DEFAULT, idle_w=125.0)
-
-
-def test_inversions_name_a_lower_clock_that_ran_faster() -> None:
-    """Times that do not follow the clocks (a busy machine) are named, worst pair per kind;
-    noise within the tolerance and times that follow the clocks are not."""
-    follows = StageProfile((_measurement(1980, 1.0), _measurement(1500, 1.05),
-                            _measurement(900, 1.5)), "done")  # fmt: skip
-    assert follows.inversions() == []
-    slow_top = replace(_measurement(1500, 1.0), backward_time_s=0.5658)
-    disturbed = StageProfile((_measurement(1980, 1.0), slow_top, _measurement(900, 1.5)), "done")
-    assert disturbed.inversions() == ["backward took 565.8 ms at 1500 MHz but 60.0 ms at 900 MHz"]
-
-
-def test_inversions_find_the_worst_pair_as_every_pair_would() -> None:
-    rng = np.random.default_rng(7)
-    for _ in range(200):
-        clocks = rng.choice(np.arange(300, 2000, 15), size=int(rng.integers(1, 12)), replace=False)
-        times = rng.uniform(0.5, 1.5, size=len(clocks))
-        profile = StageProfile(
-            tuple(replace(_measurement(int(c), 1.0), forward_time_s=float(t))
-                  for c, t in zip(clocks, times, strict=True)), "done")  # fmt: skip
-        pairs = [(th / tl, ch, cl) for ch, th in zip(clocks, times, strict=True)
-                 for cl, tl in zip(clocks, times, strict=True) if ch > cl]  # fmt: skip
-        worst = max(pairs, default=(0.0, 0, 0))
-        forward = [line for line in profile.inversions() if line.startswith("forward")]
-        if worst[0] > 1.1:
-            assert forward and f"at {worst[1]} MHz but" in forward[0]
-            assert forward[0].endswith(f"at {worst[2]} MHz")
-        else:
-            assert not forward
 
 
 # Accuracy against the fake's ground truth ---------------------------------------------------------
@@ -723,96 +599,6 @@ def test_sweep_matches_the_fake_h200s_ground_truth(
     if more:
         assert idle_w is not None
         assert idle_w == pytest.approx(H200.idle_power_w, rel=0.05)
-
-
-# EnergyMeter -----------------------------------------------------------------------------------
-
-
-# The power of in-pipeline waits ----------------------------------------------------------------
-
-# At the default clock: forward 10 ms at 500 W, backward 20 ms at 600 W; their loops drew
-# 500 W and (5 + 12) J / 30 ms = 566.7 W.
-DEFAULT = ClockMeasurement(
-    frequency_mhz=1980,
-    forward_time_s=0.010,
-    forward_energy_j=5.0,
-    backward_time_s=0.020,
-    backward_energy_j=12.0,
-    forward_loop_power_w=500.0,
-    forward_backward_loop_power_w=17.0 / 0.030,
-)
-
-
-def stream(wait_w: float, *, iterations: int = 20, waits_s: float = 0.04) -> StreamWindow:
-    """``iterations`` of 4 forwards and 4 backwards (120 ms busy at DEFAULT) and ``waits_s``
-    of waiting at ``wait_w``: what the meter would measure."""
-    busy_s, busy_j = 4 * 0.030, 4 * 17.0
-    return StreamWindow(
-        iterations=iterations,
-        time_s=iterations * (busy_s + waits_s),
-        energy_j=iterations * (busy_j + waits_s * wait_w),
-        forwards=4 * iterations,
-        backwards=4 * iterations,
-    )
-
-
-def test_wait_power_is_what_the_stream_spent_beyond_its_busy_energy() -> None:
-    # 20 iterations of 160 ms (3.2 s), 0.8 s of it waiting at 330 W: the estimate is 330 W,
-    # not the 125 W measured at rest.
-    wait = in_pipeline_wait_power(stream(330.0), DEFAULT, idle_w=125.0)
-    assert wait.power_w == pytest.approx(330.0) and wait.raw_w == pytest.approx(330.0)
-    assert wait.wait_s == pytest.approx(0.8) and wait.busy_s == pytest.approx(2.4)
-    assert wait.busy_energy_j == pytest.approx(20 * 68.0)
-    assert wait.wait_energy_j == pytest.approx(0.8 * 330.0)
-    assert wait.clamped is None
-    # The planner's model then reproduces the measured energy of these iterations.
-    window = stream(330.0)
-    assert wait.busy_energy_j + wait.power_w * (window.time_s - wait.busy_s) == pytest.approx(
-        window.energy_j
-    )
-
-
-def test_wait_power_of_interleaved_chunks_costs_their_share() -> None:
-    # Two virtual stages: each instruction is half the stage's profile (4 + 4 per iteration:
-    # 60 ms busy, 40 ms waiting).
-    window = StreamWindow(
-        iterations=10,
-        time_s=10 * 0.1,
-        energy_j=10 * (34.0 + 0.04 * 250.0),
-        forwards=40,
-        backwards=40,
-    )
-    wait = in_pipeline_wait_power(window, DEFAULT, scale=0.5, idle_w=125.0)
-    assert wait.power_w == pytest.approx(250.0) and wait.wait_s == pytest.approx(0.4)
-
-
-@pytest.mark.parametrize(
-    ("wait_w", "expected_w", "clamped"),
-    [(60.0, 125.0, "idle"), (900.0, 17.0 / 0.030, "loop"), (566.0, 566.0, None)],
-)
-def test_wait_power_is_clamped_between_the_idle_and_the_loop_power(
-    wait_w: float, expected_w: float, clamped: str | None
-) -> None:
-    wait = in_pipeline_wait_power(stream(wait_w), DEFAULT, idle_w=125.0)
-    assert wait.power_w == pytest.approx(expected_w)
-    assert wait.raw_w == pytest.approx(wait_w)
-    assert wait.clamped == clamped
-    assert ("clamped from" in wait.describe(stream(wait_w))) == (clamped is not None)
-
-
-def test_wait_power_without_an_idle_power_is_clamped_only_above() -> None:
-    assert in_pipeline_wait_power(stream(60.0), DEFAULT, idle_w=None).power_w == pytest.approx(60)
-
-
-def test_too_little_waiting_is_not_solved_for() -> None:
-    # The last stage of a pipeline: 3 ms of waits per 123 ms iteration (2.4 %).
-    with pytest.raises(ProfileError, match="too little waiting"):
-        in_pipeline_wait_power(stream(330.0, waits_s=0.003), DEFAULT, idle_w=125.0)
-    # Enough share, too little time in all.
-    with pytest.raises(ProfileError, match="too little waiting"):
-        in_pipeline_wait_power(stream(330.0, iterations=1), DEFAULT, idle_w=125.0)
-    with pytest.raises(ProfileError, match="no usable energy"):
-        in_pipeline_wait_power(replace(stream(330.0), energy_j=0.0), DEFAULT, idle_w=125.0)
 
 
 def test_split_sweep_matches_the_fake_h200s_halves() -> None:
