@@ -204,7 +204,7 @@ def test_a_file_that_deadlocks_names_its_actions(example: Path, tmp_path: Path) 
     actions = make_schedule("1f1b", stages, 2, 1).actions()
     actions[0].reverse()  # the first GPU's backwards before its forwards: a cycle
     file = torch_csv(tmp_path / "x.csv", actions)
-    with pytest.raises(ScheduleError, match="deadlocks.*GPU 0 backward 1 of stage 0"):
+    with pytest.raises(ScheduleError, match=r"deadlocks.*GPU 0 backward 1 of stage 0"):
         request_schedule(request(example, schedule_file=file, microbatches=None), "1f1b")
 
 
