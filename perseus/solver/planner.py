@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from perseus.solver import kernels
 from perseus.solver.costs import CostTable
 from perseus.solver.dag import PipelineDag
 from perseus.solver.programs import hull_options
@@ -116,27 +117,18 @@ class Planner:
             rank[members] = (np.arange(len(members)) + 0.5) / max(len(members), 1)
             spread[members] = [_van_der_corput(i) for i in range(len(members))]
         self._crossing_orders = (rank, 1.0 - rank, spread)
-        # The refill's passes work in level order: node j's row is _place[j], every level a
-        # contiguous slice (one view per level, no scatter), and row n is "none" (the DAG's
-        # link index n). The backward pass walks the same levels in reverse: a node's room
-        # there depends only on its successors, all in later levels. Per level: its rows,
-        # its predecessors' and successors' rows, and the fit's columns.
+        # The refill's passes and the longest path work in level order (compiled loops, see
+        # perseus.solver.kernels): node j's row is _place[j], row n is "none" (the DAG's
+        # link index n); per row, its predecessors' and successors' rows and the fit's columns.
         order = np.concatenate([np.asarray(level, dtype=np.int64) for level in dag.levels])
         place = np.empty(dag.size + 1, dtype=np.int64)
         place[order] = np.arange(dag.size)
         place[dag.size] = dag.size
         self._order = order
         self._place = place[:-1]
-        self._first_ordered = self.fit_node[0][order][:, None]
-        pred, succ = place[dag.pred], place[dag.succ]
-        steps = []
-        lo = 0
-        for level in dag.levels:
-            hi = lo + len(level)
-            steps.append((lo, hi, pred[level, 0], pred[level, 1], succ[level, 0],
-                          succ[level, 1], self.columns(np.asarray(level))))  # fmt: skip
-            lo = hi
-        self._steps = steps
+        self._pred_rows = np.ascontiguousarray(place[dag.pred][order])
+        self._succ_rows = np.ascontiguousarray(place[dag.succ][order])
+        self._fit_rows = tuple(np.ascontiguousarray(a[order]) for a in self.fit_node)
         # In one step (see fit_times): per table row, the picked option's time and the next
         # option's (NaN after a class's last), each gathered by the row alone.
         table_class = np.repeat(np.arange(classes), np.diff(np.append(low, base)).astype(np.int64))
@@ -169,16 +161,9 @@ class Planner:
 
     def iteration_time(self, durations: FloatArray) -> FloatArray:
         """Longest path of plans' durations ``(n, P)``: ``dag.iteration_time``, in level order
-        (one slice per level, as the refill's passes). O(n * P)."""
-        n = self.dag.size
-        ordered = durations.take(self._order, axis=0)
-        finish = np.empty((n + 1, durations.shape[1]))
-        finish[n] = 0.0
-        for lo, hi, before_a, before_b, _, _, _ in self._steps:
-            level = finish[lo:hi]
-            np.maximum(finish.take(before_a, axis=0), finish.take(before_b, axis=0), out=level)
-            level += ordered[lo:hi]
-        return np.asarray(finish[:n].max(axis=0))
+        (compiled, see :func:`perseus.solver.kernels.longest_path`). O(n * P)."""
+        ordered = np.ascontiguousarray(durations.take(self._order, axis=0), dtype=np.float64)
+        return np.asarray(kernels.longest_path(ordered, self._pred_rows))
 
     def fit(self, nodes: IntArray, room: FloatArray) -> IntArray:
         """Slowest option of each of ``nodes`` that takes at most its ``room`` (the fastest if
@@ -239,44 +224,13 @@ class Planner:
     ) -> tuple[IntArray, FloatArray, FloatArray]:
         """:meth:`refill`, with the exact iteration time and energy of the refilled plans (as
         :meth:`evaluate` gives them; the forward pass has the finish times already)."""
-        n = self.dag.size
-        plans = choices.shape[1]
-        steps = self._steps
-        # rows in level order (see __init__); row n is "none"
-        chosen = choices.take(self._order, axis=0)
-        durations = self._padded[self._first_ordered + chosen]
-        # the current plan's earliest starts
-        finish = np.empty((n + 1, plans))
-        finish[n] = 0.0
-        for lo, hi, before_a, before_b, _, _, _ in steps:
-            level_finish = finish[lo:hi]
-            np.maximum(finish.take(before_a, axis=0), finish.take(before_b, axis=0),
-                       out=level_finish)  # fmt: skip
-            level_finish += durations[lo:hi]
-        begin = finish[:n] - durations
-        latest = np.empty((n + 1, plans))
-        latest[n] = ceiling
-        # each node's latest finish (its successors' earliest latest start): final once the
-        # backward pass is done, so the forward pass reads it back instead of gathering again
-        finish_by = np.empty((n, plans))
-        for lo, hi, _, _, after_a, after_b, columns in reversed(steps):
-            bound = finish_by[lo:hi]
-            np.minimum(latest.take(after_a, axis=0), latest.take(after_b, axis=0), out=bound)
-            picked, taken = self._fit_level(columns, bound - begin[lo:hi])
-            chosen[lo:hi] = picked
-            durations[lo:hi] = taken
-            np.subtract(bound, taken, out=latest[lo:hi])
-        earliest = finish  # reused: the earliest finishes under the refilled plan
-        for lo, hi, before_a, before_b, _, _, columns in steps:
-            begin_level = np.maximum(earliest.take(before_a, axis=0),
-                                     earliest.take(before_b, axis=0))  # fmt: skip
-            picked, taken = self._fit_level(columns, finish_by[lo:hi] - begin_level)
-            # options are in ascending time: the slower of two is the later index
-            level_chosen, level_durations = chosen[lo:hi], durations[lo:hi]
-            np.maximum(picked, level_chosen, out=level_chosen)
-            np.maximum(taken, level_durations, out=level_durations)
-            np.add(begin_level, level_durations, out=earliest[lo:hi])
-        total = earliest[:n].max(axis=0)
+        chosen = np.ascontiguousarray(choices.take(self._order, axis=0), dtype=np.int64)
+        first, scale, offset, low, high = self._fit_rows
+        durations, total = kernels.refill(
+            chosen, self._pred_rows, self._succ_rows, first, scale, offset, low, high,
+            self._table, self._table_time, self._table_next, self._padded, self.one_step,
+            np.ascontiguousarray(np.broadcast_to(ceiling, (chosen.shape[1],)), dtype=np.float64),
+        )  # fmt: skip
         # back to node order (the sums then add up as evaluate's do)
         choices = chosen.take(self._place, axis=0)
         durations = durations.take(self._place, axis=0)
@@ -285,28 +239,6 @@ class Planner:
             self.costs.num_gpus * total - durations.sum(axis=0)
         )
         return choices, total, energy
-
-    def _fit_level(
-        self, columns: tuple[npt.NDArray[Any], ...], room: FloatArray
-    ) -> tuple[IntArray, FloatArray]:
-        """:meth:`fit_times` of one level of the refill; in one step, the table's rows give
-        the picked option's time and the next one's directly."""
-        if not self.one_step:
-            return self.fit_times(columns, room)
-        _, _, scale, offset, low, high = columns
-        position = room * scale
-        position += offset
-        np.maximum(position, low, out=position)
-        np.minimum(position, high, out=position)
-        # take, not fancy indexing: on (level, plans) arrays it is a third faster
-        rows = position.astype(np.int64)
-        found = self._table.take(rows)
-        after = self._table_next.take(rows)
-        up = after <= room
-        found += up
-        taken = self._table_time.take(rows)
-        np.copyto(taken, after, where=up)
-        return found, taken
 
     def with_crossings(self, plans: IntArray) -> Evaluated:
         """``plans`` and the crossovers of each with the next by time, evaluated."""
