@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from perseus.schemas import JobCreate, ProfileReport, ProfileRow, RankRegistration
 from perseus.server.app import create_app
+from perseus.server.service import JobService
 from perseus.server.settings import Settings
 from perseus.server.store import Store
 from perseus.solver import load_profile, profile_to_json
@@ -224,3 +226,116 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def snapshot(job: Job) -> dict[str, Any]:
+    """The job's view without its telemetry: what a refused request must leave unchanged."""
+    view = job.view()
+    view.pop("telemetry")
+    return view
+
+
+def rank_body(rank: int = 0, **change: Any) -> dict[str, Any]:
+    """A registration of ``rank`` at stage 0 of replica 0 (``change`` replaces fields)."""
+    body: dict[str, Any] = {
+        "rank": rank,
+        "stage": 0,
+        "data_parallel_rank": 0,
+        "tensor_parallel_rank": 0,
+        "gpu_name": "NVIDIA H200",
+        "supported_clocks_mhz": [1980, 1000],
+    }
+    body.update(change)
+    return body
+
+
+def small_profile_rows(**change: Any) -> list[dict[str, Any]]:
+    """Four wire rows at the clocks of :func:`rank_body`; ``change`` replaces fields of the
+    second row."""
+    rows = [
+        {"instruction": "forward", "frequency_mhz": 1980, "time_s": 0.01, "energy_j": 5.0},
+        {"instruction": "backward", "frequency_mhz": 1980, "time_s": 0.02, "energy_j": 10.0},
+        {"instruction": "forward", "frequency_mhz": 1000, "time_s": 0.015, "energy_j": 4.0},
+        {"instruction": "backward", "frequency_mhz": 1000, "time_s": 0.03, "energy_j": 8.0},
+    ]
+    rows[1] = {**rows[1], **change}
+    return rows
+
+
+def report_iterations(
+    job: Job, iterations: range, time_of: Callable[[int], float], version: int | None = None
+) -> None:
+    """Every rank of every replica reports each iteration, replica ``dp`` at ``time_of(dp)``."""
+    for it in iterations:
+        for dp in range(job.data_parallel):
+            for stage in range(job.stages):
+                r = job.client.post(
+                    job.url("/iterations"),
+                    json={
+                        "rank": job.rank_of(stage, dp),
+                        "iteration": it,
+                        "time_s": time_of(dp),
+                        "energy_j": 100.0,
+                        "plan_version": version,
+                    },
+                    headers=job.auth,
+                )
+                assert r.status_code == 200, r.text
+
+
+# ----------------------------------------------------------------------------- the store
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Store]:
+    """A store with its schema on an empty database (SQLite, and PostgreSQL when set)."""
+    store = Store(database_url)
+    store.create_schema()
+    yield store
+    store.close()
+
+
+class Clock:
+    """A wall clock the test moves by hand."""
+
+    def __init__(self, now_s: float = 1000.0) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def job_spec(**change: object) -> JobCreate:
+    """:data:`JOB_SPEC` as the model, ``change`` replacing fields."""
+    return JobCreate.model_validate({**JOB_SPEC, **change})
+
+
+def register_ranks(service: JobService, job_id: str, spec: JobCreate, clocks: list[int]) -> None:
+    """Register every rank of a job without tensor parallelism, straight on the service."""
+    for dp in range(spec.data_parallel):
+        for stage in range(spec.stages):
+            service.jobs.register_rank(
+                job_id,
+                RankRegistration(
+                    rank=dp * spec.stages + stage,
+                    stage=stage,
+                    data_parallel_rank=dp,
+                    tensor_parallel_rank=0,
+                    gpu_name="H200",
+                    supported_clocks_mhz=clocks,
+                ),
+            )
+
+
+def report_profiles(service: JobService, job_id: str, spec: JobCreate, rows: ProfileRows) -> bool:
+    """Every rank reports its stage's rows; whether the last report claimed planning."""
+    claimed = False
+    for dp in range(spec.data_parallel):
+        for stage in range(spec.stages):
+            report = ProfileReport(
+                rank=dp * spec.stages + stage,
+                stage=stage,
+                rows=[ProfileRow.model_validate(r) for r in rows[stage]],
+            )
+            _, _, claimed = service.lease.add_profile(job_id, report)
+    return claimed
