@@ -23,6 +23,7 @@ from perseus.server.service import JobService
 from perseus.server.settings import Settings
 from perseus.server.store import Store
 from perseus.solver import load_profile, profile_to_json
+from perseus.solver.synthetic import synthetic_profile
 
 # The real profiles: $PERSEUS_TEST_PROFILES, else ../shared/data/profiles beside the checkout.
 REAL_PROFILES = Path(
@@ -59,6 +60,21 @@ def real_rows() -> ProfileRows:
             f"real profile {REAL_PROFILE} not present; set PERSEUS_TEST_PROFILES to its directory"
         )
     return read_profile_rows(REAL_PROFILE)
+
+
+def synthetic_rows(stages: int, scale: float = 1.0) -> ProfileRows:
+    """The synthetic H200-like profile as wire rows, times and energies times ``scale``."""
+    rows: ProfileRows = {}
+    for stage, kind, clock, time_s, energy_j in synthetic_profile(stages):
+        rows.setdefault(stage, []).append(
+            {
+                "instruction": kind,
+                "frequency_mhz": clock,
+                "time_s": time_s * scale,
+                "energy_j": energy_j * scale,
+            }
+        )
+    return rows
 
 
 def clocks_of(rows: ProfileRows) -> list[int]:
