@@ -1,9 +1,9 @@
 """The planner client: against the real app (TestClient) and scripted answers (MockTransport);
-the retry pieces have test_retry.py."""
+one request's error mapping and bounded reads have test_planner_http.py, the retry pieces
+test_retry.py."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
@@ -17,7 +17,6 @@ from perseus.client.planner import (
     DEFAULT_TIMEOUT,
     LONG_POLL_MARGIN_S,
     PlannerClient,
-    PlanTooLarge,
     create_job,
 )
 from perseus.client.retry import retryable
@@ -26,12 +25,10 @@ from perseus.errors import (
     InfeasibleDeadline,
     JobNotFound,
     JobStateError,
-    PerseusError,
     PlannerUnavailable,
     PlanNotReady,
     ProfileError,
     RequestRejected,
-    SolverTimeout,
 )
 from perseus.schemas import (
     DeadlinePolicy,
@@ -44,10 +41,7 @@ from perseus.schemas import (
     StragglerSpec,
 )
 from perseus.server.app import create_app
-from perseus.server.jobs import RequestFieldError
-from perseus.server.routes import error_response, error_status
 from perseus.server.settings import Settings
-from perseus.server.storage import StorageFault
 from perseus.solver import load_profile, profile_to_json
 
 # The TestClient ignores timeouts and says so; a long poll sets its read timeout on purpose.
@@ -211,169 +205,7 @@ def test_server_errors_become_the_same_classes(
     assert rejected.value.status_code == 422
 
 
-def _subclasses(cls: type[PerseusError]) -> list[type[PerseusError]]:
-    """Every subclass of ``cls``, depth first."""
-    found: list[type[PerseusError]] = []
-    for sub in cls.__subclasses__():
-        found += [sub, *_subclasses(sub)]
-    return found
-
-
-def test_every_status_the_server_maps_comes_back_as_its_class() -> None:
-    examples: dict[type[PerseusError], PerseusError] = {
-        PlanNotReady: PlanNotReady("not ready yet", "planning"),
-        RequestFieldError: RequestFieldError(("body", "rows", 3, "time_s"), "too slow"),
-    }
-    expected: dict[type[PerseusError], type[PerseusError]] = {
-        RequestFieldError: RequestRejected,
-        SolverTimeout: PlannerUnavailable,  # any 5xx
-        PlanTooLarge: RequestRejected,  # the rank's own refusal: no server sends it
-        StorageFault: PlannerUnavailable,  # a 503
-    }
-    mapped: set[str] = set()
-    for cls in _subclasses(PerseusError):
-        if issubclass(cls, AuthError):
-            continue  # its status is its own, below
-        exc = examples.get(cls) or cls(f"a {cls.__name__}")
-        code = error_status(exc)
-        if code == 400:
-            continue  # not in the server's table
-        mapped.add(cls.__name__)
-        answer = error_response(exc)
-        body = json.loads(bytes(answer.body))
-        headers = {k: v for k, v in answer.headers.items() if k.lower() != "content-length"}
-        with pytest.raises(PerseusError) as raised:
-            _answer(code, body, **headers).job()
-        assert type(raised.value) is expected.get(cls, cls), cls
-    assert mapped >= {  # the server's table, at least
-        "JobNotFound", "PlanNotReady", "JobStateError", "PlanError", "RequestFieldError",
-        "ProfileError", "ScheduleError", "PolicyError", "InfeasibleDeadline",
-        "PlanningTooLarge", "SolverTimeout",
-    }  # fmt: skip
-    for code in (401, 403):
-        answer = error_response(AuthError("no", code))
-        with pytest.raises(AuthError) as auth:
-            _answer(code, json.loads(bytes(answer.body))).job()
-        assert auth.value.status_code == code
-
-
 # ----------------------------------------------------------------------------- scripted answers
-
-
-def test_not_ready_carries_state_and_retry_after() -> None:
-    client = _answer(
-        409,
-        {
-            "detail": "not ready yet: job x is planning",
-            "error": "PlanNotReady",
-            "state": "planning",
-        },
-        **{"Retry-After": "2"},
-    )
-    with pytest.raises(PlanNotReady) as raised:
-        client.plan(0)
-    assert raised.value.state == "planning"
-    assert raised.value.retry_after_s == 2.0
-    assert retryable(raised.value)
-
-
-@pytest.mark.parametrize(
-    ("status", "body"),
-    [
-        (503, {"detail": "the exact solve ran out of time", "error": "SolverTimeout"}),
-        (500, b"Internal Server Error"),
-        (502, b"<html>bad gateway</html>"),
-    ],
-)
-def test_5xx_is_unavailable(status: int, body: Any) -> None:
-    with pytest.raises(PlannerUnavailable, match=f"HTTP {status}") as raised:
-        _answer(status, body).frontier()
-    assert retryable(raised.value)
-
-
-@pytest.mark.parametrize(
-    "error",
-    [
-        httpx.ConnectError("connection refused"),
-        httpx.ReadTimeout("timed out"),
-        httpx.RemoteProtocolError("server disconnected"),
-    ],
-)
-def test_transport_errors_are_unavailable_from_the_original(error: httpx.TransportError) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise error
-
-    with pytest.raises(PlannerUnavailable, match="unreachable") as raised:
-        _scripted(handler).job()
-    assert raised.value.__cause__ is error
-    assert "http://planner:7787" in str(raised.value)
-    assert "the-token" not in str(raised.value)
-
-
-@pytest.mark.parametrize(
-    ("status", "body", "what"),
-    [
-        (200, b"<html>hello</html>", "not a JobView"),
-        (200, {"job_id": JOB_ID}, "not a JobView"),
-        (404, b"<html>not found</html>", "not a planner error"),
-        (400, {"message": "who knows"}, "not a planner error"),
-        (422, {"detail": [{"where": 1}], "error": "ValidationError"}, "not a planner error"),
-    ],
-)
-def test_garbage_is_unavailable(status: int, body: Any, what: str) -> None:
-    with pytest.raises(PlannerUnavailable, match="garbage") as raised:
-        _answer(status, body).job()
-    assert what in str(raised.value)
-
-
-def test_an_answer_that_cannot_be_decoded_is_unavailable_not_a_foreign_error() -> None:
-    # A proxy that says gzip and sends HTML: httpx raises DecodingError, which is no
-    # TransportError; it must still reach the rank's threads as a retryable PlannerUnavailable.
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
-            200, headers={"Content-Encoding": "gzip"}, stream=httpx.ByteStream(b"<html>")
-        )
-
-    client = _scripted(handler)
-    report = IterationReport(rank=0, iteration=0, time_s=1.0, energy_j=1.0)
-    for call in (client.job, lambda: client.report_iteration(report)):
-        with pytest.raises(PlannerUnavailable, match="garbage") as raised:
-            call()
-        assert isinstance(raised.value.__cause__, httpx.DecodingError)
-        assert retryable(raised.value)
-
-
-def test_auth_and_unknown_job() -> None:
-    for status in (401, 403):
-        with pytest.raises(AuthError) as raised:
-            _answer(status, {"detail": "the token", "error": "AuthError"}).job()
-        assert raised.value.status_code == status
-        assert not retryable(raised.value)
-    with pytest.raises(JobNotFound, match="no job"):
-        _answer(404, {"detail": "no job 'x'", "error": "JobNotFound"}).job()
-
-
-def test_validation_errors_name_their_fields() -> None:
-    detail = [
-        {
-            "loc": ["body", "rows", 3, "time_s"],
-            "msg": "Input should be greater than 0",
-            "type": "x",
-        },
-        {"loc": ["body", "stage"], "msg": "Field required", "type": "missing"},
-    ]
-    client = _answer(422, {"detail": detail, "error": "ValidationError"})
-    with pytest.raises(RequestRejected) as raised:
-        client.report_profile(ProfileReport(rank=0, stage=0, rows=[_row(1410), _row(1395)]))
-    assert str(raised.value) == (
-        "body.rows.3.time_s: Input should be greater than 0; body.stage: Field required"
-    )
-    assert not retryable(raised.value)
-    with pytest.raises(RequestRejected, match="exceeds") as too_large:
-        _answer(
-            413, {"detail": "request body exceeds 1024 bytes", "error": "PayloadTooLarge"}
-        ).job()
-    assert too_large.value.status_code == 413
 
 
 def _row(clock: int) -> ProfileRow:
