@@ -1,0 +1,235 @@
+"""The reporter thread: iteration telemetry once the planner knows the rank, the device has
+passed the iteration and the meter has read past it (a bounded queue, dropped reports, a
+planner that comes back), and the clock log, one JSON line per instruction, that a write
+error stops without stopping the thread."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from perseus.client.boundary import LogEntry, Stamp
+from perseus.client.reporter import Reporter
+from perseus.client.settings import ClientSettings
+from perseus.errors import JobStateError, PlannerUnavailable
+from perseus.schemas import IterationReport
+
+from .clocks import ManualClock
+
+
+class Meter:
+    """Energy at 100 W from time 0 up to ``read_to_s``; ``failed`` as the meter's."""
+
+    def __init__(self, read_to_s: float = 1e9) -> None:
+        self.read_to_s = read_to_s
+        self.failed: str | None = None
+
+    def energy_between(self, start_s: float, end_s: float) -> float | None:
+        return 100.0 * (end_s - start_s) if end_s <= self.read_to_s else None
+
+
+class Planner:
+    """Keeps the reports; raises the errors it is given, one per report, first."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.reports: list[IterationReport] = []
+        self.sent = threading.Event()
+
+    def report_iteration(self, body: IterationReport) -> None:
+        if self.errors:
+            raise self.errors.pop(0)
+        self.reports.append(body)
+        self.sent.set()
+
+
+class Running:
+    """A started reporter, its planner, meter and events."""
+
+    def __init__(
+        self, settings: ClientSettings, planner: Planner, meter: Meter, clock: ManualClock
+    ) -> None:
+        self.planner, self.meter, self.clock = planner, meter, clock
+        self.registered, self.stop = threading.Event(), threading.Event()
+        self.reporter = Reporter(
+            settings,
+            planner,  # type: ignore[arg-type]
+            meter,  # type: ignore[arg-type]
+            self.registered,
+            self.stop,
+            clock=clock,
+        )
+
+    def until(self, done: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            assert time.monotonic() < deadline, "timed out"
+            self.reporter.wake()
+            time.sleep(0.01)
+
+
+@pytest.fixture
+def running(request: pytest.FixtureRequest) -> Iterator[Running]:
+    settings, planner, meter = getattr(
+        request, "param", (ClientSettings(rank=3), Planner(), Meter())
+    )
+    run = Running(settings, planner, meter, ManualClock())
+    run.reporter.start()
+    yield run
+    run.stop.set()
+    run.reporter.wake()
+    run.reporter.thread.join(5.0)
+    assert not run.reporter.thread.is_alive()
+    run.reporter.close()
+
+
+def iteration(i: int, start_s: float | None, end_s: float | None) -> tuple[int, Stamp, Stamp]:
+    return i, Stamp(start_s), Stamp(end_s)
+
+
+# ----------------------------------------------------------------------------- telemetry
+
+
+def test_a_report_waits_for_registration_and_the_devices_end(running: Running) -> None:
+    start, end = Stamp(1.0), Stamp()
+    running.reporter.queue_iteration(7, start, end, 2, "plan")
+    running.reporter.wake()
+    time.sleep(0.05)
+    assert running.planner.reports == []  # not registered yet
+    running.registered.set()
+    running.reporter.wake()
+    time.sleep(0.05)
+    assert running.planner.reports == []  # the device has not reached the end
+    end.at_s = 1.25
+    running.until(running.planner.sent.is_set)
+    (report,) = running.planner.reports
+    assert report == IterationReport(
+        rank=3, iteration=7, time_s=0.25, energy_j=25.0, plan_version=2,
+        phase="plan",
+    )  # fmt: skip
+
+
+def test_a_report_waits_for_the_meter_and_is_dropped_when_it_never_reads_past(
+    running: Running,
+) -> None:
+    running.meter.read_to_s = 1.0
+    running.registered.set()
+    running.reporter.queue_iteration(*iteration(0, 0.5, 1.5), None, "baseline")
+    running.reporter.queue_iteration(*iteration(1, 0.0, 0.75), None, "baseline")
+    running.clock.advance(1.6)  # just past the first's end: the meter may still catch up
+    running.reporter.wake()
+    time.sleep(0.05)
+    assert running.planner.reports == []
+    running.clock.advance(1.0)  # a second later: it will not
+    running.until(running.planner.sent.is_set)
+    assert [r.iteration for r in running.planner.reports] == [1]
+
+
+@pytest.mark.parametrize(
+    "running", [(ClientSettings(telemetry_queue=2), Planner(), Meter())], indirect=True
+)
+def test_the_queue_keeps_the_latest_reports(running: Running) -> None:
+    for i in range(5):
+        running.reporter.queue_iteration(*iteration(i, i, i + 0.5), 1, "plan")
+    running.registered.set()
+    running.until(lambda: len(running.planner.reports) == 2)
+    assert [r.iteration for r in running.planner.reports] == [3, 4]
+
+
+@pytest.mark.parametrize(
+    "running",
+    [(ClientSettings(), Planner(JobStateError("stale"), PlannerUnavailable("down")), Meter())],
+    indirect=True,
+)
+def test_a_refused_report_is_dropped_and_an_outage_retried(
+    running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    running.registered.set()
+    with caplog.at_level(logging.WARNING, logger="perseus.client"):
+        running.reporter.queue_iteration(*iteration(0, 0.0, 1.0), 1, "plan")  # refused
+        running.reporter.queue_iteration(*iteration(1, 1.0, 2.0), 1, "plan")  # down, then sent
+        running.until(running.planner.sent.is_set)
+    assert [r.iteration for r in running.planner.reports] == [1]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("planner unavailable (down)" in m for m in messages)
+    assert any("planner reachable again" in m for m in messages)
+
+
+# ----------------------------------------------------------------------------- the clock log
+
+
+def entries() -> list[LogEntry]:
+    return [LogEntry("forward", 0, 0, 1200, 1200), LogEntry("backward", 0, 1, None, None)]
+
+
+def test_the_clock_log_has_a_line_per_instruction_once_the_fence_is_passed(
+    tmp_path: Path,
+) -> None:
+    settings = ClientSettings(rank=2, clock_log_dir=str(tmp_path / "log"))
+    run = Running(settings, Planner(), Meter(), ManualClock())
+    reporter = run.reporter
+    assert reporter.logs_clocks
+    fence = Stamp()
+    reporter.queue_log(4, 1, "plan", entries(), fence)
+    reporter.queue_log(5, 1, "plan", entries()[:1], Stamp(9.0))  # after the one not passed
+    reporter.start()
+    path = tmp_path / "log" / "rank2.jsonl"
+    time.sleep(0.05)
+    reporter.wake()
+    assert path.read_text() == ""  # the controller has not passed the fence
+    fence.at_s = 8.0
+    run.until(lambda: path.read_text().count("\n") == 3)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0] == {
+        "iteration": 4, "instruction": "forward", "microbatch": 0, "chunk": 0,
+        "frequency_mhz": 1200, "ran_mhz": 1200, "plan_version": 1, "phase": "plan",
+    }  # fmt: skip
+    assert (lines[1]["instruction"], lines[1]["chunk"], lines[1]["ran_mhz"]) == (
+        "backward",
+        1,
+        None,
+    )
+    assert lines[2]["iteration"] == 5
+    run.stop.set()
+    reporter.wake()
+    reporter.thread.join(5.0)
+    reporter.queue_log(6, None, "baseline", entries(), Stamp())  # closing writes what is left
+    reporter.close()
+    assert [json.loads(line)["iteration"] for line in path.read_text().splitlines()] == [
+        4, 4, 5, 6, 6,
+    ]  # fmt: skip
+
+
+def test_without_a_folder_there_is_no_clock_log() -> None:
+    run = Running(ClientSettings(), Planner(), Meter(), ManualClock())
+    assert not run.reporter.logs_clocks
+    run.reporter.queue_log(0, None, "baseline", entries(), Stamp(1.0))
+    run.reporter.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_stops_the_clock_log_not_the_reporter(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "rank0.jsonl").symlink_to("/dev/full")  # every write: no space left
+    planner = Planner()
+    run = Running(ClientSettings(clock_log_dir=str(tmp_path)), planner, Meter(), ManualClock())
+    with caplog.at_level(logging.ERROR, logger="perseus.client"):
+        run.reporter.queue_log(0, None, "baseline", entries(), Stamp(1.0))
+        run.reporter.start()
+        run.until(lambda: not run.reporter.logs_clocks)
+    assert any("cannot write the clock log" in r.getMessage() for r in caplog.records)
+    run.registered.set()
+    run.reporter.queue_iteration(*iteration(0, 0.0, 1.0), None, "baseline")
+    run.until(planner.sent.is_set)  # telemetry goes on
+    run.stop.set()
+    run.reporter.wake()
+    run.reporter.thread.join(5.0)
+    run.reporter.close()
