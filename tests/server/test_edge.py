@@ -1,5 +1,6 @@
-"""The connection and request edge: head timeout, connection cap, token before body, the
-documented error shape, log redaction. Real uvicorn on loopback where sockets matter."""
+"""The connection and request edge (perseus.server.edge): head timeout, connection cap, token
+before body, log redaction. Real uvicorn on loopback where sockets matter. (The documented
+error shape of router and parsing errors is the app's: test_app.)"""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from perseus.server.app import create_app
 from perseus.server.edge import AccessLogFilter, EdgeConfig, EdgeProtocol, redact_query
 from perseus.server.settings import Settings
 
-from .conftest import Job, create_job, free_port
+from .conftest import free_port
 
 
 @contextlib.contextmanager
@@ -161,72 +162,6 @@ def test_default_body_cap_fits_the_largest_profile_report(client: TestClient) ->
     size = len(body.read())
     cap = Settings().max_body_bytes
     assert size * 1.5 < cap < size * 2
-
-
-# -- the documented error shape --------------------------------------------------------------
-
-
-def _is_error(body: Any, status: int) -> bool:
-    if not (isinstance(body, dict) and isinstance(body.get("error"), str)):
-        return False
-    if status == 422:
-        return isinstance(body["detail"], list) and all(
-            {"loc", "msg", "type"} <= set(d) for d in body["detail"]
-        )
-    return isinstance(body["detail"], str)
-
-
-@pytest.mark.parametrize(
-    "content",
-    [b"{bad", b'{"rank": "\xff\xfe"}', b"[" * 10_000 + b"]" * 10_000],
-    ids=["invalid", "not-utf8", "deep"],
-)
-def test_undecodable_bodies_are_documented_422s(ready_job: Job, content: bytes) -> None:
-    r = ready_job.client.post(
-        ready_job.url("/profiles"),
-        content=content,
-        headers={**ready_job.auth, "content-type": "application/json"},
-    )
-    assert r.status_code == 422
-    assert _is_error(r.json(), 422)
-
-
-def test_a_request_level_422_has_the_field_shape(ready_job: Job) -> None:
-    r = ready_job.client.put(
-        ready_job.url("/policy"), json={"kind": "deadline", "seconds": 1e-6}, headers=ready_job.auth
-    )
-    assert r.status_code == 422
-    assert r.json()["error"] == "InfeasibleDeadline"
-    assert _is_error(r.json(), 422)
-
-
-def test_router_errors_and_options(client: TestClient) -> None:
-    job = create_job(client)
-    r = client.get("/v1/nothing")
-    assert (r.status_code, r.json()["error"]) == (404, "NotFound")
-    r = client.get("/v1/jobs/")
-    assert r.status_code == 404 and _is_error(r.json(), 404)
-    r = client.patch(job.url(), headers=job.auth)
-    assert r.status_code == 405 and _is_error(r.json(), 405)
-    assert r.headers["allow"] == "DELETE, GET, OPTIONS"
-    r = client.options("/v1/jobs")
-    assert r.status_code == 204
-    assert r.headers["allow"] == "GET, OPTIONS, POST"
-
-
-def test_openapi_documents_the_error_bodies(client: TestClient) -> None:
-    spec = client.get("/openapi.json").json()
-    operation = spec["paths"]["/v1/jobs/{job_id}/profiles"]["post"]
-    ref = operation["responses"]["422"]["content"]["application/json"]["schema"]["$ref"]
-    assert ref.endswith("/ValidationErrorBody")
-    assert "error" in spec["components"]["schemas"]["ValidationErrorBody"]["required"]
-    assert "HTTPValidationError" not in spec["components"]["schemas"]
-
-
-def test_docs_load_nothing_from_a_cdn(client: TestClient) -> None:
-    page = client.get("/docs").text
-    assert "cdn." not in page and "https://" not in page.split("<script>")[0]
-    assert client.get("/docs/static/swagger-ui-bundle.js").status_code == 200
 
 
 # -- logs ---------------------------------------------------------------------------------------
