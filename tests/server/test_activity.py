@@ -1,0 +1,67 @@
+"""What the web page shows live (perseus.server.activity): each rank's last report, the
+job's recent iterations, who follows the current plan."""
+
+from __future__ import annotations
+
+from perseus.schemas import IterationReport
+from perseus.server.activity import ITERATIONS_KEPT, Activity
+from perseus.server.tables import RankRow
+
+from .conftest import Clock
+
+
+def ranks(count: int) -> list[RankRow]:
+    return [RankRow("j", r, r, 0, 0, "H200", (1980,), 0.0, host="10.0.0.1") for r in range(count)]
+
+
+def report(rank: int, iteration: int, time_s: float, **more: object) -> IterationReport:
+    return IterationReport.model_validate(
+        {"rank": rank, "iteration": iteration, "time_s": time_s, "energy_j": 10.0, **more}
+    )
+
+
+def test_an_iteration_is_the_median_time_and_the_summed_energy_of_its_ranks() -> None:
+    clock = Clock(5000.0)
+    activity = Activity(clock=clock, monotonic=Clock(0.0))
+    for rank, time_s in enumerate((1.0, 3.0, 2.0)):
+        clock.now_s += 1
+        activity.record("j", report(rank, 7, time_s, phase="plan", plan_version=2))
+    (point,) = activity.view(2, "j", ranks(3)).iterations
+    assert (point.iteration, point.time_s, point.energy_j, point.ranks) == (7, 2.0, 30.0, 3)
+    assert (point.phase, point.plan_version, point.received_s) == ("plan", 2, 5003.0)
+
+
+def test_iterations_come_in_order_and_only_the_last_ones_are_kept() -> None:
+    activity = Activity(clock=Clock(), monotonic=Clock())
+    for iteration in reversed(range(ITERATIONS_KEPT + 10)):
+        activity.record("j", report(0, iteration, 1.0))
+    numbers = [p.iteration for p in activity.view(0, "j", ranks(1)).iterations]
+    assert len(numbers) == ITERATIONS_KEPT
+    assert numbers == sorted(numbers)
+    assert 0 in numbers  # the oldest recorded went first, not the lowest numbered
+
+
+def test_a_rank_follows_the_plan_its_last_report_ran() -> None:
+    monotonic = Clock(100.0)
+    activity = Activity(clock=Clock(), monotonic=monotonic)
+    activity.record("j", report(0, 1, 1.0, phase="plan", plan_version=3))
+    activity.record("j", report(1, 1, 1.0, phase="plan", plan_version=2))  # an older plan
+    activity.record("j", report(2, 1, 1.0, phase="baseline", plan_version=3))
+    activity.record("j", report(3, 1, 1.0, plan_version=3))  # an older client: no phase
+    monotonic.now_s += 4.5
+    view = activity.view(3, "j", ranks(5))
+    assert [r.following for r in view.ranks] == [True, False, False, True, False]
+    assert [r.last_report_age_s for r in view.ranks] == [4.5, 4.5, 4.5, 4.5, None]
+    assert view.ranks[4].phase is None and view.ranks[0].host == "10.0.0.1"
+    assert not any(r.following for r in activity.view(0, "j", ranks(5)).ranks)  # no plan yet
+
+
+def test_jobs_are_kept_apart_and_forgotten() -> None:
+    activity = Activity(clock=Clock(), monotonic=Clock())
+    activity.record("a", report(0, 1, 1.0))
+    activity.record("b", report(0, 1, 2.0))
+    assert [p.time_s for p in activity.view(0, "b", ranks(1)).iterations] == [2.0]
+    activity.forget("a")
+    forgotten = activity.view(0, "a", ranks(1))
+    assert forgotten.iterations == [] and forgotten.ranks[0].last_report_age_s is None
+    assert activity.view(0, "b", ranks(1)).iterations
