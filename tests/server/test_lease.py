@@ -12,6 +12,8 @@ from fastapi.testclient import TestClient
 
 from perseus.errors import JobStateError
 from perseus.schemas import MinEnergyPolicy, ProfileReport, ProfileRow
+from perseus.server.jobs import RequestFieldError
+from perseus.server.lease import check_stage_clocks
 from perseus.server.planning import plan_frontier
 from perseus.server.service import JobService
 from perseus.server.store import Store
@@ -29,6 +31,8 @@ from .conftest import (
     small_profile_rows,
     snapshot,
 )
+
+Row = tuple[str, int, float, float]
 
 
 def test_plan_compute_with_one_replica_and_recompute(
@@ -273,3 +277,43 @@ def test_full_flow_and_takeover_after_a_missed_heartbeat(
     plan = json.loads(b.plans.render(b.jobs.get(job.id), 2, False))
     assert plan["version"] == 2
     assert len(plan["instructions"]) == 8
+
+
+# ----------------------------------------------------------------------------- a stage's clocks
+
+
+def rows_at(*clocks: int, names: tuple[str, ...] = ("forward", "backward")) -> list[Row]:
+    return [(name, clock, 0.1, 1.0) for name in names for clock in clocks]
+
+
+def refusal(rank: int, rows: list[Row], others: list[tuple[int, list[Row]]]) -> str:
+    with pytest.raises(RequestFieldError) as caught:
+        check_stage_clocks(rank, 2, rows, others)
+    assert caught.value.loc == ("body", "rows")
+    return caught.value.message
+
+
+def test_a_profile_sharing_clocks_with_its_stage_passes() -> None:
+    check_stage_clocks(0, 2, rows_at(1980, 1500, 1000), [])
+    check_stage_clocks(0, 2, rows_at(1980, 1500), [(4, rows_at(1980, 1500, 1000))])
+    # Its own earlier profile is replaced, not compared with.
+    check_stage_clocks(4, 2, rows_at(1000), [(4, rows_at(1980, 1500))])
+    # One clock everywhere (no rank could set clocks) pins nothing that was not pinned.
+    check_stage_clocks(0, 2, rows_at(1980), [(4, rows_at(1980))])
+    # An instruction only some ranks measured is compared among those only.
+    split = rows_at(1980, 1500) + rows_at(1000, names=("backward_weight",))
+    check_stage_clocks(0, 2, split, [(4, rows_at(1980, 1500))])
+
+
+def test_disjoint_clocks_are_refused_naming_the_ranks() -> None:
+    message = refusal(0, rows_at(1980, 1500), [(4, rows_at(1000, 900)), (8, rows_at(1000))])
+    assert message.startswith("rank 0 measured backward at 2 clocks, 1500-1980 MHz")
+    assert "stage 2's ranks 4, 8 share none of them (2 clocks, 900-1000 MHz)" in message
+
+
+def test_one_common_clock_among_many_is_refused_naming_who_measured_one() -> None:
+    mine = refusal(0, rows_at(1980), [(4, rows_at(1980, 1500, 1000))])
+    assert "rank 0 (this profile) measured backward only at 1980 MHz" in mine
+    assert "up to 3 clocks" in mine and "pinned" in mine
+    theirs = refusal(0, rows_at(1980, 1500), [(4, rows_at(1980))])
+    assert "stage 2's rank 4 measured backward only at 1980 MHz" in theirs
