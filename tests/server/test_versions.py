@@ -129,7 +129,7 @@ def test_a_plan_whose_frontier_was_replaced_meanwhile_comes_from_the_new_one(
     assert a.post(job.url("/plan:compute"), headers=job.auth).status_code == 202
     assert job.wait_plan(etag='"1"').headers["etag"] == '"2"'
     b_state = on_b.client.app.state.perseus  # type: ignore[attr-defined]
-    b_state.service.plans._frontiers.forget(job.job_id)  # as if evicted by 16 other jobs
+    b_state.service.frontiers.forget(job.job_id)  # as if evicted by 16 other jobs
     r = on_b.wait_plan(rank=1, wait_s=0)
     assert r.status_code == 200, r.text
     assert r.headers["etag"] == '"2"' and r.json()["version"] == 2
