@@ -22,6 +22,15 @@ def test_job_list_and_delete(client: TestClient) -> None:
     assert [j["job_id"] for j in client.get("/v1/jobs").json()["jobs"]] == [b.job_id]
 
 
+def test_the_job_list_pages(client: TestClient) -> None:
+    ids = [create_job(client, name=f"j{i}").job_id for i in range(4)]
+    page = client.get("/v1/jobs", params={"limit": 2, "offset": 1}).json()["jobs"]
+    assert [j["job_id"] for j in page] == ids[1:3]
+    assert [j["name"] for j in page] == ["j1", "j2"]
+    for params in ({"limit": 0}, {"limit": 1001}, {"offset": -1}):
+        assert client.get("/v1/jobs", params=params).status_code == 422, params
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [

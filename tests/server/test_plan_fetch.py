@@ -61,6 +61,21 @@ def test_long_poll_times_out_with_304(ready_job: Job) -> None:
     assert r.headers["etag"] == '"1"'
 
 
+def test_if_none_match_names_the_versions_the_rank_has(ready_job: Job) -> None:
+    for if_none_match, status in (
+        ('"1"', 304),
+        ('W/"1"', 304),  # a proxy may weaken the tag
+        ('"0", "1"', 304),
+        ("*", 304),
+        ('"0"', 200),
+        ('"x1"', 200),  # names no version: the plan
+    ):
+        headers = {**ready_job.auth, "If-None-Match": if_none_match}
+        r = ready_job.client.get(ready_job.url("/plan"), params={"rank": 0}, headers=headers)
+        assert r.status_code == status, if_none_match
+        assert r.headers["etag"] == '"1"'
+
+
 def test_bad_plan_query_is_422(ready_job: Job) -> None:
     for params in (
         {"rank": -1},

@@ -14,6 +14,7 @@ from .conftest import Job, job_spec, register_ranks, report_iterations
 
 
 def test_iterations_show_predicted_against_measured(ready_job: Job) -> None:
+    assert ready_job.view()["telemetry"] is None  # before any report
     predicted = ready_job.view()["chosen"]["time_s"]
     report_iterations(ready_job, range(3), lambda dp: predicted * (1.0 + 0.1 * dp))
     telemetry = ready_job.view()["telemetry"]
