@@ -39,11 +39,12 @@ def _is_error(body: Any, status: int) -> bool:
     [b"{bad", b'{"rank": "\xff\xfe"}', b"[" * 10_000 + b"]" * 10_000],
     ids=["invalid", "not-utf8", "deep"],
 )
-def test_undecodable_bodies_are_documented_422s(ready_job: Job, content: bytes) -> None:
-    r = ready_job.client.post(
-        ready_job.url("/profiles"),
+def test_undecodable_bodies_are_documented_422s(client: TestClient, content: bytes) -> None:
+    job = create_job(client)
+    r = client.post(
+        job.url("/profiles"),
         content=content,
-        headers={**ready_job.auth, "content-type": "application/json"},
+        headers={**job.auth, "content-type": "application/json"},
     )
     assert r.status_code == 422
     assert _is_error(r.json(), 422)

@@ -63,9 +63,11 @@ def test_straggler_moves_plans_and_clearing_moves_them_back(ready_job: Job) -> N
     "body",
     [{}, {"slowdown": 1.1, "iteration_time_s": 2.0}, {"slowdown": 0.5}, {"iteration_time_s": -1}],
 )
-def test_bad_straggler_is_422(ready_job: Job, body: dict[str, Any]) -> None:
-    r = ready_job.client.put(ready_job.url("/straggler"), json=body, headers=ready_job.auth)
+def test_bad_straggler_is_422(client: TestClient, body: dict[str, Any]) -> None:
+    job = create_job(client)  # refused as read: no plan needed
+    r = client.put(job.url("/straggler"), json=body, headers=job.auth)
     assert r.status_code == 422
+    assert job.view()["straggler"] is None
 
 
 def test_policy_set_before_planning_applies_when_ready(
