@@ -43,6 +43,8 @@ def test_with_cuda_each_boundary_records_an_event() -> None:
 
 @pytest.fixture
 def group() -> Iterator[None]:
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -59,5 +61,6 @@ def test_the_process_group_only_once_it_is_up(group: None) -> None:
 
 
 def test_no_process_group_is_none() -> None:
-    assert not dist.is_initialized()
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
     assert distributed() is None
