@@ -13,14 +13,16 @@ the backward pass is the ceiling). ``pred`` and ``succ`` hold rows.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import numba
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["longest_path", "refill"]
+__all__ = ["FitTable", "Network", "longest_path", "refill"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -28,6 +30,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 # Compiled on first use, cached beside this file (numba's cache) for later processes.
 _compiled = cast(Callable[[_F], _F], numba.njit(cache=True, nogil=True))
+_parallel = cast(Callable[[_F], _F], numba.njit(cache=True, nogil=True, parallel=True))
 _inlined = cast(Callable[[_F], _F], numba.njit(cache=True, nogil=True, inline="always"))
 
 
@@ -67,11 +70,73 @@ def _fit(
     return found, taken
 
 
-@_compiled
+@dataclass(frozen=True, slots=True)
+class FitTable:
+    """What a fit needs, per row (node in level order) and per table entry: see
+    ``Planner.fit_times``."""
+
+    first: IntArray
+    scale: FloatArray
+    offset: FloatArray
+    low: FloatArray
+    high: FloatArray
+    table: IntArray
+    table_time: FloatArray
+    table_next: FloatArray
+    padded: FloatArray
+    one_step: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Network:
+    """The DAG in level order: ``order[r]`` is row ``r``'s node, ``pred``/``succ`` hold rows
+    (``n``: none); and each node's cost-table start, for the energies."""
+
+    order: IntArray
+    pred: IntArray
+    succ: IntArray
+    start: IntArray
+
+
 def refill(
-    chosen: IntArray,
+    choices: IntArray,
+    ceiling: FloatArray,
+    network: Network,
+    fit: FitTable,
+    energy_j: FloatArray,
+    p_block_w: float,
+    num_gpus: int,
+) -> tuple[IntArray, FloatArray, FloatArray]:
+    """The refill of plans ``choices`` ``(n, P)`` (node order) under ``ceiling`` ``(P,)``.
+
+    Returns:
+        The refilled plans ``(n, P)`` (node order), their iteration times and energies
+        (``Planner.evaluate``'s sums, node by node in node order).
+    """
+    plans = choices.shape[1]
+    block = max(1, -(-plans // _BLOCKS))
+    return _refill(
+        np.ascontiguousarray(choices, dtype=np.int64),
+        np.ascontiguousarray(np.broadcast_to(ceiling, (plans,)), dtype=np.float64),
+        network.order, network.pred, network.succ, network.start,
+        fit.first, fit.scale, fit.offset, fit.low, fit.high, fit.table, fit.table_time,
+        fit.table_next, fit.padded, fit.one_step, energy_j, float(p_block_w), int(num_gpus),
+        block,
+    )  # fmt: skip
+
+
+# Plans are refilled in up to this many blocks side by side (one per thread).
+_BLOCKS = max(1, min(8, os.cpu_count() or 1))
+
+
+@_parallel
+def _refill(
+    choices: IntArray,
+    ceiling: FloatArray,
+    order: IntArray,
     pred: IntArray,
     succ: IntArray,
+    start: IntArray,
     first: IntArray,
     scale: FloatArray,
     offset: FloatArray,
@@ -82,79 +147,88 @@ def refill(
     table_next: FloatArray,
     padded: FloatArray,
     one_step: bool,
-    ceiling: FloatArray,
-) -> tuple[FloatArray, FloatArray]:
-    """The refill's three passes over ``chosen`` ``(n, P)`` (rows in level order), in place.
-    A node's plans side by side: their fits read the same stretch of its class's table.
-
-    Returns:
-        The refilled plans' durations ``(n, P)`` and iteration times ``(P,)``.
-    """
-    n, plans = chosen.shape
-    durations = np.empty((n, plans))
-    finish = np.empty((n + 1, plans))
-    finish[n] = 0.0
-    begin = np.empty((n, plans))
-    for r in range(n):
-        a, b = pred[r, 0], pred[r, 1]
-        for p in range(plans):
-            d = padded[first[r] + chosen[r, p]]
-            durations[r, p] = d
-            end = max(finish[a, p], finish[b, p]) + d
-            finish[r, p] = end
-            begin[r, p] = end - d
-    latest = np.empty((n + 1, plans))
-    latest[n] = ceiling
-    finish_by = np.empty((n, plans))
-    for r in range(n - 1, -1, -1):
-        a, b = succ[r, 0], succ[r, 1]
-        for p in range(plans):
-            bound = min(latest[a, p], latest[b, p])
-            finish_by[r, p] = bound
-            found, taken = _fit(
-                bound - begin[r, p],
-                first[r],
-                scale[r],
-                offset[r],
-                low[r],
-                high[r],
-                table,
-                table_time,
-                table_next,
-                padded,
-                one_step,
-            )
-            chosen[r, p] = found
-            durations[r, p] = taken
-            latest[r, p] = bound - taken
-    earliest = finish
+    energy_j: FloatArray,
+    p_block_w: float,
+    num_gpus: int,
+    block: int,
+) -> tuple[IntArray, FloatArray, FloatArray]:
+    n, plans = choices.shape
+    out = np.empty((n, plans), dtype=np.int64)
     total = np.zeros(plans)
-    for r in range(n):
-        a, b = pred[r, 0], pred[r, 1]
-        for p in range(plans):
-            start = max(earliest[a, p], earliest[b, p])
-            found, taken = _fit(
-                finish_by[r, p] - start,
-                first[r],
-                scale[r],
-                offset[r],
-                low[r],
-                high[r],
-                table,
-                table_time,
-                table_next,
-                padded,
-                one_step,
-            )
-            if found > chosen[r, p]:
+    energy = np.zeros(plans)
+    blocks = -(-plans // block) if plans else 0
+    for k in numba.prange(blocks):
+        lo = k * block
+        hi = min(plans, lo + block)
+        width = hi - lo
+        chosen = np.empty((n, width), dtype=np.int64)
+        durations = np.empty((n, width))
+        finish = np.empty((n + 1, width))
+        begin = np.empty((n, width))
+        latest = np.empty((n + 1, width))
+        finish_by = np.empty((n, width))
+        # the current plans' earliest starts
+        finish[n] = 0.0
+        for r in range(n):
+            node = order[r]
+            a, b = pred[r, 0], pred[r, 1]
+            for p in range(width):
+                pick = choices[node, lo + p]
+                chosen[r, p] = pick
+                d = padded[first[r] + pick]
+                durations[r, p] = d
+                end = max(finish[a, p], finish[b, p]) + d
+                finish[r, p] = end
+                begin[r, p] = end - d
+        # backward: each node, latest first, takes the slack up to its successors' latest start
+        for p in range(width):
+            latest[n, p] = ceiling[lo + p]
+        for r in range(n - 1, -1, -1):
+            a, b = succ[r, 0], succ[r, 1]
+            for p in range(width):
+                bound = min(latest[a, p], latest[b, p])
+                finish_by[r, p] = bound
+                found, taken = _fit(
+                    bound - begin[r, p], first[r], scale[r], offset[r], low[r], high[r],
+                    table, table_time, table_next, padded, one_step,
+                )  # fmt: skip
                 chosen[r, p] = found
-            if taken > durations[r, p]:
                 durations[r, p] = taken
-            end = start + durations[r, p]
-            earliest[r, p] = end
-            if r == 0 or end > total[p]:
-                total[p] = end
-    return durations, total
+                latest[r, p] = bound - taken
+        # forward: the same from the other side (options ascend in time: slower is later)
+        earliest = finish
+        for r in range(n):
+            a, b = pred[r, 0], pred[r, 1]
+            for p in range(width):
+                begin_at = max(earliest[a, p], earliest[b, p])
+                found, taken = _fit(
+                    finish_by[r, p] - begin_at, first[r], scale[r], offset[r], low[r], high[r],
+                    table, table_time, table_next, padded, one_step,
+                )  # fmt: skip
+                if found > chosen[r, p]:
+                    chosen[r, p] = found
+                if taken > durations[r, p]:
+                    durations[r, p] = taken
+                end = begin_at + durations[r, p]
+                earliest[r, p] = end
+                if r == 0 or end > total[lo + p]:
+                    total[lo + p] = end
+        # back to node order; the energies summed node by node as Planner.evaluate's are
+        place = np.empty(n, dtype=np.int64)
+        for r in range(n):
+            place[order[r]] = r
+        summed = np.zeros(width)
+        busy = np.zeros(width)
+        for j in range(n):
+            r = place[j]
+            for p in range(width):
+                pick = chosen[r, p]
+                out[j, lo + p] = pick
+                summed[p] += energy_j[start[j] + pick]
+                busy[p] += durations[r, p]
+        for p in range(width):
+            energy[lo + p] = summed[p] + p_block_w * (num_gpus * total[lo + p] - busy[p])
+    return out, total, energy
 
 
 @_compiled

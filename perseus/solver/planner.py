@@ -128,13 +128,20 @@ class Planner:
         self._place = place[:-1]
         self._pred_rows = np.ascontiguousarray(place[dag.pred][order])
         self._succ_rows = np.ascontiguousarray(place[dag.succ][order])
-        self._fit_rows = tuple(np.ascontiguousarray(a[order]) for a in self.fit_node)
         # In one step (see fit_times): per table row, the picked option's time and the next
         # option's (NaN after a class's last), each gathered by the row alone.
         table_class = np.repeat(np.arange(classes), np.diff(np.append(low, base)).astype(np.int64))
         table_first = padded_start[table_class] + self._table
         self._table_time = self._padded[table_first]
         self._table_next = self._padded[table_first + 1]
+        first, scale, offset, low, high = (np.ascontiguousarray(a[order]) for a in self.fit_node)
+        self._fit_table = kernels.FitTable(
+            first, scale, offset, low, high, self._table, self._table_time, self._table_next,
+            self._padded, self.one_step,
+        )  # fmt: skip
+        self._network = kernels.Network(
+            order, self._pred_rows, self._succ_rows, np.ascontiguousarray(self.start)
+        )
         # The all-fastest plan's time and energy (every instruction at its fastest option).
         (fastest_time,), (fastest_energy,) = self.evaluate(np.zeros((dag.size, 1), np.int64))
         self.fastest_time_s, self.fastest_energy_j = float(fastest_time), float(fastest_energy)
@@ -224,21 +231,10 @@ class Planner:
     ) -> tuple[IntArray, FloatArray, FloatArray]:
         """:meth:`refill`, with the exact iteration time and energy of the refilled plans (as
         :meth:`evaluate` gives them; the forward pass has the finish times already)."""
-        chosen = np.ascontiguousarray(choices.take(self._order, axis=0), dtype=np.int64)
-        first, scale, offset, low, high = self._fit_rows
-        durations, total = kernels.refill(
-            chosen, self._pred_rows, self._succ_rows, first, scale, offset, low, high,
-            self._table, self._table_time, self._table_next, self._padded, self.one_step,
-            np.ascontiguousarray(np.broadcast_to(ceiling, (chosen.shape[1],)), dtype=np.float64),
+        return kernels.refill(
+            choices, ceiling, self._network, self._fit_table, self.costs.energy_j,
+            self.costs.p_block_w, self.costs.num_gpus,
         )  # fmt: skip
-        # back to node order (the sums then add up as evaluate's do)
-        choices = chosen.take(self._place, axis=0)
-        durations = durations.take(self._place, axis=0)
-        flat = self.start[:, None] + choices
-        energy = self.costs.energy_j.take(flat).sum(axis=0) + self.costs.p_block_w * (
-            self.costs.num_gpus * total - durations.sum(axis=0)
-        )
-        return choices, total, energy
 
     def with_crossings(self, plans: IntArray) -> Evaluated:
         """``plans`` and the crossovers of each with the next by time, evaluated."""
