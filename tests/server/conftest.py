@@ -1,4 +1,8 @@
-"""Fixtures of the server tests: settings on a temporary database, a TestClient, profiles.
+"""Fixtures of the server tests: settings on a temporary database, a TestClient, profiles,
+jobs driven through the API (:class:`Job`, :func:`create_job`, ``ready_job``), and a store
+with helpers that drive a :class:`JobService` directly (``store``, :class:`Clock`,
+:func:`register_ranks`, :func:`report_profiles`). Shared by every test module here, one per
+server module.
 
 Store tests run on SQLite always and on PostgreSQL when ``PERSEUS_TEST_POSTGRES_URL`` is set
 (``.ci/postgres.sh`` prints it); without it the PostgreSQL parameter skips.
