@@ -1,0 +1,87 @@
+"""The compiled loops of :mod:`perseus.solver.kernels` against plain-Python passes."""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+from perseus.solver import build_costs, build_dag
+from perseus.solver.planner import FIT_BINS_MAX, Planner
+
+from .cases import Case, cases, examples
+
+
+def _fit(times: list[float], room: float) -> int:
+    """The slowest option that takes at most ``room``; the fastest if none does."""
+    return max(bisect.bisect_right(times, room) - 1, 0)
+
+
+def _refill(planner: Planner, plan: np.ndarray, ceiling: float) -> tuple[list[int], float]:
+    """The refill as its docstring states it, one node at a time in topological order."""
+    dag = planner.dag
+    n = dag.size
+    times = [planner.class_times[int(c)].tolist() for c in dag.cost_class]
+    chosen = [int(k) for k in plan]
+    finish = [0.0] * (n + 1)
+    for j in dag.topo.tolist():
+        finish[j] = max(finish[int(i)] for i in dag.pred[j]) + times[j][chosen[j]]
+    begin = [finish[j] - times[j][chosen[j]] for j in range(n)]
+    latest = [0.0] * n + [ceiling]
+    finish_by = [0.0] * n
+    for j in reversed(dag.topo.tolist()):
+        finish_by[j] = min(latest[int(k)] for k in dag.succ[j])
+        chosen[j] = _fit(times[j], finish_by[j] - begin[j])
+        latest[j] = finish_by[j] - times[j][chosen[j]]
+    earliest = [0.0] * (n + 1)
+    for j in dag.topo.tolist():
+        start = max(earliest[int(i)] for i in dag.pred[j])
+        chosen[j] = max(chosen[j], _fit(times[j], finish_by[j] - start))
+        earliest[j] = start + times[j][chosen[j]]
+    return chosen, max(earliest[:n])
+
+
+@examples(30)
+@given(
+    cases(schedules=("1f1b", "gpipe", "interleaved-1f1b"), options=(2, 6)),
+    st.data(),
+    st.booleans(),
+    st.integers(1, 11),
+)
+def test_refill_equals_the_passes_one_node_at_a_time(
+    case: Case, data: st.DataObject, one_step: bool, plans: int
+) -> None:
+    """Plans side by side (split into blocks across threads, any count) refill exactly as
+    the passes do node by node, with the table's one-step fit or its stepping one, and state
+    the time and energy that evaluating their plans gives."""
+    note(repr(case))
+    schedule = case.schedule()
+    costs = build_costs(case.profile(), schedule, case.p_block_w)
+    planner = Planner(build_dag(schedule), costs, fit_bins_max=FIT_BINS_MAX if one_step else -1)
+    n = planner.dag.size
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    choices = np.stack([rng.integers(0, planner.last + 1) for _ in range(plans)], axis=1)
+    ceilings = planner.fastest_time_s * rng.uniform(0.95, 1.6, plans)
+    refilled, total, energy = planner.refill_evaluated(choices, ceilings)
+    assert refilled.shape == (n, plans)
+    for p in range(plans):
+        expected, expected_time = _refill(planner, choices[:, p], float(ceilings[p]))
+        assert refilled[:, p].tolist() == expected
+        assert float(total[p]) == expected_time
+    evaluated_time, evaluated_energy = planner.evaluate(refilled)
+    np.testing.assert_array_equal(total, evaluated_time)
+    np.testing.assert_allclose(energy, evaluated_energy, rtol=1e-12)
+
+
+@examples(20)
+@given(cases(schedules=("1f1b", "interleaved-1f1b"), options=(2, 5)), st.integers(1, 9))
+def test_longest_path_equals_the_dag_finish_times(case: Case, plans: int) -> None:
+    note(repr(case))
+    schedule = case.schedule()
+    planner = Planner(build_dag(schedule), build_costs(case.profile(), schedule, 0.0))
+    rng = np.random.default_rng(plans)
+    durations = rng.uniform(0.001, 0.1, (planner.dag.size, plans))
+    expected = planner.dag.finish_times(durations).max(axis=0)
+    np.testing.assert_array_equal(planner.iteration_time(durations), expected)
