@@ -113,24 +113,35 @@ def refill(
         The refilled plans ``(n, P)`` (node order), their iteration times and energies
         (``Planner.evaluate``'s sums, node by node in node order).
     """
-    plans = choices.shape[1]
-    block = max(1, -(-plans // _BLOCKS))
-    return _refill(
+    n, plans = choices.shape
+    args = (
         np.ascontiguousarray(choices, dtype=np.int64),
         np.ascontiguousarray(np.broadcast_to(ceiling, (plans,)), dtype=np.float64),
         network.order, network.pred, network.succ, network.start,
         fit.first, fit.scale, fit.offset, fit.low, fit.high, fit.table, fit.table_time,
         fit.table_next, fit.padded, fit.one_step, energy_j, float(p_block_w), int(num_gpus),
-        block,
     )  # fmt: skip
+    out = np.empty((n, plans), dtype=np.int64)
+    total = np.zeros(plans)
+    energy = np.zeros(plans)
+    blocks = min(_BLOCKS, plans)
+    if blocks > 1 and n * plans >= _PARALLEL_CELLS:
+        _refill_blocks(*args, blocks, out, total, energy)
+    else:
+        _refill_block(*args, 0, plans, out, total, energy)
+    return out, total, energy
 
 
-# Plans are refilled in up to this many blocks side by side (one per thread).
+# Plans are refilled in up to this many blocks side by side (one per thread), when there are
+# at least _PARALLEL_CELLS (node, plan) cells: below that a thread's start and a busy core's
+# time slice cost more than the pass.
 _BLOCKS = max(1, min(8, os.cpu_count() or 1))
+_PARALLEL_CELLS = 1 << 20
+_TILE = 32  # plans per pass (see _refill_block)
 
 
 @_parallel
-def _refill(
+def _refill_blocks(
     choices: IntArray,
     ceiling: FloatArray,
     order: IntArray,
@@ -150,85 +161,164 @@ def _refill(
     energy_j: FloatArray,
     p_block_w: float,
     num_gpus: int,
-    block: int,
-) -> tuple[IntArray, FloatArray, FloatArray]:
-    n, plans = choices.shape
-    out = np.empty((n, plans), dtype=np.int64)
-    total = np.zeros(plans)
-    energy = np.zeros(plans)
-    blocks = -(-plans // block) if plans else 0
+    blocks: int,
+    out: IntArray,
+    total: FloatArray,
+    energy: FloatArray,
+) -> None:
+    plans = choices.shape[1]
+    size = -(-plans // blocks)
     for k in numba.prange(blocks):
-        lo = k * block
-        hi = min(plans, lo + block)
-        width = hi - lo
-        chosen = np.empty((n, width), dtype=np.int64)
-        durations = np.empty((n, width))
-        finish = np.empty((n + 1, width))
-        begin = np.empty((n, width))
-        latest = np.empty((n + 1, width))
-        finish_by = np.empty((n, width))
-        # the current plans' earliest starts
-        finish[n] = 0.0
-        for r in range(n):
-            node = order[r]
-            a, b = pred[r, 0], pred[r, 1]
-            for p in range(width):
-                pick = choices[node, lo + p]
-                chosen[r, p] = pick
-                d = padded[first[r] + pick]
-                durations[r, p] = d
-                end = max(finish[a, p], finish[b, p]) + d
-                finish[r, p] = end
-                begin[r, p] = end - d
-        # backward: each node, latest first, takes the slack up to its successors' latest start
+        _refill_block(
+            choices, ceiling, order, pred, succ, start, first, scale, offset, low, high, table,
+            table_time, table_next, padded, one_step, energy_j, p_block_w, num_gpus,
+            k * size, min(plans, (k + 1) * size), out, total, energy,
+        )  # fmt: skip
+
+
+@_compiled
+def _refill_block(
+    choices: IntArray,
+    ceiling: FloatArray,
+    order: IntArray,
+    pred: IntArray,
+    succ: IntArray,
+    start: IntArray,
+    first: IntArray,
+    scale: FloatArray,
+    offset: FloatArray,
+    low: FloatArray,
+    high: FloatArray,
+    table: IntArray,
+    table_time: FloatArray,
+    table_next: FloatArray,
+    padded: FloatArray,
+    one_step: bool,
+    energy_j: FloatArray,
+    p_block_w: float,
+    num_gpus: int,
+    lo: int,
+    hi: int,
+    out: IntArray,
+    total: FloatArray,
+    energy: FloatArray,
+) -> None:
+    """The refill of plans ``lo`` to ``hi``, ``_TILE`` plans at a time: a tile's working
+    arrays (six of nodes x tile) stay in the cache."""
+    n = choices.shape[0]
+    chosen = np.empty((n, _TILE), dtype=np.int64)
+    durations = np.empty((n, _TILE))
+    finish = np.empty((n + 1, _TILE))
+    begin = np.empty((n, _TILE))
+    latest = np.empty((n + 1, _TILE))
+    finish_by = np.empty((n, _TILE))
+    for tile in range(lo, hi, _TILE):
+        _refill_tile(
+            choices, ceiling, order, pred, succ, start, first, scale, offset, low, high, table,
+            table_time, table_next, padded, one_step, energy_j, p_block_w, num_gpus,
+            tile, min(hi, tile + _TILE), out, total, energy,
+            chosen, durations, finish, begin, latest, finish_by,
+        )  # fmt: skip
+
+
+@_compiled
+def _refill_tile(
+    choices: IntArray,
+    ceiling: FloatArray,
+    order: IntArray,
+    pred: IntArray,
+    succ: IntArray,
+    start: IntArray,
+    first: IntArray,
+    scale: FloatArray,
+    offset: FloatArray,
+    low: FloatArray,
+    high: FloatArray,
+    table: IntArray,
+    table_time: FloatArray,
+    table_next: FloatArray,
+    padded: FloatArray,
+    one_step: bool,
+    energy_j: FloatArray,
+    p_block_w: float,
+    num_gpus: int,
+    lo: int,
+    hi: int,
+    out: IntArray,
+    total: FloatArray,
+    energy: FloatArray,
+    chosen: IntArray,
+    durations: FloatArray,
+    finish: FloatArray,
+    begin: FloatArray,
+    latest: FloatArray,
+    finish_by: FloatArray,
+) -> None:
+    """The refill of plans ``lo`` to ``hi`` into ``out``, ``total`` and ``energy``, on
+    scratch arrays of ``_TILE`` columns (their first ``hi - lo`` used)."""
+    n = choices.shape[0]
+    width = hi - lo
+    # the current plans' earliest starts
+    finish[n] = 0.0
+    for r in range(n):
+        node = order[r]
+        a, b = pred[r, 0], pred[r, 1]
         for p in range(width):
-            latest[n, p] = ceiling[lo + p]
-        for r in range(n - 1, -1, -1):
-            a, b = succ[r, 0], succ[r, 1]
-            for p in range(width):
-                bound = min(latest[a, p], latest[b, p])
-                finish_by[r, p] = bound
-                found, taken = _fit(
-                    bound - begin[r, p], first[r], scale[r], offset[r], low[r], high[r],
-                    table, table_time, table_next, padded, one_step,
-                )  # fmt: skip
+            pick = choices[node, lo + p]
+            chosen[r, p] = pick
+            d = padded[first[r] + pick]
+            durations[r, p] = d
+            end = max(finish[a, p], finish[b, p]) + d
+            finish[r, p] = end
+            begin[r, p] = end - d
+    # backward: each node, latest first, takes the slack up to its successors' latest start
+    for p in range(width):
+        latest[n, p] = ceiling[lo + p]
+    for r in range(n - 1, -1, -1):
+        a, b = succ[r, 0], succ[r, 1]
+        for p in range(width):
+            bound = min(latest[a, p], latest[b, p])
+            finish_by[r, p] = bound
+            found, taken = _fit(
+                bound - begin[r, p], first[r], scale[r], offset[r], low[r], high[r],
+                table, table_time, table_next, padded, one_step,
+            )  # fmt: skip
+            chosen[r, p] = found
+            durations[r, p] = taken
+            latest[r, p] = bound - taken
+    # forward: the same from the other side (options ascend in time: slower is later)
+    earliest = finish
+    for r in range(n):
+        a, b = pred[r, 0], pred[r, 1]
+        for p in range(width):
+            begin_at = max(earliest[a, p], earliest[b, p])
+            found, taken = _fit(
+                finish_by[r, p] - begin_at, first[r], scale[r], offset[r], low[r], high[r],
+                table, table_time, table_next, padded, one_step,
+            )  # fmt: skip
+            if found > chosen[r, p]:
                 chosen[r, p] = found
+            if taken > durations[r, p]:
                 durations[r, p] = taken
-                latest[r, p] = bound - taken
-        # forward: the same from the other side (options ascend in time: slower is later)
-        earliest = finish
-        for r in range(n):
-            a, b = pred[r, 0], pred[r, 1]
-            for p in range(width):
-                begin_at = max(earliest[a, p], earliest[b, p])
-                found, taken = _fit(
-                    finish_by[r, p] - begin_at, first[r], scale[r], offset[r], low[r], high[r],
-                    table, table_time, table_next, padded, one_step,
-                )  # fmt: skip
-                if found > chosen[r, p]:
-                    chosen[r, p] = found
-                if taken > durations[r, p]:
-                    durations[r, p] = taken
-                end = begin_at + durations[r, p]
-                earliest[r, p] = end
-                if r == 0 or end > total[lo + p]:
-                    total[lo + p] = end
-        # back to node order; the energies summed node by node as Planner.evaluate's are
-        place = np.empty(n, dtype=np.int64)
-        for r in range(n):
-            place[order[r]] = r
-        summed = np.zeros(width)
-        busy = np.zeros(width)
-        for j in range(n):
-            r = place[j]
-            for p in range(width):
-                pick = chosen[r, p]
-                out[j, lo + p] = pick
-                summed[p] += energy_j[start[j] + pick]
-                busy[p] += durations[r, p]
+            end = begin_at + durations[r, p]
+            earliest[r, p] = end
+            if r == 0 or end > total[lo + p]:
+                total[lo + p] = end
+    # back to node order; the energies summed node by node as Planner.evaluate's are
+    place = np.empty(n, dtype=np.int64)
+    for r in range(n):
+        place[order[r]] = r
+    summed = np.zeros(width)
+    busy = np.zeros(width)
+    for j in range(n):
+        r = place[j]
         for p in range(width):
-            energy[lo + p] = summed[p] + p_block_w * (num_gpus * total[lo + p] - busy[p])
-    return out, total, energy
+            pick = chosen[r, p]
+            out[j, lo + p] = pick
+            summed[p] += energy_j[start[j] + pick]
+            busy[p] += durations[r, p]
+    for p in range(width):
+        energy[lo + p] = summed[p] + p_block_w * (num_gpus * total[lo + p] - busy[p])
 
 
 @_compiled
