@@ -41,7 +41,7 @@ MAX_INSTRUCTIONS = 262_144
 MAX_PROFILE_ROWS = 10_000
 MAX_CLOCKS = 1_000
 
-# The wire names of the solver's schedules (tests/server/test_schemas.py keeps them equal).
+# The wire names of the solver's schedules (tests/wire/test_common.py keeps them equal).
 ScheduleName = Literal[
     "1f1b", "gpipe", "interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev", "looped-bfs"
 ]
