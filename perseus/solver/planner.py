@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from perseus.solver import kernels
 from perseus.solver.costs import CostTable
 from perseus.solver.dag import PipelineDag
 from perseus.solver.programs import hull_options
@@ -135,6 +134,11 @@ class Planner:
         self._table_time = self._padded[table_first]
         self._table_next = self._padded[table_first + 1]
         first, scale, offset, low, high = (np.ascontiguousarray(a[order]) for a in self.fit_node)
+        # imported here, not with the module: numba takes half a second to import, and every
+        # process that reads a profile (a training rank) imports perseus.solver
+        from perseus.solver import kernels
+
+        self._kernels = kernels
         self._fit_table = kernels.FitTable(
             first, scale, offset, low, high, self._table, self._table_time, self._table_next,
             self._padded, self.one_step,
@@ -170,7 +174,7 @@ class Planner:
         """Longest path of plans' durations ``(n, P)``: ``dag.iteration_time``, in level order
         (compiled, see :func:`perseus.solver.kernels.longest_path`). O(n * P)."""
         ordered = np.ascontiguousarray(durations.take(self._order, axis=0), dtype=np.float64)
-        return np.asarray(kernels.longest_path(ordered, self._pred_rows))
+        return np.asarray(self._kernels.longest_path(ordered, self._pred_rows))
 
     def fit(self, nodes: IntArray, room: FloatArray) -> IntArray:
         """Slowest option of each of ``nodes`` that takes at most its ``room`` (the fastest if
@@ -231,7 +235,7 @@ class Planner:
     ) -> tuple[IntArray, FloatArray, FloatArray]:
         """:meth:`refill`, with the exact iteration time and energy of the refilled plans (as
         :meth:`evaluate` gives them; the forward pass has the finish times already)."""
-        return kernels.refill(
+        return self._kernels.refill(
             choices, ceiling, self._network, self._fit_table, self.costs.energy_j,
             self.costs.p_block_w, self.costs.num_gpus,
         )  # fmt: skip
