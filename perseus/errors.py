@@ -25,6 +25,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AuthError",
     "GpuControlError",
@@ -150,6 +152,11 @@ class PlanNotReady(JobStateError):
         super().__init__(message)
         self.state = state
         self.retry_after_s = retry_after_s
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Unpickling calls the class with ``args`` (the message only), which lacks the
+        # required ``state``: pass it too, and the attributes as the state to restore.
+        return type(self), (*self.args, self.state), self.__dict__
 
 
 class AuthError(PerseusError):
