@@ -1,0 +1,137 @@
+"""The convex relaxation of :mod:`perseus.solver.relaxation`: ``V(D)`` convex, non-increasing
+and a lower bound of every plan's energy (brute force), its slope a subgradient, its dives
+plans that meet the deadline."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+from perseus.errors import InfeasibleDeadline
+from perseus.solver import build_costs, build_dag, make_schedule, profile_from_rows
+from perseus.solver.planner import Planner
+from perseus.solver.relaxation import Relaxation
+
+from . import reference as ref
+from .cases import RTOL, Case, cases, examples
+
+ALL_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
+SMALL = cases(schedules=ALL_SCHEDULES, stages=(1, 3), microbatches=(1, 4), options=(1, 4))
+TINY = cases(schedules=ALL_SCHEDULES, stages=(1, 2), microbatches=(1, 3), options=(1, 3),
+             max_plans=5_000)  # fmt: skip
+
+
+def relaxation_of(case: Case) -> Relaxation:
+    schedule = case.schedule()
+    return Relaxation(build_dag(schedule), build_costs(case.profile(), schedule, case.p_block_w))
+
+
+def deadlines(case: Case, relaxation: Relaxation, count: int = 9) -> list[float]:
+    """From the all-fastest time (the reference's) to past the free optimum's time."""
+    free = relaxation.solve(None)
+    end = max(free.iteration_time_s * 1.1, case.t_min * 1.05)
+    return np.linspace(case.t_min, end, count).tolist()
+
+
+def scale(case: Case, relaxation: Relaxation) -> float:
+    return max(abs(relaxation.solve(case.t_min).value_j), 1.0)
+
+
+@examples(25)
+@given(SMALL)
+def test_value_is_convex_and_non_increasing_and_its_slope_a_subgradient(case: Case) -> None:
+    note(repr(case))  # hypothesis prints composite values blank
+    relaxation = relaxation_of(case)
+    tol = 1e-7 * scale(case, relaxation)
+    points = [relaxation.solve(d) for d in deadlines(case, relaxation)]
+    values = [p.value_j for p in points]
+    assert all(b <= a + tol for a, b in itertools.pairwise(values)), values
+    chords = [(b.value_j - a.value_j) / (b.deadline_s - a.deadline_s)
+              for a, b in itertools.pairwise(points)]  # fmt: skip
+    step = points[1].deadline_s - points[0].deadline_s
+    assert all(b >= a - 2 * tol / step for a, b in itertools.pairwise(chords)), chords
+    for p in points:
+        assert p.slope_j_per_s <= 0
+        assert p.iteration_time_s <= p.deadline_s * (1 + RTOL)
+        # the tangent at every solved deadline lies below V everywhere
+        for q in points:
+            tangent = p.value_j + p.slope_j_per_s * (q.deadline_s - p.deadline_s)
+            assert tangent <= q.value_j + tol, (p.deadline_s, q.deadline_s)
+    free = relaxation.solve(None)
+    assert free.slope_j_per_s == 0.0
+    assert free.value_j <= min(values) + tol
+
+
+@examples(30)
+@given(TINY)
+def test_value_is_a_lower_bound_of_the_exact_optimum(case: Case) -> None:
+    note(repr(case))  # hypothesis prints composite values blank
+    bf = ref.brute_force(case.table, case.dag, case.p_block_w)
+    relaxation = relaxation_of(case)
+    tol = 1e-9 * scale(case, relaxation)
+    for d in deadlines(case, relaxation, 6):
+        assert relaxation.solve(d).value_j <= bf.best(d) + tol, d
+    assert relaxation.solve(None).value_j <= bf.e_min + tol
+
+
+@examples(25)
+@given(SMALL, st.floats(0.0, 0.5), st.sampled_from([0.05, 0.25, 1.0]))
+def test_a_dive_returns_options_whose_plan_meets_the_deadline(
+    case: Case, where: float, fraction: float
+) -> None:
+    note(repr(case))  # hypothesis prints composite values blank
+    schedule = case.schedule()
+    dag = build_dag(schedule)
+    costs = build_costs(case.profile(), schedule, case.p_block_w)
+    relaxation = Relaxation(dag, costs)
+    planner = Planner(dag, costs)
+    free = relaxation.solve(None)
+    deadline = case.t_min + where * max(free.iteration_time_s - case.t_min, 0.0)
+    option_times = [costs.times_of(int(c)) for c in dag.cost_class]
+    before = relaxation.solve(deadline)
+    choice = relaxation.dive(deadline, option_times, fraction)
+    assert choice.shape == (dag.size,)
+    assert all(0 <= k < len(t) for k, t in zip(choice.tolist(), option_times, strict=True))
+    (time_s,), (energy_j,) = planner.evaluate(choice[:, None])
+    assert time_s <= deadline * (1 + RTOL)
+    assert energy_j >= before.value_j - 1e-9 * max(abs(energy_j), 1.0)
+    # the dive fixes nothing for good: the relaxation solves as before afterwards
+    after = relaxation.solve(deadline)
+    assert after.value_j == pytest.approx(before.value_j, rel=1e-9, abs=1e-9)
+    # starting from a solution already at hand, with one round, also meets it
+    first = relaxation.dive(deadline, option_times, fraction, rounds=1, first=before)
+    assert planner.evaluate(first[:, None])[0][0] <= deadline * (1 + RTOL)
+
+
+@examples(20)
+@given(SMALL)
+def test_a_deadline_below_the_all_fastest_time_is_infeasible(case: Case) -> None:
+    note(repr(case))  # hypothesis prints composite values blank
+    relaxation = relaxation_of(case)
+    # 0.1 % below: HiGHS's feasibility tolerance is absolute (1e-7), so a deadline a hair
+    # below the all-fastest time (1e-6 of 0.09 s) still passes as met
+    with pytest.raises(InfeasibleDeadline):
+        relaxation.solve(case.t_min * (1 - 1e-3))
+    at = relaxation.solve(case.t_min)  # the all-fastest time itself is feasible
+    assert at.iteration_time_s <= case.t_min * (1 + RTOL)
+
+
+def test_weighted_relaxation_scales_the_slopes_only_inside_the_block() -> None:
+    """Inside ``weighted`` the relaxation optimises the scaled energy slopes (doubling every
+    slope doubles what slowing saves, so the value moves); outside it, the real ones."""
+    rows = [(g, kind, f, t * (1 + 0.2 * g) * (2 if kind == "backward" else 1), e)
+            for g in range(2) for kind in ("forward", "backward")
+            for f, t, e in ((1980, 0.05, 12.0), (1500, 0.07, 10.0), (1200, 0.09, 9.5))]  # fmt: skip
+    profile, schedule = profile_from_rows(rows), make_schedule("1f1b", 2, 3)
+    dag = build_dag(schedule)
+    relaxation = Relaxation(dag, build_costs(profile, schedule, 20.0))
+    plain = relaxation.solve(None)
+    with relaxation.weighted(np.full(dag.size, 2.0)):
+        doubled = relaxation.solve(None)
+    again = relaxation.solve(None)
+    assert doubled.value_j < plain.value_j - 1e-6
+    assert again.value_j == pytest.approx(plain.value_j, rel=1e-12)
