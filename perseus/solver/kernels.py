@@ -106,8 +106,10 @@ def refill(
     energy_j: FloatArray,
     p_block_w: float,
     num_gpus: int,
+    blocks: int | None = None,
 ) -> tuple[IntArray, FloatArray, FloatArray]:
-    """The refill of plans ``choices`` ``(n, P)`` (node order) under ``ceiling`` ``(P,)``.
+    """The refill of plans ``choices`` ``(n, P)`` (node order) under ``ceiling`` ``(P,)``,
+    in ``blocks`` of plans side by side on threads (None: one per core from 2^20 cells).
 
     Returns:
         The refilled plans ``(n, P)`` (node order), their iteration times and energies
@@ -124,8 +126,10 @@ def refill(
     out = np.empty((n, plans), dtype=np.int64)
     total = np.zeros(plans)
     energy = np.zeros(plans)
-    blocks = min(_BLOCKS, plans)
-    if blocks > 1 and n * plans >= _PARALLEL_CELLS:
+    if blocks is None:
+        blocks = _BLOCKS if n * plans >= _PARALLEL_CELLS else 1
+    blocks = min(blocks, plans)
+    if blocks > 1:
         _refill_blocks(*args, blocks, out, total, energy)
     else:
         _refill_block(*args, 0, plans, out, total, energy)

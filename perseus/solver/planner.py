@@ -20,6 +20,7 @@ from perseus.solver.dag import PipelineDag
 from perseus.solver.programs import hull_options
 
 __all__ = [
+    "COMPILED_FROM",
     "FIT_BINS",
     "FIT_BINS_MAX",
     "Evaluated",
@@ -38,6 +39,10 @@ Evaluated = tuple[IntArray, FloatArray, FloatArray]
 
 FIT_BINS = 1024  # table bins per class's time range, at least (see Planner.__init__)
 FIT_BINS_MAX = 1 << 15
+# DAGs of this many instructions or more refill with the compiled loops (perseus.solver.kernels):
+# below, numba's import and first calls (about 0.8 s a process) cost more than they save
+# (8 x 12: 192 instructions), above they save seconds (8 x 96: the refill 2x faster).
+COMPILED_FROM = 1024
 _FIT_MARGIN = 1e-6  # of a bin: a table entry fits this far below its bin (rounding's room)
 _CROSSOVER_SHARES = 31  # plans between two neighbouring anchors, per node order
 
@@ -50,10 +55,18 @@ class Planner:
         costs: Its cost table.
         fit_bins_max: Most table bins per class for the one-step fit (see :meth:`fit`);
             below what a class needs, the fit steps until exact instead.
+        compiled: Refill and take longest paths with the compiled loops of
+            :mod:`perseus.solver.kernels` (True) or with numpy, a level at a time (False);
+            None: compiled from :data:`COMPILED_FROM` instructions. Both give the same plans,
+            times and energies.
     """
 
     def __init__(
-        self, dag: PipelineDag, costs: CostTable, fit_bins_max: int = FIT_BINS_MAX
+        self,
+        dag: PipelineDag,
+        costs: CostTable,
+        fit_bins_max: int = FIT_BINS_MAX,
+        compiled: bool | None = None,
     ) -> None:
         self.dag = dag
         self.costs = costs
@@ -116,41 +129,62 @@ class Planner:
             rank[members] = (np.arange(len(members)) + 0.5) / max(len(members), 1)
             spread[members] = [_van_der_corput(i) for i in range(len(members))]
         self._crossing_orders = (rank, 1.0 - rank, spread)
-        # The refill's passes and the longest path work in level order (compiled loops, see
-        # perseus.solver.kernels): node j's row is _place[j], row n is "none" (the DAG's
-        # link index n); per row, its predecessors' and successors' rows and the fit's columns.
+        # The refill's passes and the longest path work in level order: node j's row is
+        # _place[j], and row n is "none" (the DAG's link index n). Compiled (perseus.solver.
+        # kernels): per row, its predecessors' and successors' rows and the fit's columns.
+        # With numpy: every level a contiguous slice (one view per level, no scatter), the
+        # backward pass walking the levels in reverse (a node's room there depends only on its
+        # successors, all in later levels); per level its rows, its predecessors' and
+        # successors' rows, and the fit's columns.
         order = np.concatenate([np.asarray(level, dtype=np.int64) for level in dag.levels])
         place = np.empty(dag.size + 1, dtype=np.int64)
         place[order] = np.arange(dag.size)
         place[dag.size] = dag.size
         self._order = order
         self._place = place[:-1]
-        self._pred_rows = np.ascontiguousarray(place[dag.pred][order])
-        self._succ_rows = np.ascontiguousarray(place[dag.succ][order])
         # In one step (see fit_times): per table row, the picked option's time and the next
         # option's (NaN after a class's last), each gathered by the row alone.
         table_class = np.repeat(np.arange(classes), np.diff(np.append(low, base)).astype(np.int64))
         table_first = padded_start[table_class] + self._table
         self._table_time = self._padded[table_first]
         self._table_next = self._padded[table_first + 1]
-        first, scale, offset, low, high = (np.ascontiguousarray(a[order]) for a in self.fit_node)
-        # imported here, not with the module: numba takes half a second to import, and every
-        # process that reads a profile (a training rank) imports perseus.solver
-        from perseus.solver import kernels
-
-        self._kernels = kernels
-        self._fit_table = kernels.FitTable(
-            first, scale, offset, low, high, self._table, self._table_time, self._table_next,
-            self._padded, self.one_step,
-        )  # fmt: skip
-        self._network = kernels.Network(
-            order, self._pred_rows, self._succ_rows, np.ascontiguousarray(self.start)
-        )
+        self.compiled = dag.size >= COMPILED_FROM if compiled is None else compiled
+        if self.compiled:
+            self._compile(order, place)
+        else:
+            self._first_ordered = self.fit_node[0][order][:, None]
+            pred, succ = place[dag.pred], place[dag.succ]
+            steps = []
+            lo = 0
+            for level in dag.levels:
+                hi = lo + len(level)
+                steps.append((lo, hi, pred[level, 0], pred[level, 1], succ[level, 0],
+                              succ[level, 1], self.columns(np.asarray(level))))  # fmt: skip
+                lo = hi
+            self._steps = steps
         # The all-fastest plan's time and energy (every instruction at its fastest option).
         (fastest_time,), (fastest_energy,) = self.evaluate(np.zeros((dag.size, 1), np.int64))
         self.fastest_time_s, self.fastest_energy_j = float(fastest_time), float(fastest_energy)
         # The slowest plan's time (every instruction at its slowest option): the grid's end.
         self.slowest_time_s = float(dag.iteration_time(self.durations(self.last[:, None]))[0])
+
+    def _compile(self, order: IntArray, place: IntArray) -> None:
+        # imported here, not with the module: numba takes half a second to import (and every
+        # process that reads a profile, a training rank too, imports perseus.solver)
+        from perseus.solver import kernels
+
+        first, scale, offset, low, high = (np.ascontiguousarray(a[order]) for a in self.fit_node)
+        self._kernels = kernels
+        # what the compiled refill reads (perseus.solver.kernels.refill's arguments)
+        self._pred_rows = np.ascontiguousarray(place[self.dag.pred][order])
+        self.fit_table = kernels.FitTable(
+            first, scale, offset, low, high, self._table, self._table_time, self._table_next,
+            self._padded, self.one_step,
+        )  # fmt: skip
+        self.network = kernels.Network(
+            order, self._pred_rows, np.ascontiguousarray(place[self.dag.succ][order]),
+            np.ascontiguousarray(self.start),
+        )  # fmt: skip
 
     def flat(self, choices: IntArray) -> IntArray:
         """Flat cost-table index of every (plan, node) choice."""
@@ -172,9 +206,19 @@ class Planner:
 
     def iteration_time(self, durations: FloatArray) -> FloatArray:
         """Longest path of plans' durations ``(n, P)``: ``dag.iteration_time``, in level order
-        (compiled, see :func:`perseus.solver.kernels.longest_path`). O(n * P)."""
-        ordered = np.ascontiguousarray(durations.take(self._order, axis=0), dtype=np.float64)
-        return np.asarray(self._kernels.longest_path(ordered, self._pred_rows))
+        (compiled, or one slice per level, as the refill's passes). O(n * P)."""
+        if self.compiled:
+            ordered = np.ascontiguousarray(durations.take(self._order, axis=0), dtype=np.float64)
+            return np.asarray(self._kernels.longest_path(ordered, self._pred_rows))
+        n = self.dag.size
+        ordered = durations.take(self._order, axis=0)
+        finish = np.empty((n + 1, durations.shape[1]))
+        finish[n] = 0.0
+        for lo, hi, before_a, before_b, _, _, _ in self._steps:
+            level = finish[lo:hi]
+            np.maximum(finish.take(before_a, axis=0), finish.take(before_b, axis=0), out=level)
+            level += ordered[lo:hi]
+        return np.asarray(finish[:n].max(axis=0))
 
     def fit(self, nodes: IntArray, room: FloatArray) -> IntArray:
         """Slowest option of each of ``nodes`` that takes at most its ``room`` (the fastest if
@@ -235,10 +279,79 @@ class Planner:
     ) -> tuple[IntArray, FloatArray, FloatArray]:
         """:meth:`refill`, with the exact iteration time and energy of the refilled plans (as
         :meth:`evaluate` gives them; the forward pass has the finish times already)."""
-        return self._kernels.refill(
-            choices, ceiling, self._network, self._fit_table, self.costs.energy_j,
-            self.costs.p_block_w, self.costs.num_gpus,
-        )  # fmt: skip
+        if self.compiled:
+            return self._kernels.refill(
+                choices, ceiling, self.network, self.fit_table, self.costs.energy_j,
+                self.costs.p_block_w, self.costs.num_gpus,
+            )  # fmt: skip
+        n = self.dag.size
+        plans = choices.shape[1]
+        steps = self._steps
+        # rows in level order (see __init__); row n is "none"
+        chosen = choices.take(self._order, axis=0)
+        durations = self._padded[self._first_ordered + chosen]
+        # the current plan's earliest starts
+        finish = np.empty((n + 1, plans))
+        finish[n] = 0.0
+        for lo, hi, before_a, before_b, _, _, _ in steps:
+            level_finish = finish[lo:hi]
+            np.maximum(finish.take(before_a, axis=0), finish.take(before_b, axis=0),
+                       out=level_finish)  # fmt: skip
+            level_finish += durations[lo:hi]
+        begin = finish[:n] - durations
+        latest = np.empty((n + 1, plans))
+        latest[n] = ceiling
+        # each node's latest finish (its successors' earliest latest start): final once the
+        # backward pass is done, so the forward pass reads it back instead of gathering again
+        finish_by = np.empty((n, plans))
+        for lo, hi, _, _, after_a, after_b, columns in reversed(steps):
+            bound = finish_by[lo:hi]
+            np.minimum(latest.take(after_a, axis=0), latest.take(after_b, axis=0), out=bound)
+            picked, taken = self._fit_level(columns, bound - begin[lo:hi])
+            chosen[lo:hi] = picked
+            durations[lo:hi] = taken
+            np.subtract(bound, taken, out=latest[lo:hi])
+        earliest = finish  # reused: the earliest finishes under the refilled plan
+        for lo, hi, before_a, before_b, _, _, columns in steps:
+            begin_level = np.maximum(earliest.take(before_a, axis=0),
+                                     earliest.take(before_b, axis=0))  # fmt: skip
+            picked, taken = self._fit_level(columns, finish_by[lo:hi] - begin_level)
+            # options are in ascending time: the slower of two is the later index
+            level_chosen, level_durations = chosen[lo:hi], durations[lo:hi]
+            np.maximum(picked, level_chosen, out=level_chosen)
+            np.maximum(taken, level_durations, out=level_durations)
+            np.add(begin_level, level_durations, out=earliest[lo:hi])
+        total = earliest[:n].max(axis=0)
+        # back to node order (the sums then add up as evaluate's do)
+        choices = chosen.take(self._place, axis=0)
+        durations = durations.take(self._place, axis=0)
+        flat = self.start[:, None] + choices
+        energy = self.costs.energy_j.take(flat).sum(axis=0) + self.costs.p_block_w * (
+            self.costs.num_gpus * total - durations.sum(axis=0)
+        )
+        return choices, total, energy
+
+    def _fit_level(
+        self, columns: tuple[npt.NDArray[Any], ...], room: FloatArray
+    ) -> tuple[IntArray, FloatArray]:
+        """:meth:`fit_times` of one level of the refill; in one step, the table's rows give
+        the picked option's time and the next one's directly."""
+        if not self.one_step:
+            return self.fit_times(columns, room)
+        _, _, scale, offset, low, high = columns
+        position = room * scale
+        position += offset
+        np.maximum(position, low, out=position)
+        np.minimum(position, high, out=position)
+        # take, not fancy indexing: on (level, plans) arrays it is a third faster
+        rows = position.astype(np.int64)
+        found = self._table.take(rows)
+        after = self._table_next.take(rows)
+        up = after <= room
+        found += up
+        taken = self._table_time.take(rows)
+        np.copyto(taken, after, where=up)
+        return found, taken
 
     def with_crossings(self, plans: IntArray) -> Evaluated:
         """``plans`` and the crossovers of each with the next by time, evaluated."""

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from perseus.solver import build_costs, build_dag
+from perseus.solver import build_costs, build_dag, kernels
 from perseus.solver.planner import FIT_BINS_MAX, Planner
 
 from .cases import Case, cases, examples
@@ -48,18 +48,20 @@ def _refill(planner: Planner, plan: np.ndarray, ceiling: float) -> tuple[list[in
     cases(schedules=("1f1b", "gpipe", "interleaved-1f1b"), options=(2, 6)),
     st.data(),
     st.booleans(),
-    st.integers(1, 11),
+    st.integers(1, 40),
+    st.booleans(),
 )
 def test_refill_equals_the_passes_one_node_at_a_time(
-    case: Case, data: st.DataObject, one_step: bool, plans: int
+    case: Case, data: st.DataObject, one_step: bool, plans: int, compiled: bool
 ) -> None:
-    """Plans side by side (split into blocks across threads, any count) refill exactly as
-    the passes do node by node, with the table's one-step fit or its stepping one, and state
-    the time and energy that evaluating their plans gives."""
+    """Plans side by side (compiled: in tiles, split into blocks across threads; or numpy, a
+    level at a time) refill exactly as the passes do node by node, with the table's one-step
+    fit or its stepping one, and state the time and energy that evaluating their plans gives."""
     note(repr(case))
     schedule = case.schedule()
     costs = build_costs(case.profile(), schedule, case.p_block_w)
-    planner = Planner(build_dag(schedule), costs, fit_bins_max=FIT_BINS_MAX if one_step else -1)
+    fit_bins_max = FIT_BINS_MAX if one_step else -1
+    planner = Planner(build_dag(schedule), costs, fit_bins_max=fit_bins_max, compiled=compiled)
     n = planner.dag.size
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     choices = np.stack([rng.integers(0, planner.last + 1) for _ in range(plans)], axis=1)
@@ -76,12 +78,35 @@ def test_refill_equals_the_passes_one_node_at_a_time(
 
 
 @examples(20)
-@given(cases(schedules=("1f1b", "interleaved-1f1b"), options=(2, 5)), st.integers(1, 9))
-def test_longest_path_equals_the_dag_finish_times(case: Case, plans: int) -> None:
+@given(
+    cases(schedules=("1f1b", "interleaved-1f1b"), options=(2, 5)),
+    st.integers(1, 9),
+    st.booleans(),
+)
+def test_longest_path_equals_the_dag_finish_times(case: Case, plans: int, compiled: bool) -> None:
     note(repr(case))
     schedule = case.schedule()
-    planner = Planner(build_dag(schedule), build_costs(case.profile(), schedule, 0.0))
+    costs = build_costs(case.profile(), schedule, 0.0)
+    planner = Planner(build_dag(schedule), costs, compiled=compiled)
     rng = np.random.default_rng(plans)
     durations = rng.uniform(0.001, 0.1, (planner.dag.size, plans))
     expected = planner.dag.finish_times(durations).max(axis=0)
     np.testing.assert_array_equal(planner.iteration_time(durations), expected)
+
+
+@examples(10)
+@given(cases(schedules=("1f1b", "interleaved-1f1b"), options=(2, 5)), st.integers(2, 5))
+def test_refill_on_threads_equals_one_block(case: Case, blocks: int) -> None:
+    """Plans split into blocks refilled side by side on threads: the same as in one block."""
+    note(repr(case))
+    schedule = case.schedule()
+    costs = build_costs(case.profile(), schedule, case.p_block_w)
+    planner = Planner(build_dag(schedule), costs, compiled=True)
+    rng = np.random.default_rng(blocks)
+    choices = np.stack([rng.integers(0, planner.last + 1) for _ in range(70)], axis=1)
+    ceilings = planner.fastest_time_s * rng.uniform(0.95, 1.6, 70)
+    args = (planner.network, planner.fit_table, costs.energy_j, costs.p_block_w, costs.num_gpus)
+    one = kernels.refill(choices, ceilings, *args, blocks=1)
+    split = kernels.refill(choices, ceilings, *args, blocks=blocks)
+    for a, b in zip(one, split, strict=True):
+        np.testing.assert_array_equal(a, b)
