@@ -1,11 +1,12 @@
-"""Profiles with a split backward: backward_input and backward_weight rows."""
+"""Profiles with a split backward: backward_input and backward_weight rows (their cost tables:
+test_costs.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from perseus.errors import ProfileError
-from perseus.solver import build_costs, load_profile, make_schedule, profile_from_rows
+from perseus.solver import load_profile, profile_from_rows
 from perseus.solver.profiles import profile_to_csv, profile_to_json
 
 CLOCKS = (1400, 1000)
@@ -36,20 +37,3 @@ def test_split_rows_are_read_and_written_back(tmp_path) -> None:
 def test_half_a_split_backward_is_refused() -> None:
     with pytest.raises(ProfileError, match="stage 1: instruction: backward_input rows without"):
         profile_from_rows(rows(skip=(1, "backward_weight")))
-
-
-def test_a_split_schedule_needs_the_halves_naming_stage_and_kind() -> None:
-    profile = profile_from_rows(rows(split=False))
-    build_costs(profile, make_schedule("1f1b", 2, 4), 50.0)  # forward/backward only: fine
-    with pytest.raises(ProfileError, match="stage 0: instruction: no backward_input rows"):
-        build_costs(profile, make_schedule("zbv", 2, 4, 2), 50.0)
-
-
-def test_split_schedule_costs_have_one_class_per_kind_it_runs() -> None:
-    profile = profile_from_rows(rows())
-    schedule = make_schedule("zbv", 2, 4, 2)
-    assert schedule.kinds == ("forward", "backward_input", "backward_weight")
-    costs = build_costs(profile, schedule, 50.0)
-    assert len(costs.start) - 1 == 2 * 3
-    # a chunk's instruction is half the stage's (V = 2)
-    assert costs.times_of(1)[0] == pytest.approx(2.0 * 0.55 / 2)
