@@ -16,7 +16,12 @@ job status --json``. Printed per case:
 - from every rank's clock log, how many of the instructions run under the plan ran at
   another clock than planned at their middle (``ran_mhz``), counting a clock the fake's power
   limit throttles to as the planned one (a real GPU throttles a lock alike), and how many of
-  those fell in the plan's first three iterations.
+  those fell in the plan's first three iterations;
+- what ran, in time: from the fake's record of every unit of work (``PERSEUS_FAKE_TRACE``:
+  the clocks each ran at, and when), the time instructions under the plan (after its first
+  three iterations) lost to running below their planned clock (a raise landing late, a
+  lowering early; :func:`perseus.client.fake.time_lost_s`), in ms per iteration on the rank
+  that lost the most, and how many instructions lost more than 0.1 ms.
 
 The profiler is shortened as in the e2e tests (every 8th clock, 0.3 s windows). The host's
 load moves the figures: run it on a quiet machine, and read medians.
@@ -38,10 +43,11 @@ from pathlib import Path
 
 import httpx
 
+from perseus.client.fake import FakeGpuModel, FakeRun, time_lost_s
 from perseus.client.fake_model import default_throttled_clocks_mhz
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+PERSEUS = [sys.executable, "-m", "perseus.cli"]  # no installed script needed
 WARM_UP_ITERATIONS = 3
 PROFILING_ENV = {
     "PERSEUS_PROFILE_CLOCKS": "every:8",
@@ -59,6 +65,7 @@ SHAPES = {  # schedule -> (job create arguments, ranks, example arguments)
     ),
 }
 THROTTLED_MHZ = default_throttled_clocks_mhz()
+LOSING_S = 0.0001
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,8 @@ class Outcome:
     off_clock: int
     off_clock_warm_up: int
     planned: int
+    lost_ms: float  # per iteration, on the rank that lost the most
+    losing: int  # instructions that lost more than LOSING_S
 
 
 def free_port() -> int:
@@ -91,7 +100,7 @@ def run_case(case: str, steps: int, scratch: Path) -> Outcome:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [str(BIN / "perseus"), "serve", "--port", str(port), "--database",
+        [*PERSEUS, "serve", "--port", str(port), "--database",
          f"sqlite:///{folder / 'perseus.db'}"],
         stdout=(folder / "server.log").open("w"), stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -107,7 +116,7 @@ def run_case(case: str, steps: int, scratch: Path) -> Outcome:
                 raise RuntimeError(f"the planner did not start: see {folder / 'server.log'}")
             time.sleep(0.2)
         created = subprocess.run(
-            [str(BIN / "perseus"), "job", "create", "--server", url, *create],
+            [*PERSEUS, "job", "create", "--server", url, *create],
             check=True, capture_output=True, text=True,
         ).stdout  # fmt: skip
         env = dict(os.environ)
@@ -119,6 +128,7 @@ def run_case(case: str, steps: int, scratch: Path) -> Outcome:
             PERSEUS_GPU="fake",
             PERSEUS_FAKE_CLOCK_DELAY_S=delay,
             PERSEUS_CLOCK_LOG=str(folder / "clocks"),
+            PERSEUS_FAKE_TRACE=str(folder / "fake"),
         )
         with (folder / "train.log").open("w") as log:
             subprocess.run(
@@ -129,7 +139,7 @@ def run_case(case: str, steps: int, scratch: Path) -> Outcome:
             )  # fmt: skip
         status = json.loads(
             subprocess.run(
-                [str(BIN / "perseus"), "job", "status", "--json"],
+                [*PERSEUS, "job", "status", "--json"],
                 check=True, capture_output=True, text=True, env=env,
             ).stdout
         )  # fmt: skip
@@ -138,6 +148,7 @@ def run_case(case: str, steps: int, scratch: Path) -> Outcome:
         server.wait(timeout=30)
     savings = status["savings"]
     off, off_warm, planned = off_clock(folder / "clocks")
+    lost_ms, losing = lost_to_clocks(folder, float(delay))
     return Outcome(
         case=case,
         baseline_s=savings["baseline"]["time_s"],
@@ -151,6 +162,8 @@ def run_case(case: str, steps: int, scratch: Path) -> Outcome:
         off_clock=off,
         off_clock_warm_up=off_warm,
         planned=planned,
+        lost_ms=lost_ms,
+        losing=losing,
     )
 
 
@@ -171,6 +184,40 @@ def off_clock(folder: Path) -> tuple[int, int, int]:
     return off, warm, planned
 
 
+def lost_to_clocks(folder: Path, delay_s: float) -> tuple[float, int]:
+    """Time lost to clocks below the planned one: ms per iteration on the worst rank, and the
+    instructions that lost more than :data:`LOSING_S`, after the plan's first iterations.
+
+    Each rank's clock log ends with the same instructions as its fake's record (the
+    profiler's own units of work come before the iterations at default clocks), so the two
+    are paired from the end; a pair of different kinds stops the pairing."""
+    model = FakeGpuModel(clock_change_delay_s=delay_s)
+    worst_ms = 0.0
+    losing = 0
+    for path in sorted((folder / "clocks").glob("rank*.jsonl")):
+        entries = [json.loads(line) for line in path.read_text().splitlines()]
+        trace = folder / "fake" / f"fake-{path.name}"
+        runs = [FakeRun.from_json(line) for line in trace.read_text().splitlines()]
+        under = [e for e in entries if e["phase"] == "plan" and e["frequency_mhz"] is not None]
+        first = min((e["iteration"] for e in under), default=0) + WARM_UP_ITERATIONS
+        lost_s = 0.0
+        iterations = set()
+        for entry, run in zip(reversed(entries), reversed(runs), strict=False):
+            if entry["instruction"] != run.kind:
+                break
+            if entry["phase"] != "plan" or entry["frequency_mhz"] is None:
+                continue
+            if entry["iteration"] < first:
+                continue
+            iterations.add(entry["iteration"])
+            lost = time_lost_s(model, run, entry["frequency_mhz"])
+            lost_s += lost
+            losing += lost > LOSING_S
+        if iterations:
+            worst_ms = max(worst_ms, 1000.0 * lost_s / len(iterations))
+    return worst_ms, losing
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -189,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     scratch = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="perseus-realized-"))
     print(
         "case               baseline   plan (s)  baseline   plan (J)  slowdown: real / pred"
-        "  saving: real / pred  off clock (warm-up) of planned"
+        "  saving: real / pred  off clock (warm-up) of planned  lost to clocks"
     )
     for case in cases:
         o = run_case(case, args.steps, scratch)
@@ -198,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"{o.case:<17} {o.baseline_s:9.4f} {o.plan_s:10.4f} {o.baseline_j:9.1f} "
             f"{o.plan_j:10.1f} {slowdown} {saving}"
-            f"  {o.off_clock:5d} ({o.off_clock_warm_up}) of {o.planned}",
+            f"  {o.off_clock:5d} ({o.off_clock_warm_up}) of {o.planned}"
+            f"  {o.lost_ms:5.2f} ms/it, {o.losing} instr.",
             flush=True,
         )
 

@@ -27,24 +27,42 @@ counter ticks (multiples of ``counter_period_s`` since the fake was created), li
 ``power_w()`` returns an exponential moving average, updated at each tick with that tick's mean
 power and factor ``1 - exp(-counter_period_s / power_time_constant_s)``.
 ``true_energy_j()`` is the exact integral up to now, the ground truth for tests.
+
+What ran, in time: each finished unit is a :class:`FakeRun` (its work, when it started, when
+its modelled work was done, the clocks it ran at), handed to the fake's ``trace`` callable,
+and :func:`time_lost_s` says how much longer it took than at a given clock: a clock change
+that landed late or early shows there as time, not only as the clock at the middle.
+``PERSEUS_FAKE_TRACE`` names a folder: a fake created without ``trace`` then writes one JSON
+line per unit to ``fake-rank<RANK>.jsonl`` there (``benchmarks/realized_saving.py`` reads them).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 
 from perseus.client.fake_model import FakeGpuModel, FakeWork, default_work
 from perseus.client.fake_probe import SweepProbe
 from perseus.errors import GpuControlError
 
-__all__ = ["FakeGpu", "FakeGpuModel", "FakeWork", "SweepProbe", "default_work"]
+__all__ = [
+    "FakeGpu",
+    "FakeGpuModel",
+    "FakeRun",
+    "FakeWork",
+    "SweepProbe",
+    "default_work",
+    "time_lost_s",
+]
 
 #: The last stretch of :meth:`FakeGpu.end`'s wait is spent spinning: ``time.sleep`` overshoots.
 _SPIN_S = 0.0005
@@ -57,10 +75,102 @@ _NO_DELAY_POLL_S = 0.001
 _DEFAULT_MODEL = FakeGpuModel()
 
 
+@dataclass(frozen=True, slots=True)
+class FakeRun:
+    """One unit of work as it ran on the fake.
+
+    Attributes:
+        kind: The work kind :meth:`FakeGpu.begin` was given.
+        work: Its model.
+        scale: Its scale.
+        start_s: When it began.
+        done_s: When its modelled work was done (earlier than ``end_s`` where the host work
+            in the bracket took longer).
+        end_s: When :meth:`FakeGpu.end` returned.
+        clocks: ``(from_s, MHz)``: the clock it ran at from each time on, in order (the
+            first from ``start_s``).
+    """
+
+    kind: str
+    work: FakeWork
+    scale: float
+    start_s: float
+    done_s: float
+    end_s: float
+    clocks: tuple[tuple[float, int], ...]
+
+    def to_json(self) -> str:
+        """One JSON line (no newline): kind, scale, times and clocks."""
+        return json.dumps(
+            {
+                "kind": self.kind,
+                "time_at_max_s": self.work.time_at_max_s,
+                "power_at_max_w": self.work.power_at_max_w,
+                "scale": self.scale,
+                "start_s": self.start_s,
+                "done_s": self.done_s,
+                "end_s": self.end_s,
+                "clocks": self.clocks,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, line: str) -> FakeRun:
+        """The run :meth:`to_json` wrote."""
+        d = json.loads(line)
+        return cls(
+            kind=d["kind"],
+            work=FakeWork(time_at_max_s=d["time_at_max_s"], power_at_max_w=d["power_at_max_w"]),
+            scale=d["scale"],
+            start_s=d["start_s"],
+            done_s=d["done_s"],
+            end_s=d["end_s"],
+            clocks=tuple((float(at), int(f)) for at, f in d["clocks"]),
+        )
+
+
+def time_lost_s(model: FakeGpuModel, run: FakeRun, frequency_mhz: int | None) -> float:
+    """How much longer ``run`` took than wholly at ``frequency_mhz`` (None: unlocked), in
+    seconds: over the stretches it ran at a lower clock than a lock at ``frequency_mhz`` runs
+    it (its power limit throttles a lock too), the time they took minus the time that clock
+    would have taken for the same work. 0 where it never ran below; stretches above it (a
+    raise early, a lowering late) cost energy, not time, and count nothing. O(clocks).
+    """
+    target = model.running_clock_mhz(run.work, frequency_mhz)
+    target_s = model.time_s(run.work, target)
+    lost = 0.0
+    ends = [at for at, _ in run.clocks[1:]] + [run.done_s]
+    for (at, f), until in zip(run.clocks, ends, strict=True):
+        length = min(until, run.done_s) - max(at, run.start_s)
+        if length > 0 and f < target:
+            lost += length * (1.0 - target_s / model.time_s(run.work, f))
+    return lost
+
+
+class _JsonLines:
+    """Appends each run to a JSON-lines file (``PERSEUS_FAKE_TRACE``), line-buffered."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a", buffering=1, encoding="utf-8")
+
+    def __call__(self, run: FakeRun) -> None:
+        self._file.write(run.to_json() + "\n")
+
+
+def _trace_from_env() -> Callable[[FakeRun], None] | None:
+    folder = os.environ.get("PERSEUS_FAKE_TRACE", "").strip()
+    if not folder:
+        return None
+    rank = os.environ.get("RANK", "").strip() or f"pid{os.getpid()}"
+    return _JsonLines(Path(folder) / f"fake-rank{rank}.jsonl")
+
+
 @dataclass(slots=True)
 class _Busy:
     """The unit of work running: how much of it is done, at which clocks it ran."""
 
+    kind: str
     work: FakeWork
     scale: float
     start_s: float
@@ -83,6 +193,8 @@ class FakeGpu:
         index: The index the fake reports.
         clock: Monotonic clock in seconds.
         sleep: Sleeps the given seconds.
+        trace: Called with each finished unit (:class:`FakeRun`) on the thread that ends it;
+            None: ``PERSEUS_FAKE_TRACE``'s file where that names a folder, else nothing.
 
     Raises:
         ValueError: A work's power is below the model's idle power.
@@ -96,8 +208,10 @@ class FakeGpu:
         index: int = 0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        trace: Callable[[FakeRun], None] | None = None,
     ) -> None:
         self._model = model
+        self._trace = trace if trace is not None else _trace_from_env()
         self._work = self._checked(work if work is not None else {})
         self._index = index
         self._clock = clock
@@ -255,7 +369,7 @@ class FakeGpu:
             now = self._clock()
             self._advance(now)
             f = self._clock_for(work)
-            self._busy = _Busy(work, scale, now, f, now, clocks=[(now, f)])
+            self._busy = _Busy(kind, work, scale, now, f, now, clocks=[(now, f)])
             self._power_now_w = self._model.power_w(work, f)
             return f
 
@@ -295,9 +409,21 @@ class FakeGpu:
                         if at > middle:
                             break
                         ran = f
-                    return ran
+                    run = FakeRun(
+                        busy.kind,
+                        busy.work,
+                        busy.scale,
+                        busy.start_s,
+                        min(finish, now),
+                        now,
+                        tuple(busy.clocks),
+                    )
+                    break
                 check = min(finish, now + (delay if delay > 0 else _NO_DELAY_POLL_S))
             self._wait_until(check)
+        if self._trace is not None:
+            self._trace(run)
+        return ran
 
     @contextmanager
     def working(self, kind: str, scale: float = 1.0) -> Iterator[None]:

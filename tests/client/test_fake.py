@@ -11,12 +11,13 @@ import math
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork, default_work
+from perseus.client.fake import FakeGpu, FakeGpuModel, FakeRun, FakeWork, default_work, time_lost_s
 from perseus.client.fake_model import BACKWARD_INPUT_SHARE, default_throttled_clocks_mhz
 from perseus.client.gpu import GpuControl
 from perseus.errors import GpuControlError
@@ -46,9 +47,12 @@ class ManualClock:
         self.now += seconds
 
 
-def make(model: FakeGpuModel = MODEL) -> tuple[FakeGpu, ManualClock]:
+def make(
+    model: FakeGpuModel = MODEL, runs: list[FakeRun] | None = None
+) -> tuple[FakeGpu, ManualClock]:
     clock = ManualClock()
-    return FakeGpu(model, WORK, index=2, clock=clock, sleep=clock.sleep), clock
+    trace = runs.append if runs is not None else None
+    return FakeGpu(model, WORK, index=2, clock=clock, sleep=clock.sleep, trace=trace), clock
 
 
 # The model ------------------------------------------------------------------------------------
@@ -548,3 +552,76 @@ def test_the_default_works_throttled_clocks() -> None:
         for stage in range(stages):
             for kind, work in default_work(stage, stages).items():
                 assert MODEL.running_clock_mhz(work, 1980) == throttled[kind]
+
+
+# What ran, in time ----------------------------------------------------------------------------
+
+
+def test_each_unit_is_traced_with_the_clocks_it_ran_at() -> None:
+    runs: list[FakeRun] = []
+    gpu, clock = make(runs=runs)
+    gpu.lock_clock(1200)
+    clock.advance(0.05)
+    gpu.begin("forward", 1.2)
+    gpu.lock_clock(1980)  # lands 20 ms into the forward (37 ms at 1200 MHz)
+    gpu.end()
+    (run,) = runs
+    assert (run.kind, run.work, run.scale, run.start_s) == ("forward", FORWARD, 1.2, 0.05)
+    assert run.clocks == ((0.05, 1200), (pytest.approx(0.07), 1980))
+    at_1200 = 1.2 * MODEL.time_s(FORWARD, 1200)
+    at_1980 = 1.2 * MODEL.time_s(FORWARD, 1980)
+    assert run.done_s == pytest.approx(0.07 + (1 - 0.02 / at_1200) * at_1980)
+    assert run.end_s == pytest.approx(run.done_s)
+    assert FakeRun.from_json(run.to_json()) == run
+
+
+def test_time_lost_counts_only_the_stretches_below_the_clock() -> None:
+    # A raise that lands 20 ms late: the forward ran its head at 1200 MHz. Against 1980 MHz
+    # it lost the time those 20 ms took beyond what 1980 MHz needs for the same work;
+    # against 1200 MHz (or a clock between) nothing ran below, or part of it.
+    runs: list[FakeRun] = []
+    gpu, clock = make(runs=runs)
+    gpu.lock_clock(1200)
+    clock.advance(0.05)
+    gpu.begin("forward")
+    gpu.lock_clock(1980)
+    gpu.end()
+    (run,) = runs
+    ratio = MODEL.time_s(FORWARD, 1980) / MODEL.time_s(FORWARD, 1200)
+    assert time_lost_s(MODEL, run, 1980) == pytest.approx(0.02 * (1 - ratio))
+    assert time_lost_s(MODEL, run, None) == pytest.approx(0.02 * (1 - ratio))
+    assert time_lost_s(MODEL, run, 1200) == 0.0
+    assert time_lost_s(MODEL, run, 345) == 0.0
+    # A backward locked at 1980 MHz runs at its throttled clock: no time lost against it.
+    gpu.begin("backward")
+    gpu.end()
+    assert runs[-1].clocks[0][1] == MODEL.unlocked_clock_mhz(BACKWARD)
+    assert time_lost_s(MODEL, runs[-1], 1980) == 0.0
+
+
+def test_time_lost_ignores_clocks_after_the_work_is_done() -> None:
+    # Host work outlasts the modelled work; a lowering that lands after the work is done
+    # but before end() cost no time.
+    runs: list[FakeRun] = []
+    gpu, clock = make(runs=runs)
+    gpu.begin("forward")
+    gpu.lock_clock(1200)  # lands at 20 ms, the forward's end at 1980 MHz
+    clock.advance(0.05)
+    gpu.end()
+    (run,) = runs
+    assert run.done_s == pytest.approx(0.020) and run.end_s == pytest.approx(0.05)
+    assert time_lost_s(MODEL, run, 1980) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_trace_file_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PERSEUS_FAKE_TRACE", str(tmp_path / "trace"))
+    monkeypatch.setenv("RANK", "3")
+    clock = ManualClock()
+    gpu = FakeGpu(MODEL, WORK, clock=clock, sleep=clock.sleep)
+    gpu.run("forward")
+    gpu.run("backward", 0.5)
+    lines = (tmp_path / "trace" / "fake-rank3.jsonl").read_text().splitlines()
+    runs = [FakeRun.from_json(line) for line in lines]
+    assert [(r.kind, r.scale) for r in runs] == [("forward", 1.0), ("backward", 0.5)]
