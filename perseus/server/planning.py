@@ -251,5 +251,6 @@ def init_worker(niceness: int) -> None:
 
 
 def warm_up() -> None:
-    """Import the solver so the first real computation does not pay for it."""
-    import perseus.solver  # noqa: F401
+    """Import the solver, and numba for its compiled refill (half a second; large jobs use
+    it), so the first real computation does not pay for them."""
+    import perseus.solver.kernels  # noqa: F401  (imports perseus.solver too)
