@@ -35,25 +35,14 @@ _inlined = cast(Callable[[_F], _F], numba.njit(cache=True, nogil=True, inline="a
 
 
 @_inlined
-def _fit(
-    room: float,
-    first: int,
-    scale: float,
-    offset: float,
-    low: float,
-    high: float,
-    table: IntArray,
-    table_time: FloatArray,
-    table_next: FloatArray,
-    padded: FloatArray,
-    one_step: bool,
-) -> tuple[int, float]:
-    """Slowest option that takes at most ``room`` (the fastest if none does), and its time:
-    ``Planner.fit_times`` for one element."""
-    position = room * scale
-    position += offset
-    position = max(position, low)
-    position = min(position, high)
+def _fit(room: float, r: int, fit: Any, one_step: bool) -> tuple[int, float]:
+    """Slowest option of row ``r`` that takes at most ``room`` (the fastest if none does),
+    and its time: ``Planner.fit_times`` for one element. ``fit``: :meth:`FitTable.arrays`."""
+    first, scale, offset, low, high, table, table_time, table_next, padded = fit
+    position = room * scale[r]
+    position += offset[r]
+    position = max(position, low[r])
+    position = min(position, high[r])
     row = int(position)
     found = table[row]
     if one_step:
@@ -61,12 +50,13 @@ def _fit(
         if after <= room:
             return found + 1, after
         return found, table_time[row]
-    while padded[first + 1 + found] <= room:
+    start = first[r]
+    while padded[start + 1 + found] <= room:
         found += 1
-    taken = padded[first + found]
+    taken = padded[start + found]
     while taken > room and found > 0:
         found -= 1
-        taken = padded[first + found]
+        taken = padded[start + found]
     return found, taken
 
 
@@ -86,16 +76,27 @@ class FitTable:
     padded: FloatArray
     one_step: bool
 
+    def arrays(self) -> tuple[npt.NDArray[Any], ...]:
+        """The arrays, in field order, as the kernels take them."""
+        return (self.first, self.scale, self.offset, self.low, self.high, self.table,
+                self.table_time, self.table_next, self.padded)  # fmt: skip
+
 
 @dataclass(frozen=True, slots=True)
 class Network:
-    """The DAG in level order: ``order[r]`` is row ``r``'s node, ``pred``/``succ`` hold rows
-    (``n``: none); and each node's cost-table start, for the energies."""
+    """The DAG in level order: ``order[r]`` is row ``r``'s node and ``place[j]`` node ``j``'s
+    row, ``pred``/``succ`` hold rows (``n``: none); and each node's cost-table start, for the
+    energies."""
 
     order: IntArray
+    place: IntArray
     pred: IntArray
     succ: IntArray
     start: IntArray
+
+    def arrays(self) -> tuple[IntArray, ...]:
+        """The arrays, in field order, as the kernels take them."""
+        return (self.order, self.place, self.pred, self.succ, self.start)
 
 
 def refill(
@@ -116,23 +117,22 @@ def refill(
         (``Planner.evaluate``'s sums, node by node in node order).
     """
     n, plans = choices.shape
-    args = (
-        np.ascontiguousarray(choices, dtype=np.int64),
-        np.ascontiguousarray(np.broadcast_to(ceiling, (plans,)), dtype=np.float64),
-        network.order, network.pred, network.succ, network.start,
-        fit.first, fit.scale, fit.offset, fit.low, fit.high, fit.table, fit.table_time,
-        fit.table_next, fit.padded, fit.one_step, energy_j, float(p_block_w), int(num_gpus),
-    )  # fmt: skip
     out = np.empty((n, plans), dtype=np.int64)
     total = np.zeros(plans)
     energy = np.zeros(plans)
+    args = (
+        np.ascontiguousarray(choices, dtype=np.int64),
+        np.ascontiguousarray(np.broadcast_to(ceiling, (plans,)), dtype=np.float64),
+        network.arrays(), fit.arrays(), fit.one_step, energy_j, float(p_block_w), int(num_gpus),
+        out, total, energy,
+    )  # fmt: skip
     if blocks is None:
         blocks = _BLOCKS if n * plans >= _PARALLEL_CELLS else 1
     blocks = min(blocks, plans)
     if blocks > 1:
-        _refill_blocks(*args, blocks, out, total, energy)
+        _refill_blocks(*args, blocks)
     else:
-        _refill_block(*args, 0, plans, out, total, energy)
+        _refill_block(*args, 0, plans)
     return out, total, energy
 
 
@@ -148,67 +148,45 @@ _TILE = 32  # plans per pass (see _refill_block)
 def _refill_blocks(
     choices: IntArray,
     ceiling: FloatArray,
-    order: IntArray,
-    pred: IntArray,
-    succ: IntArray,
-    start: IntArray,
-    first: IntArray,
-    scale: FloatArray,
-    offset: FloatArray,
-    low: FloatArray,
-    high: FloatArray,
-    table: IntArray,
-    table_time: FloatArray,
-    table_next: FloatArray,
-    padded: FloatArray,
+    network: Any,
+    fit: Any,
     one_step: bool,
     energy_j: FloatArray,
     p_block_w: float,
     num_gpus: int,
-    blocks: int,
     out: IntArray,
     total: FloatArray,
     energy: FloatArray,
+    blocks: int,
 ) -> None:
     plans = choices.shape[1]
     size = -(-plans // blocks)
     for k in numba.prange(blocks):
-        _refill_block(
-            choices, ceiling, order, pred, succ, start, first, scale, offset, low, high, table,
-            table_time, table_next, padded, one_step, energy_j, p_block_w, num_gpus,
-            k * size, min(plans, (k + 1) * size), out, total, energy,
-        )  # fmt: skip
+        _refill_block(choices, ceiling, network, fit, one_step, energy_j, p_block_w, num_gpus,
+                      out, total, energy, k * size, min(plans, (k + 1) * size))  # fmt: skip
 
 
 @_compiled
 def _refill_block(
     choices: IntArray,
     ceiling: FloatArray,
-    order: IntArray,
-    pred: IntArray,
-    succ: IntArray,
-    start: IntArray,
-    first: IntArray,
-    scale: FloatArray,
-    offset: FloatArray,
-    low: FloatArray,
-    high: FloatArray,
-    table: IntArray,
-    table_time: FloatArray,
-    table_next: FloatArray,
-    padded: FloatArray,
+    network: Any,
+    fit: Any,
     one_step: bool,
     energy_j: FloatArray,
     p_block_w: float,
     num_gpus: int,
-    lo: int,
-    hi: int,
     out: IntArray,
     total: FloatArray,
     energy: FloatArray,
+    lo: int,
+    hi: int,
 ) -> None:
-    """The refill of plans ``lo`` to ``hi``, ``_TILE`` plans at a time: a tile's working
-    arrays (six of nodes x tile) stay in the cache."""
+    """The refill of plans ``lo`` to ``hi`` into ``out``, ``total`` and ``energy``,
+    ``_TILE`` plans at a time: a tile's six working arrays (nodes x tile) stay in the cache."""
+    order, place, pred, succ, start = network
+    first = fit[0]
+    padded = fit[8]
     n = choices.shape[0]
     chosen = np.empty((n, _TILE), dtype=np.int64)
     durations = np.empty((n, _TILE))
@@ -216,113 +194,60 @@ def _refill_block(
     begin = np.empty((n, _TILE))
     latest = np.empty((n + 1, _TILE))
     finish_by = np.empty((n, _TILE))
+    summed = np.empty(_TILE)
+    busy = np.empty(_TILE)
     for tile in range(lo, hi, _TILE):
-        _refill_tile(
-            choices, ceiling, order, pred, succ, start, first, scale, offset, low, high, table,
-            table_time, table_next, padded, one_step, energy_j, p_block_w, num_gpus,
-            tile, min(hi, tile + _TILE), out, total, energy,
-            chosen, durations, finish, begin, latest, finish_by,
-        )  # fmt: skip
-
-
-@_compiled
-def _refill_tile(
-    choices: IntArray,
-    ceiling: FloatArray,
-    order: IntArray,
-    pred: IntArray,
-    succ: IntArray,
-    start: IntArray,
-    first: IntArray,
-    scale: FloatArray,
-    offset: FloatArray,
-    low: FloatArray,
-    high: FloatArray,
-    table: IntArray,
-    table_time: FloatArray,
-    table_next: FloatArray,
-    padded: FloatArray,
-    one_step: bool,
-    energy_j: FloatArray,
-    p_block_w: float,
-    num_gpus: int,
-    lo: int,
-    hi: int,
-    out: IntArray,
-    total: FloatArray,
-    energy: FloatArray,
-    chosen: IntArray,
-    durations: FloatArray,
-    finish: FloatArray,
-    begin: FloatArray,
-    latest: FloatArray,
-    finish_by: FloatArray,
-) -> None:
-    """The refill of plans ``lo`` to ``hi`` into ``out``, ``total`` and ``energy``, on
-    scratch arrays of ``_TILE`` columns (their first ``hi - lo`` used)."""
-    n = choices.shape[0]
-    width = hi - lo
-    # the current plans' earliest starts
-    finish[n] = 0.0
-    for r in range(n):
-        node = order[r]
-        a, b = pred[r, 0], pred[r, 1]
-        for p in range(width):
-            pick = choices[node, lo + p]
-            chosen[r, p] = pick
-            d = padded[first[r] + pick]
-            durations[r, p] = d
-            end = max(finish[a, p], finish[b, p]) + d
-            finish[r, p] = end
-            begin[r, p] = end - d
-    # backward: each node, latest first, takes the slack up to its successors' latest start
-    for p in range(width):
-        latest[n, p] = ceiling[lo + p]
-    for r in range(n - 1, -1, -1):
-        a, b = succ[r, 0], succ[r, 1]
-        for p in range(width):
-            bound = min(latest[a, p], latest[b, p])
-            finish_by[r, p] = bound
-            found, taken = _fit(
-                bound - begin[r, p], first[r], scale[r], offset[r], low[r], high[r],
-                table, table_time, table_next, padded, one_step,
-            )  # fmt: skip
-            chosen[r, p] = found
-            durations[r, p] = taken
-            latest[r, p] = bound - taken
-    # forward: the same from the other side (options ascend in time: slower is later)
-    earliest = finish
-    for r in range(n):
-        a, b = pred[r, 0], pred[r, 1]
-        for p in range(width):
-            begin_at = max(earliest[a, p], earliest[b, p])
-            found, taken = _fit(
-                finish_by[r, p] - begin_at, first[r], scale[r], offset[r], low[r], high[r],
-                table, table_time, table_next, padded, one_step,
-            )  # fmt: skip
-            if found > chosen[r, p]:
+        width = min(hi, tile + _TILE) - tile
+        # the current plans' earliest starts
+        finish[n] = 0.0
+        for r in range(n):
+            a, b = pred[r, 0], pred[r, 1]
+            for p in range(width):
+                pick = choices[order[r], tile + p]
+                chosen[r, p] = pick
+                d = padded[first[r] + pick]
+                durations[r, p] = d
+                end = max(finish[a, p], finish[b, p]) + d
+                finish[r, p] = end
+                begin[r, p] = end - d
+        # backward: each node, latest first, takes the slack up to its successors' latest start
+        latest[n, :width] = ceiling[tile : tile + width]
+        for r in range(n - 1, -1, -1):
+            a, b = succ[r, 0], succ[r, 1]
+            for p in range(width):
+                bound = min(latest[a, p], latest[b, p])
+                finish_by[r, p] = bound
+                found, taken = _fit(bound - begin[r, p], r, fit, one_step)
                 chosen[r, p] = found
-            if taken > durations[r, p]:
                 durations[r, p] = taken
-            end = begin_at + durations[r, p]
-            earliest[r, p] = end
-            if r == 0 or end > total[lo + p]:
-                total[lo + p] = end
-    # back to node order; the energies summed node by node as Planner.evaluate's are
-    place = np.empty(n, dtype=np.int64)
-    for r in range(n):
-        place[order[r]] = r
-    summed = np.zeros(width)
-    busy = np.zeros(width)
-    for j in range(n):
-        r = place[j]
+                latest[r, p] = bound - taken
+        # forward: the same from the other side (options ascend in time: slower is later)
+        earliest = finish
+        for r in range(n):
+            a, b = pred[r, 0], pred[r, 1]
+            for p in range(width):
+                begin_at = max(earliest[a, p], earliest[b, p])
+                found, taken = _fit(finish_by[r, p] - begin_at, r, fit, one_step)
+                if found > chosen[r, p]:
+                    chosen[r, p] = found
+                if taken > durations[r, p]:
+                    durations[r, p] = taken
+                end = begin_at + durations[r, p]
+                earliest[r, p] = end
+                if r == 0 or end > total[tile + p]:
+                    total[tile + p] = end
+        # back to node order; the energies summed node by node as Planner.evaluate's are
+        summed[:] = 0.0
+        busy[:] = 0.0
+        for j in range(n):
+            r = place[j]
+            for p in range(width):
+                pick = chosen[r, p]
+                out[j, tile + p] = pick
+                summed[p] += energy_j[start[j] + pick]
+                busy[p] += durations[r, p]
         for p in range(width):
-            pick = chosen[r, p]
-            out[j, lo + p] = pick
-            summed[p] += energy_j[start[j] + pick]
-            busy[p] += durations[r, p]
-    for p in range(width):
-        energy[lo + p] = summed[p] + p_block_w * (num_gpus * total[lo + p] - busy[p])
+            energy[tile + p] = summed[p] + p_block_w * (num_gpus * total[tile + p] - busy[p])
 
 
 @_compiled

@@ -182,8 +182,8 @@ class Planner:
             self._padded, self.one_step,
         )  # fmt: skip
         self.network = kernels.Network(
-            order, self._pred_rows, np.ascontiguousarray(place[self.dag.succ][order]),
-            np.ascontiguousarray(self.start),
+            order, np.ascontiguousarray(self._place), self._pred_rows,
+            np.ascontiguousarray(place[self.dag.succ][order]), np.ascontiguousarray(self.start),
         )  # fmt: skip
 
     def flat(self, choices: IntArray) -> IntArray:
