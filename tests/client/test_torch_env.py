@@ -3,7 +3,6 @@ events at boundaries only where there is CUDA and a real GPU (CPU here; torch op
 
 from __future__ import annotations
 
-import socket
 import sys
 from collections.abc import Iterator
 
@@ -11,6 +10,8 @@ import pytest
 
 from perseus.client.settings import ClientSettings
 from perseus.client.torch_env import cuda_events, distributed
+
+from .gloo import one_rank_group
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -43,16 +44,8 @@ def test_with_cuda_each_boundary_records_an_event() -> None:
 
 @pytest.fixture
 def group() -> Iterator[None]:
-    if dist.is_initialized():
-        pytest.skip("a process group is already up in this process")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
+    with one_rank_group():
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_the_process_group_only_once_it_is_up(group: None) -> None:

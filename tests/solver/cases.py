@@ -179,3 +179,20 @@ def rel(a: float, b: float) -> float:
 
 def frequencies(point) -> list[list[int]]:
     return [list(seq) for seq in point.frequencies_mhz]
+
+
+def split_rows(
+    stages: int = 2, split: bool = True, skip: tuple[int, str] | None = None
+) -> list[tuple[int, str, int, float, float]]:
+    """Profile rows at 1400 and 1000 MHz with a split backward (``backward_input`` 55 % and
+    ``backward_weight`` 45 % of it) unless ``split`` is False; ``skip``: one (stage, kind) left
+    out."""
+    out = []
+    for s in range(stages):
+        for kind, t in (("forward", 1.0), ("backward", 2.0)):
+            out += [(s, kind, f, t * 1400 / f, 100 * t) for f in (1400, 1000)]
+        if split:
+            for kind, share in (("backward_input", 0.55), ("backward_weight", 0.45)):
+                if (s, kind) != skip:
+                    out += [(s, kind, f, 2.0 * share * 1400 / f, 200 * share) for f in (1400, 1000)]
+    return out

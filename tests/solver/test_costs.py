@@ -11,22 +11,7 @@ from hypothesis import given, note
 from perseus.errors import ProfileError
 from perseus.solver import build_costs, build_dag, make_schedule, profile_from_rows
 
-from .cases import Case, cases, examples
-
-CLOCKS = (1400, 1000)
-
-
-def rows(stages: int = 2, split: bool = True, skip: tuple[int, str] | None = None) -> list:
-    """A profile with a split backward (``backward_input`` and ``backward_weight`` rows)."""
-    out = []
-    for s in range(stages):
-        for kind, t in (("forward", 1.0), ("backward", 2.0)):
-            out += [(s, kind, f, t * 1400 / f, 100 * t) for f in CLOCKS]
-        if split:
-            for kind, share in (("backward_input", 0.55), ("backward_weight", 0.45)):
-                if (s, kind) != skip:
-                    out += [(s, kind, f, 2.0 * share * 1400 / f, 200 * share) for f in CLOCKS]
-    return out
+from .cases import Case, cases, examples, split_rows
 
 
 def not_dominated(
@@ -116,7 +101,7 @@ def test_blocking_power_keeps_a_slower_option_that_costs_a_little_more() -> None
 
 
 def test_a_profile_with_another_stage_count_is_refused_naming_both() -> None:
-    profile = profile_from_rows(rows(stages=2, split=False))
+    profile = profile_from_rows(split_rows(stages=2, split=False))
     with pytest.raises(
         ProfileError, match="stage: the profile has 2 stages but the schedule has 3"
     ):
@@ -124,14 +109,14 @@ def test_a_profile_with_another_stage_count_is_refused_naming_both() -> None:
 
 
 def test_a_split_schedule_needs_the_halves_naming_stage_and_kind() -> None:
-    profile = profile_from_rows(rows(split=False))
+    profile = profile_from_rows(split_rows(split=False))
     build_costs(profile, make_schedule("1f1b", 2, 4), 50.0)  # forward/backward only: fine
     with pytest.raises(ProfileError, match="stage 0: instruction: no backward_input rows"):
         build_costs(profile, make_schedule("zbv", 2, 4, 2), 50.0)
 
 
 def test_split_schedule_costs_have_one_class_per_kind_it_runs() -> None:
-    profile = profile_from_rows(rows())
+    profile = profile_from_rows(split_rows())
     schedule = make_schedule("zbv", 2, 4, 2)
     assert schedule.kinds == ("forward", "backward_input", "backward_weight")
     costs = build_costs(profile, schedule, 50.0)

@@ -9,23 +9,11 @@ from perseus.errors import ProfileError
 from perseus.solver import load_profile, profile_from_rows
 from perseus.solver.profiles import profile_to_csv, profile_to_json
 
-CLOCKS = (1400, 1000)
-
-
-def rows(stages: int = 2, split: bool = True, skip: tuple[int, str] | None = None) -> list:
-    out = []
-    for s in range(stages):
-        for kind, t in (("forward", 1.0), ("backward", 2.0)):
-            out += [(s, kind, f, t * 1400 / f, 100 * t) for f in CLOCKS]
-        if split:
-            for kind, share in (("backward_input", 0.55), ("backward_weight", 0.45)):
-                if (s, kind) != skip:
-                    out += [(s, kind, f, 2.0 * share * 1400 / f, 200 * share) for f in CLOCKS]
-    return out
+from .cases import split_rows
 
 
 def test_split_rows_are_read_and_written_back(tmp_path) -> None:
-    profile = profile_from_rows(rows())
+    profile = profile_from_rows(split_rows())
     assert set(profile.stages[1]) == {"forward", "backward", "backward_input", "backward_weight"}
     path = tmp_path / "p.csv"
     path.write_text(profile_to_csv(profile))
@@ -36,4 +24,4 @@ def test_split_rows_are_read_and_written_back(tmp_path) -> None:
 
 def test_half_a_split_backward_is_refused() -> None:
     with pytest.raises(ProfileError, match="stage 1: instruction: backward_input rows without"):
-        profile_from_rows(rows(skip=(1, "backward_weight")))
+        profile_from_rows(split_rows(skip=(1, "backward_weight")))

@@ -6,7 +6,6 @@ zero-bubble halves: tests/e2e/test_torch_adapter.py)."""
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +14,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402
 from torch.distributed.pipelining import PipelineStage  # noqa: E402
 from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleGPipe  # noqa: E402
 
@@ -25,6 +23,8 @@ from perseus.client.integrations.torch_pipelining import (  # noqa: E402
     schedule_name,
 )
 from perseus.errors import ScheduleError  # noqa: E402
+
+from ..gloo import one_rank_group  # noqa: E402
 
 
 @dataclass
@@ -46,17 +46,9 @@ class Rank:
 
 @pytest.fixture
 def group() -> Iterator[None]:
-    if dist.is_initialized():
-        pytest.skip("a process group is already up in this process")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
+    with one_rank_group():
         torch.manual_seed(0)
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
