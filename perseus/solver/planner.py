@@ -176,13 +176,13 @@ class Planner:
         first, scale, offset, low, high = (np.ascontiguousarray(a[order]) for a in self.fit_node)
         self._kernels = kernels
         # what the compiled refill reads (perseus.solver.kernels.refill's arguments)
-        self._pred_rows = np.ascontiguousarray(place[self.dag.pred][order])
         self.fit_table = kernels.FitTable(
             first, scale, offset, low, high, self._table, self._table_time, self._table_next,
             self._padded, self.one_step,
         )  # fmt: skip
         self.network = kernels.Network(
-            order, np.ascontiguousarray(self._place), self._pred_rows,
+            order, np.ascontiguousarray(self._place),
+            np.ascontiguousarray(place[self.dag.pred][order]),
             np.ascontiguousarray(place[self.dag.succ][order]), np.ascontiguousarray(self.start),
         )  # fmt: skip
 
@@ -209,7 +209,7 @@ class Planner:
         (compiled, or one slice per level, as the refill's passes). O(n * P)."""
         if self.compiled:
             ordered = np.ascontiguousarray(durations.take(self._order, axis=0), dtype=np.float64)
-            return np.asarray(self._kernels.longest_path(ordered, self._pred_rows))
+            return np.asarray(self._kernels.longest_path(ordered, self.network.pred))
         n = self.dag.size
         ordered = durations.take(self._order, axis=0)
         finish = np.empty((n + 1, durations.shape[1]))
