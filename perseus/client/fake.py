@@ -409,20 +409,13 @@ class FakeGpu:
                         if at > middle:
                             break
                         ran = f
-                    run = FakeRun(
-                        busy.kind,
-                        busy.work,
-                        busy.scale,
-                        busy.start_s,
-                        min(finish, now),
-                        now,
-                        tuple(busy.clocks),
-                    )
+                    done_s = min(finish, now)
                     break
                 check = min(finish, now + (delay if delay > 0 else _NO_DELAY_POLL_S))
             self._wait_until(check)
-        if self._trace is not None:
-            self._trace(run)
+        if self._trace is not None:  # only then is the run built (end is the training thread's)
+            self._trace(FakeRun(busy.kind, busy.work, busy.scale, busy.start_s, done_s, now,
+                                tuple(busy.clocks)))  # fmt: skip
         return ran
 
     @contextmanager
