@@ -43,9 +43,13 @@ def preserved(
         np.random.set_state(np_state)
         for (_, put), value in zip(extra, saved_extra, strict=True):
             put(value)
+        # Through ``.data``: the copy keeps the buffer's version counter, so a backward still
+        # to run on a rerun's graph (a BatchNorm in training mode saved its running statistics
+        # for it) does not see them as modified in place. Its gradients are the rerun's only,
+        # never training's.
         with torch.no_grad():
             for buffer, saved in buffers:
-                buffer.copy_(saved)
+                buffer.data.copy_(saved)
 
 
 def detached(value: Any) -> Any:

@@ -53,6 +53,25 @@ def test_preserved_puts_buffers_and_extra_state_back_even_after_an_error() -> No
     assert tracker["state"] == 5
 
 
+def test_a_backward_after_preserved_runs_on_a_batch_norm_in_training_mode() -> None:
+    # The workloads rerun a forward in one preserved block and its backward in another. A
+    # BatchNorm in training mode saves its running statistics for the backward; put back in
+    # place between the two, they must not fail autograd's check of saved tensors.
+    norm = torch.nn.BatchNorm1d(4)
+    norm.train()
+    norm(torch.randn(8, 4))  # training's own step moved the statistics
+    before = {name: b.clone() for name, b in norm.named_buffers()}
+    x = torch.randn(8, 4, requires_grad=True)
+    with preserved([norm]):
+        out = norm(x)
+        assert not torch.equal(norm.running_mean, before["running_mean"])
+    with preserved([norm]):
+        (grad,) = torch.autograd.grad(out.sum(), [x])
+    assert grad.shape == x.shape
+    for name, b in norm.named_buffers():
+        assert torch.equal(b, before[name]), name
+
+
 def test_detached_copies_nested_values_keeping_float_gradients() -> None:
     x = torch.ones(2, requires_grad=True)
     ids = torch.arange(3)
