@@ -10,7 +10,6 @@ to issue the next clock change ahead of the boundary.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -28,7 +27,8 @@ from perseus.schemas import (
 )
 from perseus.server.decisions import Choice, expected
 from perseus.server.store import JobRow, Store
-from perseus.solver import Frontier, Profile, instruction_times_s, profile_from_rows
+from perseus.solver import Frontier, Profile, instruction_times_s
+from perseus.solver.profiles import profile_from_json
 
 # Points whose instruction times are kept (each: every instruction of the schedule).
 _POINT_TIMES = 64
@@ -40,7 +40,6 @@ __all__ = [
     "has_plan",
     "not_ready",
     "point_index",
-    "profile_from_text",
     "render_plan",
 ]
 
@@ -131,23 +130,6 @@ def point_index(job: JobRow, straggler_replica: bool) -> int:
     return choice.policy_index if straggler_replica else choice.chosen_index
 
 
-def profile_from_text(text: str) -> Profile:
-    """A profile from its stored ``perseus.profile/1`` JSON text.
-
-    Raises:
-        ProfileError: the text is not a valid profile.
-    """
-    data = json.loads(text)
-    return profile_from_rows(
-        (
-            (r["stage"], r["instruction"], r["frequency_mhz"], r["time_s"], r["energy_j"])
-            for r in data["rows"]
-        ),
-        source="stored frontier",
-        p_block_w=data.get("p_block_w"),
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class _Planned:
     frontier: Frontier
@@ -196,7 +178,11 @@ class FrontierCache:
             raise PlanError(f"job {job_id}: frontier revision {rev} is no longer stored")
         frontier = frontier_from_json(row.data)
         try:
-            profile = None if row.profile is None else profile_from_text(row.profile)
+            profile = (
+                None
+                if row.profile is None
+                else profile_from_json(row.profile, source="stored frontier")
+            )
         except (ProfileError, ValueError, KeyError, TypeError) as exc:
             raise PlanError(f"job {job_id}: the stored profile is invalid: {exc}") from exc
         self.put(job_id, rev, frontier, profile)
