@@ -47,9 +47,10 @@ _SMALL_SHARE = 16
 # A planning process whose peak memory passed this exits after its run (memory back to the
 # host); smaller ones serve the next run (no start, ~0.7 s of CPU, per job).
 _RETIRE_BYTES = 1 << 30
-# How long a planning process that closed its pipe may take to be reaped (a SIGKILLed one is
-# reaped at once; a loaded host can take seconds).
-_REAP_S = 30.0
+# How long a planning process that closed its pipe may take to be reaped. A SIGKILLed one
+# still runs its own exit (unmapping its memory) at its niceness, 19: on two cores kept busy
+# at normal priority that took over 30 s once.
+_REAP_S = 90.0
 
 
 class PlanningRunner:
