@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 
@@ -18,10 +20,12 @@ from perseus.errors import InfeasibleDeadline
 from perseus.solver.deadlines import deadline_grid, served_deadline
 from perseus.solver.planner import FloatArray, IntArray, Planner, Progress, pareto
 from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution
+from perseus.solver.relaxation import side_by_side
 from perseus.solver.search import (
     ALL_ANCHORS_UP_TO,
     RESTARTS_UP_TO,
     best_at,
+    dived_side_by_side,
     restart_starts,
     run_together,
     searching,
@@ -36,13 +40,16 @@ _MAX_KNOTS = 64
 # DAGs over _FINE_KNOTS_UP_TO instructions (beyond 16 x 64 1F1B; every shared-profile case up
 # to 8 x 96 stays below) solve fewer knots: each relaxation costs a second or more there
 # (16 x 128 interleaved: ~1 s, 32 x 256: ~36 s), and 64 of them were 40 % of the run; 16 x 128
-# 1F1B (4,096) took 62 s with them, against 37 s for interleaved 16 x 128 (8,192) without. The
-# bound between knots is the higher of their tangents, so a looser tolerance costs at most
-# that much of a reported gap. At most 12 (the anchors among them): on 16 x 128 interleaved
-# 16 knots were 21 of 46 s and gave a largest gap of 1.01 %; 12 give 1.07 %, 8 gave 1.58 %.
+# 1F1B (4,096) took 62 s with them, against 37 s for interleaved 16 x 128 (8,192) without.
+# Their bound between knots is the highest of the lines of the knots' flows mixed (see
+# Relaxation.lines), not only of their tangents. At most 8 (the anchors among them, so two
+# more; they solve two at a time): 12 took 16.8 s on 16 x 128 interleaved and 51.9 s on
+# 32 x 128 1F1B, largest gaps 0.80 % and 0.51 %; 8 took 11.2 s and 38.6 s, 0.81 % and
+# 0.76 %; the anchors alone (6) 12.8 s and 30.9 s, but 1.18 % and 1.37 % (the grid's plans
+# past the last anchor are mixed from fewer knots).
 _FINE_KNOTS_UP_TO = 2048
 _COARSE_KNOT_TOLERANCE = 1e-3
-_COARSE_MAX_KNOTS = 12
+_COARSE_MAX_KNOTS = 8
 _CHUNK = 1024  # grid deadlines per vectorised batch, at most
 # (instruction, deadline) cells per batch: a batch's temporaries (a dozen (n, chunk) arrays)
 # stay near 16 MiB each however large the DAG (DAGs up to 2,048 instructions: _CHUNK deadlines)
@@ -100,8 +107,15 @@ def fast_frontier(
     """
     n = planner.dag.size
     t_fast = planner.fastest_time_s
+    fine = n <= _FINE_KNOTS_UP_TO
     relaxation = Relaxation(planner.dag, planner.costs)
-    free = relaxation.solve(None)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="perseus-relaxation") as pool:
+        # large DAGs: a second model, built while the first solves, for the knots and dives
+        # side by side (each solve costs seconds there: 32 x 256, ~36 s)
+        other = None if fine else pool.submit(Relaxation, planner.dag, planner.costs)
+        free = relaxation.solve(None)
+        relaxations = [relaxation] if other is None else [relaxation, other.result()]
+        other = None  # the list holds the second model alone, so that it can go
     slowest_time = planner.slowest_time_s
     t_end = max(t_fast, min(free.iteration_time_s, slowest_time))
     # Large DAGs search only at the deadlines the policies name (each dive and search
@@ -118,9 +132,8 @@ def fast_frontier(
     def report(first: int, last: int, done: int, total: int) -> None:
         progress(first + (last - first) * min(done, total) // max(total, 1), 1000)
 
-    fine = n <= _FINE_KNOTS_UP_TO
     knots = _knots(
-        relaxation,
+        relaxations,
         t_fast,
         free,
         resolution_s,
@@ -143,10 +156,15 @@ def fast_frontier(
     # small DAGs the no-slowdown deadline's restarts, side by side.
     starts = []
     again = []  # the restarts: (anchor, start)
-    for a, deadline in enumerate(anchors):
-        starts.append(_dived(planner, relaxation, deadline, 0.05, solved.get(deadline)))
-        if deadline == t_default and n <= RESTARTS_UP_TO:
-            again += [(a, start) for start in restart_starts(planner, relaxation, deadline)]
+    if len(relaxations) > 1:
+        firsts = [solved.get(deadline) for deadline in anchors]
+        starts = dived_side_by_side(planner, relaxations, anchors, 0.05, firsts)
+        del relaxations[1:]  # its memory back before the sweep's table is allocated
+    else:
+        for a, deadline in enumerate(anchors):
+            starts.append(_dived(planner, relaxation, deadline, 0.05, solved.get(deadline)))
+            if deadline == t_default and n <= RESTARTS_UP_TO:
+                again += [(a, start) for start in restart_starts(planner, relaxation, deadline)]
     finished = 0
 
     def ended(_: int) -> None:
@@ -182,7 +200,11 @@ def fast_frontier(
             )[0][:, 0]
         anchor_plans[:, a] = plan
 
-    sweep = _GridPlans(planner, grid, knots, t_end)
+    # Large DAGs' knots are few: between two, flows mixed from theirs bound V far more tightly
+    # than their tangents (see Relaxation.lines). Small DAGs' knots are dense, their tangents
+    # within 0.02 % of V.
+    lines = None if fine else relaxation.lines([k.flow for k in knots[:-1] if k.flow is not None])
+    sweep = _GridPlans(planner, grid, knots, t_end, lines)
     sweep.fill(planner.with_crossings(anchor_plans), lambda d, t: report(700, 900, d, t))
     sweep.finish()
     progress(900, 1000)
@@ -267,13 +289,19 @@ class _GridPlans:
     """
 
     def __init__(
-        self, planner: Planner, grid: FloatArray, knots: list[RelaxedSolution], t_end: float
+        self,
+        planner: Planner,
+        grid: FloatArray,
+        knots: list[RelaxedSolution],
+        t_end: float,
+        lines: tuple[FloatArray, FloatArray] | None = None,
     ) -> None:
         n = planner.dag.size
         self.planner = planner
         self.grid = grid
         self.knots = knots
         self.t_end = t_end
+        self.lines = lines  # more lower bounds on V: (values, slopes)
         # the table of every deadline's plan is the largest array: option indices fit 16 bits
         small = max(planner.class_top, default=0) < np.iinfo(np.int16).max
         self.best_choice = np.empty((n, len(grid)), dtype=np.int16 if small else np.int64)
@@ -330,14 +358,18 @@ class _GridPlans:
         if not np.isfinite(self.best_energy[keep]).all():
             raise InfeasibleDeadline("no plan meets the all-fastest iteration time")
         served = served_deadline(self.best_time[keep], self.grid)
+        at = np.minimum(served, self.t_end)
         bound = np.max(
-            [
-                k.value_j + k.slope_j_per_s * (np.minimum(served, self.t_end) - k.deadline_s)
-                for k in knots[:-1]
-            ]
+            [k.value_j + k.slope_j_per_s * (at - k.deadline_s) for k in knots[:-1]]
             + [np.full(len(keep), knots[-1].value_j)],
             axis=0,
         )
+        if self.lines is not None and len(self.lines[0]):
+            values, slopes = self.lines
+            for lo in range(0, len(at), _CHUNK):
+                part = at[lo : lo + _CHUNK]
+                mixed = np.max(values[:, None] + slopes[:, None] * part[None, :], axis=0)
+                bound[lo : lo + _CHUNK] = np.maximum(bound[lo : lo + _CHUNK], mixed)
         self.keep, self.served = keep, served
         self.gaps = self.best_energy[keep] / (bound * (1 - 1e-9)) - 1.0
 
@@ -392,7 +424,7 @@ class _GridPlans:
 
 
 def _knots(
-    relaxation: Relaxation,
+    relaxations: Sequence[Relaxation],
     t_fast: float,
     free: RelaxedSolution,
     resolution_s: float,
@@ -404,39 +436,88 @@ def _knots(
     ``fine``, to a tighter tolerance and up to more knots). The deadlines ``at`` (between
     ``t_fast`` and the free optimum's time) are knots too, solved first, each from the one
     below it: where the anchors' dives need the relaxation anyway, their solves serve the
-    bound as well."""
+    bound as well.
+
+    With two models (``relaxations``, the first one's last solve ``free``), they solve side
+    by side: one from ``t_fast`` up through the lower half of ``at``, the other from the free
+    optimum down through the upper half, then the adaptive knots two at a time (in the order
+    one model would solve them, each from the basis of the nearer knot)."""
+    relaxation = relaxations[0]
     tolerance = _KNOT_TOLERANCE if fine else _COARSE_KNOT_TOLERANCE
     most = _MAX_KNOTS if fine else _COARSE_MAX_KNOTS
     if free.iteration_time_s <= t_fast + resolution_s:
         first = relaxation.solve(max(t_fast, min(free.iteration_time_s, t_fast)))
         return [first, free]
-    end = relaxation.solve(free.iteration_time_s, free)
-    start = relaxation.solve(t_fast)
-    chain = [start]
-    for deadline in sorted(set(at)):
-        if t_fast < deadline < free.iteration_time_s:
-            chain.append(relaxation.solve(deadline, chain[-1]))
-    chain.append(end)
+    inner = sorted(d for d in set(at) if t_fast < d < free.iteration_time_s)
+    if len(relaxations) == 1:
+        end = relaxation.solve(free.iteration_time_s, free)
+        chain = [*_chain(relaxation, t_fast, inner, None), end]
+    else:
+        lower, upper = inner[: (len(inner) + 1) // 2], inner[(len(inner) + 1) // 2 :]
+        chain = [
+            k
+            for part in side_by_side(
+                relaxations,
+                [
+                    lambda r: _chain(r, t_fast, lower, None),
+                    lambda r: _chain(r, free.iteration_time_s, upper[::-1], free)[::-1],
+                ],
+            )
+            for k in part
+        ]
     knots = list(chain)
     pending = list(itertools.pairwise(chain))
     while pending and len(knots) < most:
         # breadth first when knots are few, so that they spread over the whole range
-        a, b = pending.pop() if fine else pending.pop(0)
-        cut = _tangent_crossing(a, b)
-        if cut is None or not (a.deadline_s + resolution_s < cut < b.deadline_s - resolution_s):
-            continue
-        chord = a.value_j + (b.value_j - a.value_j) * (cut - a.deadline_s) / (
-            b.deadline_s - a.deadline_s
+        batch: list[tuple[RelaxedSolution, RelaxedSolution, float]] = []
+        while pending and len(batch) < min(len(relaxations), most - len(knots)):
+            a, b = pending.pop() if fine else pending.pop(0)
+            cut = _tangent_crossing(a, b)
+            if cut is None or not (a.deadline_s + resolution_s < cut < b.deadline_s - resolution_s):
+                continue
+            chord = a.value_j + (b.value_j - a.value_j) * (cut - a.deadline_s) / (
+                b.deadline_s - a.deadline_s
+            )
+            tangent = a.value_j + a.slope_j_per_s * (cut - a.deadline_s)
+            if chord - tangent > tolerance * b.value_j:
+                batch.append((a, b, cut))
+        middles = side_by_side(
+            relaxations,
+            [
+                partial(
+                    _solve,
+                    deadline_s=cut,
+                    start=a if cut - a.deadline_s < b.deadline_s - cut else b,
+                )
+                for a, b, cut in batch
+            ],
         )
-        tangent = a.value_j + a.slope_j_per_s * (cut - a.deadline_s)
-        if chord - tangent <= tolerance * b.value_j:
-            continue
-        middle = relaxation.solve(cut, a if cut - a.deadline_s < b.deadline_s - cut else b)
-        knots.append(middle)
-        pending.extend([(a, middle), (middle, b)])
-        progress(len(knots), most)
+        for (a, b, _), middle in zip(batch, middles, strict=True):
+            knots.append(middle)
+            pending.extend([(a, middle), (middle, b)])
+            progress(len(knots), most)
     knots.sort(key=lambda k: k.deadline_s)
     return [*knots, free]
+
+
+def _solve(
+    relaxation: Relaxation, deadline_s: float, start: RelaxedSolution | None
+) -> RelaxedSolution:
+    return relaxation.solve(deadline_s, start)
+
+
+def _chain(
+    relaxation: Relaxation,
+    first_s: float,
+    deadlines: Sequence[float],
+    start: RelaxedSolution | None,
+) -> list[RelaxedSolution]:
+    """Solutions at ``first_s`` (from ``start``'s basis, or the model's last), then at each of
+    ``deadlines`` in order, each from the one before."""
+    chain = [relaxation.solve(first_s, start)]
+    for deadline in deadlines:
+        chain.append(relaxation.solve(deadline, chain[-1]))
+    return chain
 
 
 def _tangent_crossing(a: RelaxedSolution, b: RelaxedSolution) -> float | None:

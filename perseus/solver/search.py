@@ -14,6 +14,7 @@ import numpy as np
 
 from perseus.solver.planner import Evaluated, FloatArray, IntArray, Planner
 from perseus.solver.programs import Relaxation, RelaxedSolution
+from perseus.solver.relaxation import side_by_side
 
 __all__ = [
     "ALL_ANCHORS_UP_TO",
@@ -21,6 +22,7 @@ __all__ = [
     "Searching",
     "best_at",
     "dived",
+    "dived_side_by_side",
     "local_search",
     "moves",
     "restart_starts",
@@ -144,14 +146,55 @@ def dived(
     """Where :func:`search` starts: the dive's hull plan, or the all-fastest plan if that
     one, refilled, takes less energy. ``first``: the relaxation already solved at the
     deadline (see :meth:`Relaxation.dive`)."""
+    return _hull_start(planner, _dive(planner, fraction)(relaxation, deadline_s, first), deadline_s)
+
+
+def dived_side_by_side(
+    planner: Planner,
+    relaxations: Sequence[Relaxation],
+    deadlines: Sequence[float],
+    fraction: float,
+    firsts: Sequence[RelaxedSolution | None],
+) -> list[IntArray]:
+    """:func:`dived` at every deadline, the relaxation's dives on ``relaxations`` side by side
+    (see :func:`~perseus.solver.relaxation.side_by_side`; each dive starts from its
+    ``firsts`` entry, so the model it runs on does not matter)."""
+    dive = _dive(planner, fraction)
+    on_hull = side_by_side(
+        relaxations,
+        [_at(dive, d, f) for d, f in zip(deadlines, firsts, strict=True)],
+    )
+    return [_hull_start(planner, h, d) for h, d in zip(on_hull, deadlines, strict=True)]
+
+
+def _dive(
+    planner: Planner, fraction: float
+) -> Callable[[Relaxation, float, RelaxedSolution | None], IntArray]:
+    """The dive of :func:`dived` (rounding to hull options only): each node's hull option."""
     n = planner.dag.size
     # larger DAGs fix more per round: each relaxation costs a second or more past 2,048
     fraction = fraction if n <= ALL_ANCHORS_UP_TO else 0.25 if n <= _FINE_DIVES_UP_TO else 0.5
     hull_times = [planner.class_times[c][planner.hull[c]] for c in range(len(planner.hull))]
+    node_times = [hull_times[c] for c in planner.cls]
     rounds = None if n <= _FINE_DIVES_UP_TO else _COARSE_DIVE_SOLVES
-    on_hull = relaxation.dive(
-        deadline_s, [hull_times[c] for c in planner.cls], fraction, rounds, first
-    )
+
+    def dive(relaxation: Relaxation, deadline_s: float, first: RelaxedSolution | None) -> IntArray:
+        return relaxation.dive(deadline_s, node_times, fraction, rounds, first)
+
+    return dive
+
+
+def _at(
+    dive: Callable[[Relaxation, float, RelaxedSolution | None], IntArray],
+    deadline_s: float,
+    first: RelaxedSolution | None,
+) -> Callable[[Relaxation], IntArray]:
+    return lambda relaxation: dive(relaxation, deadline_s, first)
+
+
+def _hull_start(planner: Planner, on_hull: IntArray, deadline_s: float) -> IntArray:
+    """The dive's hull plan, or the all-fastest plan if that one, refilled, takes less."""
+    n = planner.dag.size
     plan = np.asarray([planner.hull[c][k] for c, k in zip(planner.cls, on_hull, strict=True)])
     starts = np.stack([plan, np.zeros(n, dtype=np.int64)], axis=1)
     _, _, start_energy = planner.refill_evaluated(starts, np.full(2, deadline_s))

@@ -64,14 +64,14 @@ Make = Callable[[Settings], TestClient]
 def test_a_run_over_its_time_limit_fails_alone_and_a_small_job_is_planned_meanwhile(
     settings: Settings, make_client: Make
 ) -> None:
-    # 16 x 128 takes half a minute; the limit is 8 s (planning processes run at the lowest
-    # CPU priority: on a busy test machine a small job's start alone can take seconds).
+    # 32 x 128 takes over half a minute; the limit is 8 s (planning processes run at the
+    # lowest CPU priority: on a busy test machine a small job's start alone can take seconds).
     client = make_client(
         settings.model_copy(
             update={"planning_timeout_s": 8.0, "planning_max_cells": 160_000_000, "polish_s": 0}
         )
     )
-    large = _submit(client, 16, 128)
+    large = _submit(client, 32, 128)
     _wait_running(_runner(client), large)
     small = _submit(client, 2, 4)
     assert _wait(small)["state"] == "ready"

@@ -20,10 +20,12 @@ from perseus.solver import (
     default_time,
     load_profile,
     make_schedule,
+    profile_from_rows,
 )
 from perseus.solver.fast import ANCHOR_SLOWDOWNS, anchor_slowdowns, fast_frontier
 from perseus.solver.planner import Planner
 from perseus.solver.search import ALL_ANCHORS_UP_TO
+from perseus.solver.synthetic import synthetic_profile
 
 from . import reference as ref
 from .cases import NEAR, RTOL, Case, cases, examples, rel
@@ -152,3 +154,25 @@ def test_progress_moves_with_the_work_and_never_back() -> None:
     assert {t for _, t in calls} == {1000}
     assert done == sorted(done) and done[-1] == 1000
     assert len({d for d in done if 150 < d < 700}) >= 3  # anchors' searches, one by one
+
+
+def test_a_large_dag_plans_the_same_frontier_every_run_and_every_point_replays() -> None:
+    """Past 2,048 instructions (16 x 65 1F1B: 2,080) the relaxation runs on two models side by
+    side, for the knots and the anchors' dives. Which model solves what, and from which basis,
+    follows the order of the work, never the threads' timing: the frontier is the same in
+    every run, and its points replay to what they state."""
+    clocks = tuple(range(1980, 344, -15))[::11]
+    profile = profile_from_rows(synthetic_profile(16, clocks, 0))
+    schedule = make_schedule("1f1b", 16, 65)
+    assert build_dag(schedule).size > 2048
+    first = compute_frontier(profile, schedule, p_block_w=100.0)
+    again = compute_frontier(profile, schedule, p_block_w=100.0)
+    assert np.array_equal(first.times_s, again.times_s)
+    assert np.array_equal(first.energies_j, again.energies_j)
+    assert np.array_equal(first.frequencies_mhz, again.frequencies_mhz)
+    for i in (0, len(first) // 2, -1):
+        replayed = first.replay_point(profile, i)
+        assert rel(replayed.time_s, float(first.times_s[i])) <= RTOL
+        assert rel(replayed.energy_j, float(first.energies_j[i])) <= RTOL
+    # (10 clocks: coarser options than a GPU's, so rounding leaves more than 110 would)
+    assert float(first.gaps.max()) <= 0.02

@@ -5,6 +5,7 @@ plans that meet the deadline."""
 from __future__ import annotations
 
 import itertools
+import threading
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from perseus.errors import InfeasibleDeadline
 from perseus.solver import build_costs, build_dag, make_schedule, profile_from_rows
 from perseus.solver.planner import Planner
-from perseus.solver.relaxation import Relaxation
+from perseus.solver.relaxation import Relaxation, side_by_side
 
 from . import reference as ref
 from .cases import RTOL, Case, cases, examples
@@ -64,6 +65,48 @@ def test_value_is_convex_and_non_increasing_and_its_slope_a_subgradient(case: Ca
     free = relaxation.solve(None)
     assert free.slope_j_per_s == 0.0
     assert free.value_j <= min(values) + tol
+
+
+@examples(25)
+@given(SMALL)
+def test_lines_of_mixed_flows_bound_v_and_touch_it_at_the_solves(case: Case) -> None:
+    """Every line of :meth:`Relaxation.lines` lies below V at every deadline (weak duality),
+    and at a solve's own deadline the best of them is V (its flow's line is its tangent)."""
+    note(repr(case))  # hypothesis prints composite values blank
+    relaxation = relaxation_of(case)
+    tol = 1e-7 * scale(case, relaxation)
+    points = [relaxation.solve(d) for d in deadlines(case, relaxation, 7)]
+    flows = [p.flow for p in points[::3]]
+    assert all(f is not None for f in flows)
+    values, slopes = relaxation.lines(flows)  # type: ignore[arg-type]
+    assert len(values) == len(slopes) == (len(flows) - 1) * 17 * 5
+    for p in points:
+        best = float(np.max(values + slopes * p.deadline_s))
+        assert best <= p.value_j + tol, (p.deadline_s, best, p.value_j)
+    for p in points[::3]:
+        best = float(np.max(values + slopes * p.deadline_s))
+        assert best == pytest.approx(p.value_j, abs=tol), p.deadline_s
+
+
+def test_lines_of_mixed_flows_bound_v_closer_than_the_tangents() -> None:
+    """Between two distant solves, midway, the mixed flows' best line is much closer to V
+    than the better of the two tangents."""
+    rows = [(g, kind, f, t * (1 + 0.3 * g) * (2 if kind == "backward" else 1), e)
+            for g in range(3) for kind in ("forward", "backward")
+            for f, t, e in ((1980, 0.05, 12.0), (1700, 0.058, 10.6), (1500, 0.066, 9.9),
+                            (1300, 0.077, 9.5), (1100, 0.09, 9.3))]  # fmt: skip
+    profile, schedule = profile_from_rows(rows), make_schedule("1f1b", 3, 6)
+    relaxation = Relaxation(build_dag(schedule), build_costs(profile, schedule, 20.0))
+    free = relaxation.solve(None)
+    low = relaxation.solve(free.iteration_time_s * 0.8)
+    high = relaxation.solve(free.iteration_time_s * 0.99)
+    middle = 0.5 * (low.deadline_s + high.deadline_s)
+    v = relaxation.solve(middle).value_j
+    tangent = max(s.value_j + s.slope_j_per_s * (middle - s.deadline_s) for s in (low, high))
+    values, slopes = relaxation.lines([low.flow, high.flow])  # type: ignore[list-item]
+    mixed = float(np.max(values + slopes * middle))
+    assert tangent <= mixed <= v * (1 + 1e-9)
+    assert v - mixed < 0.5 * (v - tangent), (v, mixed, tangent)
 
 
 @examples(30)
@@ -135,3 +178,47 @@ def test_weighted_relaxation_scales_the_slopes_only_inside_the_block() -> None:
     again = relaxation.solve(None)
     assert doubled.value_j < plain.value_j - 1e-6
     assert again.value_j == pytest.approx(plain.value_j, rel=1e-12)
+
+
+@examples(10)
+@given(SMALL)
+def test_two_models_side_by_side_solve_as_one_does(case: Case) -> None:
+    """Job k runs on model k % 2, each model's jobs in order on a thread; the results come
+    back in the jobs' order and equal one model's (the optimum's value is unique)."""
+    one, two = relaxation_of(case), [relaxation_of(case), relaxation_of(case)]
+    points = deadlines(case, one, 5)
+    threads: list[tuple[int, str]] = []
+
+    def job(k: int, deadline_s: float):  # type: ignore[no-untyped-def]
+        def run(relaxation: Relaxation):  # type: ignore[no-untyped-def]
+            threads.append((k, threading.current_thread().name))
+            assert relaxation is two[k % 2]
+            return relaxation.solve(deadline_s)
+
+        return run
+
+    got = side_by_side(two, [job(k, d) for k, d in enumerate(points)])
+    alone = [one.solve(d) for d in points]
+    tol = RTOL * scale(case, one)
+    assert [g.deadline_s for g in got] == points
+    for g, a in zip(got, alone, strict=True):
+        assert g.value_j == pytest.approx(a.value_j, abs=tol)
+    for m in range(2):  # each model's jobs in order, on one thread (not this one)
+        mine = [(j, n) for j, n in threads if j % 2 == m]
+        assert [j for j, _ in mine] == list(range(m, len(points), 2))
+        assert len({n for _, n in mine}) == 1
+        assert threading.current_thread().name not in {n for _, n in mine}
+    # one model: the jobs in order on the calling thread
+    threads.clear()
+    side_by_side([two[0]], [job(0, points[0])])
+    assert threads == [(0, threading.current_thread().name)]
+
+
+def test_an_error_in_one_model_reaches_the_caller() -> None:
+    rows = [(0, kind, f, t, e) for kind in ("forward", "backward")
+            for f, t, e in ((1980, 0.05, 12.0), (1500, 0.07, 10.0))]  # fmt: skip
+    profile, schedule = profile_from_rows(rows), make_schedule("1f1b", 1, 2)
+    dag = build_dag(schedule)
+    models = [Relaxation(dag, build_costs(profile, schedule, 20.0)) for _ in range(2)]
+    with pytest.raises(InfeasibleDeadline):
+        side_by_side(models, [lambda r: r.solve(None), lambda r: r.solve(0.01)])
