@@ -45,11 +45,12 @@ _BASE_BYTES = 256 * 2**20
 _BYTES_PER_CELL = 12.0
 _SECONDS_PER_CELL = 1.2e-6
 _SECONDS_FIXED = 5.0
-# The relaxation's LP solves, which grow faster than the cells on large DAGs: ~15 s of
-# interleaved 16 x 128 (8,192 instructions, 29 s whole), ~115 s of 1F1B 32 x 128 (8,192, 135 s)
-# and ~700 s of 1F1B 32 x 256 (16,384; 20 solves of ~36 s): about _LP_SECONDS x
-# (instructions / 8,192)^2 x (stages / 16)^3. Only the estimate's seconds: the limit is on cells.
-_LP_SECONDS = 15.0
+# The relaxation's LP solves, which grow faster than the cells on large DAGs (two models side
+# by side, at most 8 knots): ~5 s of interleaved 16 x 128 (8,192 instructions, 11 s whole),
+# ~25 s of 1F1B 32 x 128 (8,192, 39 s) and ~120 s of 1F1B 32 x 256 (16,384, 167 s): about
+# _LP_SECONDS x (instructions / 8,192)^2 x (stages / 16)^3. Only the estimate's seconds (the
+# queue's order): the limit is on cells.
+_LP_SECONDS = 4.0
 
 
 @dataclass(frozen=True, slots=True)
