@@ -164,6 +164,13 @@ def run_rank(
     }
 
 
+def aimed(result: dict[str, Any]) -> list[int]:
+    """The iterations run under the plan from its fourth on: its first ones measure its
+    intervals (short instructions need them to aim from earlier starts); from the fourth on,
+    every change is aimed."""
+    return [i for i, v in enumerate(result["versions"]) if v is not None][3:]
+
+
 def assert_ran_as_planned(log: dict[int, list[dict[str, Any]]], iterations: list[int]) -> None:
     """Every instruction of ``iterations`` ran at its planned clock (``ran_mhz``, its middle),
     in order; none below it. A lowering is timed by the controller thread's sleep, so on a
@@ -192,10 +199,7 @@ def test_every_instruction_runs_its_planned_clock_and_none_is_slower(
 ) -> None:
     result = run_rank(delay_s, work, tmp_path, planned=8)
     expected: Replay = result["expected"]
-    planned = [i for i, v in enumerate(result["versions"]) if v is not None]
-    # A plan's first iterations measure its intervals (short instructions need them to aim
-    # from earlier starts); from the fourth on, every change is aimed.
-    checked = planned[3:]
+    checked = aimed(result)
     assert_ran_as_planned(result["log"], checked)
     median_s = statistics.median(result["times"][i] for i in checked)
     # Host work between the fake's modelled instructions adds a little (~0.3 ms each); a
@@ -240,7 +244,7 @@ def test_a_lowering_after_a_varying_wait_lands_in_the_wait(tmp_path: Path) -> No
     result = run_rank(
         0.02, LONG, tmp_path, planned=10, wait_before_forward_s=lambda: rng.uniform(0.0, 0.05)
     )
-    planned = [i for i, v in enumerate(result["versions"]) if v is not None][3:]
+    planned = aimed(result)
     assert_ran_as_planned(result["log"], planned)
     expected: Replay = result["expected"]
     idle_w = result["model"].idle_power_w
@@ -269,7 +273,7 @@ def test_no_instruction_loses_time_to_a_clock_change(
     entries = [e for i in sorted(result["log"]) for e in result["log"][i]]
     runs: list[FakeRun] = result["runs"]
     assert [r.kind for r in runs[: len(entries)]] == [e["instruction"] for e in entries]
-    planned = [i for i, v in enumerate(result["versions"]) if v is not None][3:]
+    planned = aimed(result)
     lost = [
         time_lost_s(model, run, entry["frequency_mhz"])
         for entry, run in zip(entries, runs, strict=False)
