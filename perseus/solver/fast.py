@@ -454,17 +454,14 @@ def _knots(
         chain = [*_chain(relaxation, t_fast, inner, None), end]
     else:
         lower, upper = inner[: (len(inner) + 1) // 2], inner[(len(inner) + 1) // 2 :]
-        chain = [
-            k
-            for part in side_by_side(
-                relaxations,
-                [
-                    lambda r: _chain(r, t_fast, lower, None),
-                    lambda r: _chain(r, free.iteration_time_s, upper[::-1], free)[::-1],
-                ],
-            )
-            for k in part
-        ]
+        up, down = side_by_side(
+            relaxations,
+            [
+                lambda r: _chain(r, t_fast, lower, None),
+                lambda r: _chain(r, free.iteration_time_s, upper[::-1], free),
+            ],
+        )
+        chain = up + down[::-1]
     knots = list(chain)
     pending = list(itertools.pairwise(chain))
     while pending and len(knots) < most:
@@ -485,7 +482,7 @@ def _knots(
             relaxations,
             [
                 partial(
-                    _solve,
+                    Relaxation.solve,
                     deadline_s=cut,
                     start=a if cut - a.deadline_s < b.deadline_s - cut else b,
                 )
@@ -498,12 +495,6 @@ def _knots(
             progress(len(knots), most)
     knots.sort(key=lambda k: k.deadline_s)
     return [*knots, free]
-
-
-def _solve(
-    relaxation: Relaxation, deadline_s: float, start: RelaxedSolution | None
-) -> RelaxedSolution:
-    return relaxation.solve(deadline_s, start)
 
 
 def _chain(

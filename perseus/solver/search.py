@@ -8,6 +8,7 @@ per batch), never seconds, so a search ends the same way on a fast and a slow ma
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -146,7 +147,10 @@ def dived(
     """Where :func:`search` starts: the dive's hull plan, or the all-fastest plan if that
     one, refilled, takes less energy. ``first``: the relaxation already solved at the
     deadline (see :meth:`Relaxation.dive`)."""
-    return _hull_start(planner, _dive(planner, fraction)(relaxation, deadline_s, first), deadline_s)
+    times, fraction, rounds = _dive_settings(planner, fraction)
+    return _hull_start(
+        planner, relaxation.dive(deadline_s, times, fraction, rounds, first), deadline_s
+    )
 
 
 def dived_side_by_side(
@@ -159,37 +163,24 @@ def dived_side_by_side(
     """:func:`dived` at every deadline, the relaxation's dives on ``relaxations`` side by side
     (see :func:`~perseus.solver.relaxation.side_by_side`; each dive starts from its
     ``firsts`` entry, so the model it runs on does not matter)."""
-    dive = _dive(planner, fraction)
-    on_hull = side_by_side(
-        relaxations,
-        [_at(dive, d, f) for d, f in zip(deadlines, firsts, strict=True)],
-    )
+    times, fraction, rounds = _dive_settings(planner, fraction)
+    jobs = [
+        partial(Relaxation.dive, deadline_s=d, option_times=times, fraction=fraction,
+                rounds=rounds, first=f)
+        for d, f in zip(deadlines, firsts, strict=True)
+    ]  # fmt: skip
+    on_hull = side_by_side(relaxations, jobs)
     return [_hull_start(planner, h, d) for h, d in zip(on_hull, deadlines, strict=True)]
 
 
-def _dive(
-    planner: Planner, fraction: float
-) -> Callable[[Relaxation, float, RelaxedSolution | None], IntArray]:
-    """The dive of :func:`dived` (rounding to hull options only): each node's hull option."""
+def _dive_settings(planner: Planner, fraction: float) -> tuple[list[FloatArray], float, int | None]:
+    """The dive's options (each node's hull times), fraction and rounds for this DAG."""
     n = planner.dag.size
     # larger DAGs fix more per round: each relaxation costs a second or more past 2,048
     fraction = fraction if n <= ALL_ANCHORS_UP_TO else 0.25 if n <= _FINE_DIVES_UP_TO else 0.5
     hull_times = [planner.class_times[c][planner.hull[c]] for c in range(len(planner.hull))]
-    node_times = [hull_times[c] for c in planner.cls]
     rounds = None if n <= _FINE_DIVES_UP_TO else _COARSE_DIVE_SOLVES
-
-    def dive(relaxation: Relaxation, deadline_s: float, first: RelaxedSolution | None) -> IntArray:
-        return relaxation.dive(deadline_s, node_times, fraction, rounds, first)
-
-    return dive
-
-
-def _at(
-    dive: Callable[[Relaxation, float, RelaxedSolution | None], IntArray],
-    deadline_s: float,
-    first: RelaxedSolution | None,
-) -> Callable[[Relaxation], IntArray]:
-    return lambda relaxation: dive(relaxation, deadline_s, first)
+    return [hull_times[c] for c in planner.cls], fraction, rounds
 
 
 def _hull_start(planner: Planner, on_hull: IntArray, deadline_s: float) -> IntArray:
