@@ -214,6 +214,8 @@ def check_log_follows(
     """
     by_iteration: dict[int, list[dict[str, Any]]] = {}
     late_total = [0, 0]  # planned instructions that did not run at their clock, all
+    measured: list[int] = []  # the iterations whose clocks were checked
+    late_in: dict[int, list[Any]] = {}  # by iteration, its instructions off their clock
     first_of_version: dict[int, int] = {}
     for entry in launch.entries(rank):
         by_iteration.setdefault(entry["iteration"], []).append(entry)
@@ -263,11 +265,18 @@ def check_log_follows(
         ]
         late_total[0] += len(late)
         late_total[1] += len(entries)
+        measured.append(iteration)
+        if late:
+            late_in[iteration] = late
     # A loaded 2-core host may now and then deschedule the clock thread past a boundary: a
-    # handful in thousands; a change requested too late would miss at every change instead.
-    assert late_total[0] <= max(2, late_total[1] // 200), (
-        f"rank {rank}: {late_total[0]} of {late_total[1]} planned instructions did not start "
-        "at their planned clock"
+    # handful in thousands, or a burst within an iteration or two (CI once saw 12 of 192 on
+    # interleaved); a change requested too late would miss at every change, in every iteration.
+    assert late_total[0] <= max(2, late_total[1] // 200) or len(late_in) <= max(
+        1, len(measured) // 6
+    ), (
+        f"rank {rank}: {late_total[0]} of {late_total[1]} planned instructions in "
+        f"{len(late_in)} of {len(measured)} iterations did not start at their planned clock: "
+        f"{late_in}"
     )
     return checked
 
