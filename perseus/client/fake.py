@@ -216,7 +216,9 @@ class FakeGpu:
         self._index = index
         self._clock = clock
         self._sleep = sleep
-        self._lock = threading.Lock()
+        # Reentrant: a SIGTERM handler resets the clock from the main thread, which may be
+        # inside begin()/end() holding the lock (a plain Lock deadlocks the rank's exit).
+        self._lock = threading.RLock()
         now = clock()
         self._origin_s = now
         # Lock state: the lock in effect (None: unlocked) and requests not yet in effect.

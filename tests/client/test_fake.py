@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -625,3 +627,33 @@ def test_the_trace_file_from_the_environment(
     lines = (tmp_path / "trace" / "fake-rank3.jsonl").read_text().splitlines()
     runs = [FakeRun.from_json(line) for line in lines]
     assert [(r.kind, r.scale) for r in runs] == [("forward", 1.0), ("backward", 0.5)]
+
+
+_SIGNAL_SCRIPT = """
+import signal, time
+from perseus.client.fake import FakeGpu, default_work
+gpu = FakeGpu(work=default_work(0, 1), sleep=lambda s: None)
+resets = []
+def handler(signum, frame):
+    gpu.reset_clock()  # what a rank's SIGTERM handler does, on the main thread
+    resets.append(signum)
+signal.signal(signal.SIGALRM, handler)
+signal.setitimer(signal.ITIMER_REAL, 0.003, 0.003)
+end = time.monotonic() + 1.0
+while time.monotonic() < end:
+    gpu.lock_clock(1200)
+    gpu.power_w()
+    gpu.energy_j()
+signal.setitimer(signal.ITIMER_REAL, 0)
+print("resets", len(resets))
+"""
+
+
+def test_a_signal_handler_may_reset_the_clock_while_the_main_thread_holds_the_fake() -> None:
+    # CI once saw two of four ranks never log their SIGTERM reset: the handler interrupted the
+    # fake inside begin()/end() and waited on the lock that its own thread held.
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) > 10

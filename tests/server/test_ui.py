@@ -141,14 +141,15 @@ def _pct(x: float | None) -> str:
 
 def _until(what: Callable[[], Any], timeout_s: float = 15) -> Any:
     """``what()`` once it is truthy (or at the timeout); an element the page re-rendered
-    between finding it and reading it (it polls the API) is looked up again."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    between finding it and reading it (it polls the API), or one not there yet (a page still
+    reloading), is looked up again."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             value = what()
-        except StaleElementReferenceException:
+        except (StaleElementReferenceException, NoSuchElementException):
             value = None
         if value or time.monotonic() > deadline:
             return value
