@@ -35,6 +35,17 @@ _inlined = cast(Callable[[_F], _F], numba.njit(cache=True, nogil=True, inline="a
 
 
 @_inlined
+def _table_row(room: float, scale: float, offset: float, low: float, high: float) -> int:
+    """The fit table's row for ``room`` (``Planner.fit_times``'s position, clipped to the
+    row's class)."""
+    position = room * scale
+    position += offset
+    position = max(position, low)
+    position = min(position, high)
+    return int(position)
+
+
+@_inlined
 def _fit_span(
     rooms: FloatArray,
     width: int,
@@ -56,11 +67,7 @@ def _fit_span(
     if one_step:
         for p in range(width):
             room = rooms[p]
-            position = room * row_scale
-            position += row_offset
-            position = max(position, row_low)
-            position = min(position, row_high)
-            row = int(position)
+            row = _table_row(room, row_scale, row_offset, row_low, row_high)
             after = table_next[row]
             if after <= room:
                 found[p] = table[row] + 1
@@ -72,11 +79,7 @@ def _fit_span(
     start = first[r]
     for p in range(width):
         room = rooms[p]
-        position = room * row_scale
-        position += row_offset
-        position = max(position, row_low)
-        position = min(position, row_high)
-        pick = table[int(position)]
+        pick = table[_table_row(room, row_scale, row_offset, row_low, row_high)]
         while padded[start + 1 + pick] <= room:
             pick += 1
         time = padded[start + pick]
