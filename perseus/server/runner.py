@@ -15,7 +15,9 @@ import dataclasses
 import itertools
 import logging
 import multiprocessing
+import multiprocessing.connection
 import signal
+import threading
 import time
 from collections.abc import Awaitable
 from typing import Any
@@ -36,7 +38,7 @@ from perseus.server.planning import (
 from perseus.server.runtime import JobHeads
 from perseus.solver.deadlines import MAX_CELLS
 
-__all__ = ["PlanningRunner"]
+__all__ = ["PlanningProcess", "PlanningRunner"]
 
 log = logging.getLogger("perseus.server")
 
@@ -51,6 +53,13 @@ _RETIRE_BYTES = 1 << 30
 # still runs its own exit (unmapping its memory) at its niceness, 19: on two cores kept busy
 # at normal priority that took over 30 s once.
 _REAP_S = 90.0
+# multiprocessing reaps a child from whichever thread asks first: ``Process.start`` polls
+# every earlier child, and so do ``is_alive`` and ``join``. When two threads reap one child
+# at once, the loser's ``waitpid`` fails and it sees no exit code (the planning process
+# then read as "still not gone" at once). Every call that may reap ours holds this lock.
+_REAPING = threading.Lock()
+# A process whose sentinel closed is exiting: the kernel reaps it within this.
+_EXITING_S = 5.0
 
 
 class PlanningRunner:
@@ -112,12 +121,12 @@ class PlanningRunner:
         self._tasks: set[asyncio.Task[None]] = set()
         self._runs: dict[str, asyncio.Task[None]] = {}  # each job's planning task
         self._computing: set[str] = set()
-        self._running: dict[str, _PlanningProcess] = {}
+        self._running: dict[str, PlanningProcess] = {}
         self._queue: list[_Queued] = []
         self._arrivals = itertools.count()
         self._busy = 0
         self._small_busy = False
-        self._idle: list[_PlanningProcess] = []  # started, solver imported, waiting
+        self._idle: list[PlanningProcess] = []  # started, solver imported, waiting
         self._starting = False
         self._closing = False
         self._maintenance: asyncio.Task[None] | None = None
@@ -308,8 +317,8 @@ class PlanningRunner:
                     call.exception()  # retrieved; a death is reported above
                 await asyncio.to_thread(worker.close)
 
-    def _new_process(self) -> _PlanningProcess:
-        return _PlanningProcess(self._context, self._memory_bytes)
+    def _new_process(self) -> PlanningProcess:
+        return PlanningProcess(self._context, self._memory_bytes)
 
     async def _add_spare(self) -> None:
         if self._starting:
@@ -370,7 +379,7 @@ class PlanningRunner:
             await asyncio.to_thread(worker.close)
 
 
-def _kill_started(starting: asyncio.Future[_PlanningProcess]) -> None:
+def _kill_started(starting: asyncio.Future[PlanningProcess]) -> None:
     if not starting.cancelled() and starting.exception() is None:
         starting.result().kill()
 
@@ -385,7 +394,7 @@ class _Queued:
     turn: asyncio.Future[bool]  # set when it may run: True for the small-job turn
 
 
-class _PlanningProcess:
+class PlanningProcess:
     """One planning process: started ahead, given one job at a time; killed when it must stop.
 
     Args:
@@ -401,7 +410,8 @@ class _PlanningProcess:
             name="perseus planning",
             daemon=True,
         )
-        self._process.start()
+        with _REAPING:
+            self._process.start()
         child.close()  # ours closed: the process's death ends our recv with EOFError
 
     @property
@@ -409,7 +419,8 @@ class _PlanningProcess:
         return int(self._process.pid or 0)
 
     def alive(self) -> bool:
-        return bool(self._process.is_alive())
+        with _REAPING:
+            return bool(self._process.is_alive())
 
     def run(self, planning: PlanningInput) -> tuple[PlanningResult | PlanningFailure, int]:
         """Hand the job over and wait (blocks: run it in a thread).
@@ -425,13 +436,27 @@ class _PlanningProcess:
         return answer
 
     def kill(self) -> None:
-        if self._process.is_alive():
-            self._process.kill()
+        with _REAPING:
+            if self._process.is_alive():
+                self._process.kill()
+
+    def _reap(self, timeout_s: float) -> int | None:
+        """Wait up to ``timeout_s`` for the process to end (blocks).
+
+        Returns:
+            Its exit code (negative: the signal that killed it); None while it runs.
+        """
+        # The wait is outside the lock: other processes start meanwhile.
+        if not multiprocessing.connection.wait([self._process.sentinel], timeout_s):
+            return None
+        with _REAPING:
+            self._process.join(_EXITING_S)
+            code: int | None = self._process.exitcode
+            return code
 
     def death(self) -> str:
         """Why the process ended, for people (after it did; blocks until it is reaped)."""
-        self._process.join(_REAP_S)
-        code = self._process.exitcode
+        code = self._reap(_REAP_S)
         if code == -signal.SIGKILL:
             # Not our memory limit (that is a MemoryError, reported by the process itself).
             how = "killed by SIGKILL: the host ran out of memory, or someone stopped it"
@@ -448,5 +473,5 @@ class _PlanningProcess:
 
     def close(self) -> None:
         """Reap the (killed) process and close the pipe; blocks briefly."""
-        self._process.join(5.0)
+        self._reap(_EXITING_S)
         self._conn.close()

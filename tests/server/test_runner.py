@@ -4,15 +4,18 @@ settings."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
-from perseus.server.runner import PlanningRunner
+from perseus.server.runner import PlanningProcess, PlanningRunner
 from perseus.server.settings import Settings
 
 from .conftest import Job, clocks_of, create_job, synthetic_rows
@@ -116,6 +119,42 @@ def test_killed_workers_fail_only_their_own_jobs(settings: Settings, make_client
         assert _wait(queued)["state"] == "ready"
         assert _wait(small)["state"] == "ready"
     assert _wait(_submit(client, 4, 8))["state"] == "ready"
+
+
+def test_a_process_reaped_by_a_starting_one_still_says_how_it_died(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # multiprocessing's Process.start reaps every earlier child that has ended. Here a
+    # process starting on another thread reaps the killed one, and is held just after its
+    # waitpid (a thread descheduled there on a busy host): the killed one's death must
+    # still read its SIGKILL, not "still not gone".
+    context = multiprocessing.get_context("spawn")
+    doomed = PlanningProcess(context, None)
+    real_waitpid = os.waitpid
+    reaped = threading.Event()
+
+    def waitpid(pid: int, options: int) -> tuple[int, int]:
+        answer = real_waitpid(pid, options)
+        if pid == doomed.pid and answer[0] == pid and not reaped.is_set():
+            reaped.set()
+            time.sleep(0.5)
+        return answer
+
+    monkeypatch.setattr(os, "waitpid", waitpid)
+    os.kill(doomed.pid, signal.SIGKILL)
+    # A zombie now (looked at without reaping it).
+    os.waitid(os.P_PID, doomed.pid, os.WEXITED | os.WNOWAIT)
+    started: list[PlanningProcess] = []
+    starting = threading.Thread(target=lambda: started.append(PlanningProcess(context, None)))
+    starting.start()
+    try:
+        assert reaped.wait(30.0), "the starting process did not reap the killed one"
+        assert "(killed by SIGKILL" in doomed.death()
+    finally:
+        starting.join(30.0)
+        for process in [doomed, *started]:
+            process.kill()
+            process.close()
 
 
 def _gone(pid: int) -> bool:
