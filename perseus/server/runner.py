@@ -140,8 +140,10 @@ class PlanningRunner:
 
     @property
     def processes(self) -> dict[str, int]:
-        """Process id of every running planning run, by job id."""
-        return {job_id: p.pid for job_id, p in self._running.items()}
+        """Process id of every running planning run, by job id (readable from any thread: the
+        copy is taken at once, while the event loop may change the runs)."""
+        running = dict(self._running)
+        return {job_id: p.pid for job_id, p in running.items()}
 
     def start(self, job_id: str) -> None:
         """Compute the frontier of a job this process claimed, in the background."""

@@ -76,7 +76,7 @@ def plan(*clocks: int, times_s: float | None = None) -> ActivePlan:
 def settle(controller: ClockController) -> None:
     """Wait until the controller thread has handled everything queued so far."""
     fence = controller.fence()
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + 30.0
     while fence.at_s is None:
         assert time.monotonic() < deadline, "the controller thread is stuck"
         time.sleep(0.001)
@@ -265,9 +265,9 @@ class TimedGpu(SetterGpu):
         super().reset_clock()
 
 
-@pytest.mark.parametrize("delay_s", [0.02, 0.04])
-def test_the_latency_is_measured_on_the_fake(delay_s: float) -> None:
-    """(b): polled until the new clock shows; the estimate comes to the fake's delay."""
+def _measure_latency(delay_s: float) -> tuple[tuple[float, ...], float, float]:
+    """Five clock changes on a fresh fake, each once the last landed: the controller's
+    samples, estimate and lowest estimate."""
     gpu = FakeGpu(FakeGpuModel(clock_change_delay_s=delay_s), {})
     controller = ClockController(gpu, latency_s=0.03)
     try:
@@ -275,15 +275,36 @@ def test_the_latency_is_measured_on_the_fake(delay_s: float) -> None:
             controller.apply(f)
             time.sleep(max(2.5 * delay_s, 0.08) + 0.01)  # measured once the last landed
         settle(controller)
-        samples = controller.latency.samples
-        assert len(samples) == 5
-        assert all(s >= delay_s for s in samples), samples
-        # polled every 0.75 ms; a loaded host may delay a read now and then
-        assert statistics.median(samples) <= delay_s + 0.004, samples
-        assert delay_s <= controller.latency_s <= delay_s + 0.010
-        assert delay_s <= controller.latency.low_s <= controller.latency_s
+        return controller.latency.samples, controller.latency_s, controller.latency.low_s
     finally:
         controller.close()
+
+
+@pytest.mark.parametrize("delay_s", [0.02, 0.04])
+def test_the_latency_is_measured_on_the_fake(delay_s: float) -> None:
+    """(b): polled until the new clock shows; the estimate comes to the fake's delay.
+
+    Real time: a loaded host that deschedules the controller thread during a measurement
+    makes it drop the sample (a read too coarse, or a change issued too soon after the one
+    before) or take it late. So up to three runs, each on a fresh controller, and one must
+    measure all five; none may ever measure a change before it landed.
+    """
+    problems: list[str] = []
+    for _ in range(3):
+        samples, latency_s, low_s = _measure_latency(delay_s)
+        assert all(s >= delay_s for s in samples), samples
+        if len(samples) != 5:
+            problems.append(f"{len(samples)} samples of 5: {samples}")
+        # polled every 0.75 ms; a loaded host may delay a read now and then
+        elif statistics.median(samples) > delay_s + 0.004:
+            problems.append(f"median over {delay_s} + 4 ms: {samples}")
+        elif not delay_s <= latency_s <= delay_s + 0.010:
+            problems.append(f"estimate {latency_s} off {delay_s}: {samples}")
+        elif not delay_s <= low_s <= latency_s:
+            problems.append(f"lowest estimate {low_s} not in [{delay_s}, {latency_s}]: {samples}")
+        else:
+            return
+    pytest.fail("\n".join(problems))
 
 
 def test_a_dry_run_keeps_the_configured_latency() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,11 +24,22 @@ REPO = Path(__file__).parents[2]
 SHARED = REPO / ".." / "shared"
 
 
+# Ports for servers that a subprocess binds a moment later: below Linux's ephemeral range
+# (32768-60999), so no outgoing connection takes one in between, as it may take a port the
+# kernel handed out for bind(0).
+_PORTS = range(20_000, 32_000)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port free on loopback now, outside the ephemeral range."""
+    for port in random.sample(_PORTS, 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_PORTS.start}-{_PORTS.stop - 1} on loopback")
 
 
 @dataclass

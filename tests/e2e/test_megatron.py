@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import LiveServer, free_port
+from .conftest import LiveServer
 from .pipelines import Launch, check_ranks_follow_plans, create_job, job_env, stop_after_planned
 
 torch = pytest.importorskip("torch")
@@ -157,9 +157,8 @@ def one_stage(monkeypatch: pytest.MonkeyPatch) -> Iterator[Chunk]:
     if dist.is_initialized():
         pytest.skip("a process group is already up in this process")
     monkeypatch.setattr(schedules, "torch", CpuTorch())
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
+    # An in-process store: no port picked free that something else may take first.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         parallel_state.initialize_model_parallel()
         config = TransformerConfig(num_layers=1, hidden_size=4, num_attention_heads=1)

@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 
-from .conftest import free_port
-
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
@@ -65,9 +63,8 @@ class RecordingRank:
 def one_process() -> Iterator[None]:
     if dist.is_initialized():
         pytest.skip("a process group is already up in this process")
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
+    # An in-process store: no port picked free that something else may take first.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         torch.manual_seed(0)
         yield

@@ -240,12 +240,15 @@ def ready_job(client: TestClient, example_rows: ProfileRows) -> Job:
     return job
 
 
-def free_port() -> int:
-    """A TCP port free on loopback now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def loopback_socket() -> socket.socket:
+    """A TCP socket bound to a free port on loopback, for ``uvicorn.Server.run(sockets=...)``.
+
+    The server gets the socket itself, not its port number: a port looked up free and bound
+    by the server later may be taken in between (by any connection's ephemeral port).
+    """
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 def snapshot(job: Job) -> dict[str, Any]:

@@ -93,7 +93,7 @@ def test_auto_straggler_switches_the_others_and_recovers(
     assert job.wait_plan().status_code == 200
     predicted = job.view()["chosen"]["time_s"]
     report_iterations(job, range(2), lambda dp: predicted * (1.2 if dp == 2 else 1.0), 1)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # reports are written every 0.25 s, checked at most 1/s
     view = job.view()
     it = 2
     while view["version"] == 1 and time.monotonic() < deadline:
@@ -113,7 +113,7 @@ def test_auto_straggler_switches_the_others_and_recovers(
     assert fast["time_s"] > slow["time_s"]  # the others slow down; the straggler does not
     # The straggler recovers: every replica on time for its own plan.
     slow_plan_s = fast["time_s"]
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while view["version"] == 2 and time.monotonic() < deadline:
         time.sleep(0.3)
         report_iterations(

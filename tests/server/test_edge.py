@@ -25,7 +25,7 @@ from perseus.server.app import create_app
 from perseus.server.edge import AccessLogFilter, EdgeConfig, EdgeProtocol, redact_query
 from perseus.server.settings import Settings
 
-from .conftest import free_port
+from .conftest import loopback_socket
 
 
 @contextlib.contextmanager
@@ -39,13 +39,15 @@ def _edge_server(database: Path, **limits: Any) -> Iterator[tuple[str, int]]:
 def _edge_uvicorn(database: Path, **limits: Any) -> Iterator[tuple[str, int, uvicorn.Server]]:
     """As :func:`_edge_server`, with the uvicorn server itself: ``(url, port, server)``."""
     app = create_app(Settings(database=f"sqlite:///{database}", warm_planner=False))
-    port = free_port()
+    sock = loopback_socket()
+    port = sock.getsockname()[1]
     config = EdgeConfig(app, host="127.0.0.1", port=port, log_level="error", **limits)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.02)
     try:
         yield f"http://127.0.0.1:{port}", port, server
@@ -76,8 +78,10 @@ def _closed_within(sock: socket.socket, seconds: float) -> bool:
 
 
 def test_a_silent_connection_is_closed_after_the_head_timeout(edge: dict[str, Any]) -> None:
+    # Nothing else closes a fresh connection (uvicorn's keep-alive timer starts after a
+    # response): the wait may be generous, for a loaded host's late server thread.
     with socket.create_connection(("127.0.0.1", edge["port"])) as sock:
-        assert _closed_within(sock, 3.0)
+        assert _closed_within(sock, 10.0)
 
 
 def test_a_trickled_head_is_closed_too(edge: dict[str, Any]) -> None:
@@ -85,7 +89,7 @@ def test_a_trickled_head_is_closed_too(edge: dict[str, Any]) -> None:
         for piece in (b"GET /healthz HTTP/1.1\r\n", b"Host: x\r\n"):
             sock.sendall(piece)
             time.sleep(0.2)
-        assert _closed_within(sock, 3.0)
+        assert _closed_within(sock, 10.0)
 
 
 def test_a_kept_alive_connection_outlives_the_head_timeout(edge: dict[str, Any]) -> None:
@@ -99,8 +103,8 @@ def test_past_the_cap_idle_connections_make_room(edge: dict[str, Any]) -> None:
     idle = [socket.create_connection(("127.0.0.1", edge["port"])) for _ in range(40)]
     try:
         started = time.perf_counter()
-        assert httpx.get(f"{edge['url']}/healthz", timeout=2).status_code == 200
-        assert time.perf_counter() - started < 1.0
+        assert httpx.get(f"{edge['url']}/healthz", timeout=10).status_code == 200
+        assert time.perf_counter() - started < 5.0  # a loaded host's thread, not a wait
         closed = sum(_closed_within(sock, 0.05) for sock in idle[:20])
         assert closed == 20  # the oldest went first
     finally:
@@ -117,7 +121,7 @@ def test_a_body_is_not_read_before_the_token_is_checked(edge: dict[str, Any]) ->
     )
     with socket.create_connection(("127.0.0.1", edge["port"])) as sock:
         sock.sendall(head.encode())
-        sock.settimeout(2.0)
+        sock.settimeout(10.0)  # a server waiting for the body never answers (none comes)
         reply = sock.recv(4096)
     assert reply.startswith(b"HTTP/1.1 401")
     assert b"connection: close" in reply.lower()
@@ -198,9 +202,9 @@ def test_access_log_redacts_and_demotes_plan_polls() -> None:
 
 @pytest.fixture(scope="module")
 def slow_body_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A server whose requests have 0.5 s to send their bodies: ``{url, port}``."""
+    """A server whose requests have 1 s to send their bodies: ``{url, port}``."""
     database = tmp_path_factory.mktemp("body") / "perseus.db"
-    limits = {"header_timeout_s": 5.0, "body_timeout_s": 0.5, "max_connections": 16}
+    limits = {"header_timeout_s": 5.0, "body_timeout_s": 1.0, "max_connections": 16}
     with _edge_server(database, **limits) as (url, port):
         yield {"url": url, "port": port}
 
@@ -269,12 +273,12 @@ def test_a_body_in_time_is_served_and_the_connection_kept(
 ) -> None:
     with socket.create_connection(("127.0.0.1", slow_body_server["port"])) as sock:
         sock.sendall(_head(len(SPEC)) + SPEC[:20])
-        time.sleep(0.2)
+        time.sleep(0.2)  # well within the body timeout, also where this thread wakes late
         sock.sendall(SPEC[20:])
         sock.settimeout(5.0)
         answer = _response(sock)
         assert answer.startswith(b"HTTP/1.1 201"), answer[:80]
-        time.sleep(0.8)  # past the body timeout: an idle kept-alive connection is not touched
+        time.sleep(1.3)  # past the body timeout: an idle kept-alive connection is not touched
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert _response(sock).startswith(b"HTTP/1.1 200")
 
@@ -302,10 +306,15 @@ def test_clients_that_never_read_are_cut_off_and_fresh_requests_served(
         assert httpx.get(url + _SWAGGER_JS).status_code == 200  # it exists, and is large
         stalled = [_never_reading(port, 4) for _ in range(60)]
         try:
-            time.sleep(2.0)
-            codes = [httpx.get(f"{url}/healthz", timeout=2).status_code for _ in range(5)]
+            # Unfixed, every fresh request got 503 for as long as the 60 stayed; a loaded
+            # host's server may take a while to cut them off (or make room), not forever.
+            deadline = time.monotonic() + 30
+            while httpx.get(f"{url}/healthz", timeout=10).status_code != 200:
+                assert time.monotonic() < deadline, "fresh requests still refused"
+                time.sleep(0.1)
+            codes = [httpx.get(f"{url}/healthz", timeout=10).status_code for _ in range(5)]
             assert codes == [200] * 5
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 30
             while len(server.server_state.connections) > 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert len(server.server_state.connections) <= 2  # none of the 60 is held
@@ -316,24 +325,31 @@ def test_clients_that_never_read_are_cut_off_and_fresh_requests_served(
 
 def test_unread_output_past_the_write_timeout_drops_the_connection(tmp_path: Path) -> None:
     # Far under the connection cap: the write timeout alone cuts the client off.
-    limits = {"header_timeout_s": 5.0, "max_connections": 1000, "write_timeout_s": 0.5}
+    limits = {"header_timeout_s": 5.0, "max_connections": 1000, "write_timeout_s": 1.0}
     with (
         _edge_uvicorn(tmp_path / "perseus.db", **limits) as (_, port, server),
         _never_reading(port, 4),
     ):
-        time.sleep(0.3)
-        assert len(server.server_state.connections) == 1
-        deadline = time.monotonic() + 5
-        while server.server_state.connections and time.monotonic() < deadline:
+        state = server.server_state
+        deadline = time.monotonic() + 10
+        while not state.connections:  # accepted (and not yet cut off: that takes 1 s)
+            assert time.monotonic() < deadline, "the connection was never accepted"
+            time.sleep(0.005)
+        assert len(state.connections) == 1
+        # Cut off, and its request's task ended too: the task ends on the server's loop a
+        # moment after the connection leaves ``connections``, so both are waited for.
+        deadline = time.monotonic() + 30
+        while (state.connections or state.tasks) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not server.server_state.connections
-        assert not server.server_state.tasks  # its request's task ended too
+        assert not state.connections
+        assert not state.tasks
 
 
 def test_a_slow_reader_keeps_its_connection(tmp_path: Path) -> None:
-    # The write timeout bounds how long output waits unread, not how long a download takes.
+    # The write timeout bounds how long output waits unread, not how long a download takes
+    # (here about 3 s, in pauses of 0.2 s: a second leaves room for a loaded host's reader).
     with _edge_uvicorn(tmp_path / "perseus.db", header_timeout_s=5.0, max_connections=16,
-                       write_timeout_s=0.5) as (url, port, _):  # fmt: skip
+                       write_timeout_s=1.0) as (url, port, _):  # fmt: skip
         total = len(httpx.get(url + _SWAGGER_JS).content)
         sock = _never_reading(port, 1, window=64 * 1024)
         got = 0

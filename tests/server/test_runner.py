@@ -39,7 +39,9 @@ def _submit(
     return job
 
 
-def _wait(job: Job, timeout_s: float = 60.0) -> dict[str, Any]:
+# Planning processes run at niceness 19: on two cores kept busy at normal priority a small
+# job's start and run, or a killed process's exit, can take tens of seconds.
+def _wait(job: Job, timeout_s: float = 180.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
         view = job.view()
@@ -53,7 +55,7 @@ def _runner(client: TestClient) -> PlanningRunner:
     return runner
 
 
-def _wait_running(runner: PlanningRunner, job: Job, timeout_s: float = 30.0) -> int:
+def _wait_running(runner: PlanningRunner, job: Job, timeout_s: float = 60.0) -> int:
     deadline = time.monotonic() + timeout_s
     while job.job_id not in runner.processes:
         assert time.monotonic() < deadline, "the planning run never started"
@@ -74,11 +76,22 @@ def test_a_run_over_its_time_limit_fails_alone_and_a_small_job_is_planned_meanwh
             update={"planning_timeout_s": 8.0, "planning_max_cells": 160_000_000, "polish_s": 0}
         )
     )
+    runner = _runner(client)
     large = _submit(client, 32, 128)
-    _wait_running(_runner(client), large)
+    _wait_running(runner, large)
     small = _submit(client, 2, 4)
-    assert _wait(small)["state"] == "ready"
-    assert large.view()["state"] == "planning"  # the small one did not wait for it
+    # The small one did not wait for it: it got a planning process while the large one
+    # still ran. (Whether it also finished within the large one's 8 s depends on the host:
+    # niced planning processes on two busy cores may take longer; its start does not.)
+    alongside = False
+    deadline = time.monotonic() + 180
+    while small.view()["state"] not in ("ready", "failed"):
+        running = runner.processes
+        alongside = alongside or (small.job_id in running and large.job_id in running)
+        assert time.monotonic() < deadline, "the small job was never planned"
+        time.sleep(0.02)
+    assert alongside, "the small job's run did not start while the large one ran"
+    assert small.view()["state"] == "ready"
     view = _wait(large)
     assert view["state"] == "failed"
     assert "longer than its limit of 8 s" in view["reason"]
@@ -157,12 +170,17 @@ def test_a_process_reaped_by_a_starting_one_still_says_how_it_died(
             process.close()
 
 
-def _gone(pid: int) -> bool:
+def _dead(pid: int) -> bool:
+    """Whether our child ``pid`` has ended: reaped, or a zombie (looked at without reaping).
+
+    A killed planning process still runs its exit (unmapping its memory) at niceness 19, on
+    a busy host for seconds; the runner stops waiting to reap it after 5 s, and the next
+    process start reaps it then. Dead is what stopping it means.
+    """
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True  # reaped already
 
 
 def test_deleting_a_job_stops_its_planning_queued_or_running(
@@ -180,11 +198,13 @@ def test_deleting_a_job_stops_its_planning_queued_or_running(
     assert queued.job_id in runner.computing and queued.job_id not in runner.processes
     for job in (queued, running):
         assert client.delete(job.url(), headers=job.auth).status_code == 204
-    deadline = time.monotonic() + 5
-    while (runner.computing or not _gone(pid)) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 120
+    while (runner.computing or not _dead(pid)) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not runner.computing and not runner.processes
-    assert _gone(pid)  # its planning process was killed, not left to finish
+    # Its planning process was killed, not left to finish (a run that ends returns its
+    # process, alive, to the idle ones: never dead).
+    assert _dead(pid)
     assert _wait(_submit(client, 4, 8))["state"] == "ready"
 
 
@@ -199,7 +219,7 @@ def test_a_job_deleted_through_another_server_stops_planning_at_the_heartbeat(
     pid = _wait_running(runner, job)
     # As another server process deletes it: straight in the store, this process not told.
     client.app.state.perseus.service.jobs.delete(job.job_id)  # type: ignore[attr-defined]
-    deadline = time.monotonic() + 10  # heartbeats every lease_s / 3 = 1 s
-    while (runner.computing or not _gone(pid)) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 120  # heartbeats every lease_s / 3 = 1 s; a niced exit
+    while (runner.computing or not _dead(pid)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not runner.computing and _gone(pid)
+    assert not runner.computing and _dead(pid)

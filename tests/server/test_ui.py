@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -34,6 +34,8 @@ STAGES = 4
 MARKUP_NAME = '<img src=x onerror="window.pwned=1"><b>bert</b> & co'
 # Why a rank gave up, as a rank would say it; markup in it stays text too.
 GAVE_UP = "cannot set clocks: <b>NVML_ERROR_NO_PERMISSION</b> (run as root or unlock clocks)"
+
+T = TypeVar("T")
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -121,7 +123,11 @@ def _job(http: httpx.Client, name: str, *, reports: bool) -> tuple[str, str]:
     for rank in range(STAGES):
         body = {"rank": rank, "stage": rank, "rows": rows[rank]}
         http.post(f"/v1/jobs/{job}/profiles", json=body, headers=auth).raise_for_status()
-    http.get(f"/v1/jobs/{job}/plan", params={"rank": 0, "wait_s": 30}, headers=auth)
+    # Planning runs at the lowest CPU priority: on a busy host it may take more than one poll.
+    plan, deadline = f"/v1/jobs/{job}/plan", time.monotonic() + 180
+    while http.get(plan, params={"rank": 0, "wait_s": 30}, headers=auth).status_code != 200:
+        assert time.monotonic() < deadline, f"job {job} was never planned"
+        time.sleep(0.1)
     if reports:
         for it in range(16):
             for rank in range(STAGES):
@@ -154,6 +160,20 @@ def _until(what: Callable[[], Any], timeout_s: float = 15) -> Any:
         if value or time.monotonic() > deadline:
             return value
         time.sleep(0.1)
+
+
+def _fresh(what: Callable[[], T]) -> T:
+    """``what()``, done again while it meets an element the page has just replaced: every
+    2 s it polls the API and re-renders the jobs' rows, the ranks and the frontier, so an
+    element found one call earlier may be gone by the next (stale)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(20):
+        try:
+            return what()
+        except StaleElementReferenceException:
+            time.sleep(0.05)
+    raise AssertionError("the page kept replacing what was looked up")
 
 
 def _login(driver: Any, url: str, token: str, job: str = "") -> None:
@@ -209,10 +229,43 @@ def _api_boxes(timeline: dict[str, Any]) -> list[tuple[int, str, int]]:
 def _rank_state(driver: Any, rank: int) -> str:
     from selenium.webdriver.common.by import By
 
-    found = driver.find_elements(
-        By.CSS_SELECTOR, f'#ranks tr[data-rank="{rank}"] [data-field="rank-state"]'
+    def read() -> str:
+        found = driver.find_elements(
+            By.CSS_SELECTOR, f'#ranks tr[data-rank="{rank}"] [data-field="rank-state"]'
+        )
+        return str(found[0].text) if found else ""
+
+    return _fresh(read)
+
+
+def _job_rows(driver: Any) -> list[str]:
+    """The jobs table's rows, by job id, in order."""
+    from selenium.webdriver.common.by import By
+
+    return _fresh(
+        lambda: [
+            str(r.get_attribute("data-job"))
+            for r in driver.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")
+        ]
     )
-    return str(found[0].text) if found else ""
+
+
+def _hover(driver: Any, by: str, selector: str) -> None:
+    """Move the mouse onto the element ``selector`` names (looked up again if replaced)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    _fresh(
+        lambda: ActionChains(driver).move_to_element(driver.find_element(by, selector)).perform()
+    )
+
+
+def _markup_in(driver: Any, selector: str) -> list[Any]:
+    """The elements inside the one ``selector`` names (none: it holds text only)."""
+    from selenium.webdriver.common.by import By
+
+    return _fresh(
+        lambda: driver.find_element(By.CSS_SELECTOR, selector).find_elements(By.CSS_SELECTOR, "*")
+    )
 
 
 def _screenshot(driver: Any, tmp_path: Path, name: str) -> Path:
@@ -230,7 +283,6 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
     with httpx.Client(base_url=planner, timeout=60) as http:
@@ -244,8 +296,7 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
 
     _login(browser, planner, ADMIN)
     assert token not in browser.current_url and ADMIN not in browser.current_url
-    rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")
-    assert [r.get_attribute("data-job") for r in rows] == [job, other]
+    assert _job_rows(browser) == [job, other]
 
     # The numbers are the API's.
     assert _cell(browser, job, "state") == "ready"
@@ -258,33 +309,33 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
 
     # The name is text, never markup.
     assert _cell(browser, job, "name") == MARKUP_NAME
-    name = browser.find_element(By.CSS_SELECTOR, f'tr[data-job="{job}"] [data-field="name"]')
-    assert name.find_elements(By.CSS_SELECTOR, "*") == []
+    assert _markup_in(browser, f'tr[data-job="{job}"] [data-field="name"]') == []
     assert browser.execute_script("return window.pwned") is None
     assert MARKUP_NAME in browser.find_element(By.ID, "detail-title").text
 
     # The detail: frontier with baselines and the chosen point, iterations, ranks.
     assert _until(lambda: browser.find_elements(By.ID, "chosen-point"))
     assert browser.find_elements(By.CSS_SELECTOR, "#frontier [data-baseline=default]")
-    ActionChains(browser).move_to_element(browser.find_element(By.ID, "chosen-point")).perform()
+    _hover(browser, By.ID, "chosen-point")
     hover = _until(lambda: browser.find_element(By.ID, "hover").text)
     chosen = view["chosen"]
     assert f"{chosen['time_s']:.4f} s, {chosen['energy_j']:.1f} J, saving" in hover
     assert browser.find_elements(By.CSS_SELECTOR, "#iterations circle")
-    ranks = browser.find_elements(By.CSS_SELECTOR, "#ranks tbody tr")
+    ranks = _fresh(
+        lambda: [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#ranks tbody tr")]
+    )
     assert len(ranks) == STAGES
-    assert all("following plan v1" in r.text for r in ranks)
+    assert all("following plan v1" in text for text in ranks)
     assert all(_rank_state(browser, rank) == "following plan v1" for rank in range(STAGES))
 
     # The running plan's timeline: a row per GPU, the API's instructions and clocks.
     assert _until(lambda: _boxes(browser)) == _api_boxes(timeline)
-    assert len({gpu for gpu, _, _ in _boxes(browser)}) == STAGES
+    assert len({gpu for gpu, _, _ in _fresh(lambda: _boxes(browser))}) == STAGES
     caption = browser.find_element(By.ID, "timeline-caption").text
     assert caption.startswith(
         f"plan v1, point {view['chosen']['index']}: {timeline['time_s']:.4f} s"
     )
-    box = browser.find_element(By.CSS_SELECTOR, "#timeline-svg .box")
-    ActionChains(browser).move_to_element(box).perform()
+    _hover(browser, By.CSS_SELECTOR, "#timeline-svg .box")
     first = timeline["gpus"][0][0]
     assert _until(lambda: browser.find_element(By.ID, "timeline-hover").text).startswith(
         f"GPU 0: F0 (forward, microbatch 0) at {first['frequency_mhz']} MHz"
@@ -315,13 +366,10 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
         r = http.post(f"/v1/jobs/{other}/ranks:gave-up", json={"rank": 2, "reason": GAVE_UP},
                       headers={"Authorization": f"Bearer {other_token}"})  # fmt: skip
         assert r.status_code == 200, r.text
-    browser.find_element(By.CSS_SELECTOR, f'tr[data-job="{other}"]').click()
+    _fresh(lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-job="{other}"]').click())
     state = _until(lambda: "gave up" in _rank_state(browser, 2) and _rank_state(browser, 2))
     assert state.startswith("gave up at ") and state.endswith(f": {GAVE_UP}")
-    cell = browser.find_element(
-        By.CSS_SELECTOR, '#ranks tr[data-rank="2"] [data-field="rank-state"]'
-    )
-    assert cell.find_elements(By.CSS_SELECTOR, "*") == []
+    assert _markup_in(browser, '#ranks tr[data-rank="2"] [data-field="rank-state"]') == []
     assert "1 of 4 ranks gave up" in browser.find_element(By.ID, "detail-summary").text
     assert _until(
         lambda: browser.find_element(By.ID, "timeline-caption").text.startswith("plan v1")
@@ -339,8 +387,7 @@ def test_a_job_token_sees_its_job_only(browser: Any, planner: str) -> None:
         job, token = _job(http, "mine", reports=False)
         _job(http, "not mine", reports=False)
     _login(browser, planner, token, job)
-    rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")
-    assert [r.get_attribute("data-job") for r in rows] == [job]
+    assert _job_rows(browser) == [job]
 
     # A job's token cannot list the others: the page asks again.
     browser.execute_script("sessionStorage.removeItem('perseus.job'); location.reload()")
