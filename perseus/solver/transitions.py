@@ -192,17 +192,39 @@ def with_transitions(
     tail_higher, tail_t, tail_e = tail
     if margin_s == 0:
         return np.array(time_s, dtype=np.float64), np.array(energy_j, dtype=np.float64)
-    w_head = np.where(head_higher, margin_s / head_t, 0.0)
-    w_tail = np.where(tail_higher, margin_s / tail_t, 0.0)
+    w_head = _share(head_higher, head_t, margin_s)
+    w_tail = _share(tail_higher, tail_t, margin_s)
     time = time_s + w_head * (head_t - time_s) + w_tail * (tail_t - time_s)
     energy = energy_j + w_head * (head_e - energy_j) + w_tail * (tail_e - energy_j)
-    share = w_head + w_tail
-    whole = share >= 1.0  # all of it at the higher clock(s), the same seconds at each
+    whole = w_head + w_tail >= 1.0  # all of it at the higher clock(s), the same seconds at each
     if whole.any():
-        share = np.where(whole, share, 1.0)
-        time = np.where(whole, (w_head * head_t + w_tail * tail_t) / share, time)
-        energy = np.where(whole, (w_head * head_e + w_tail * tail_e) / share, energy)
+        both = head_higher & tail_higher & whole
+        one_t = np.where(head_higher, head_t, tail_t)
+        one_e = np.where(head_higher, head_e, tail_e)
+        # Both higher: h t / (h + t) seconds at each (the work's shares add up to 1), in
+        # products and one sum, so that tiny times do not overflow a quotient.
+        span = np.where(both, head_t + tail_t, 1.0)
+        both_t = np.multiply(2.0 * head_t, tail_t, out=np.zeros_like(span), where=both) / span
+        both_e = (
+            np.multiply(tail_t, head_e, out=np.zeros_like(span), where=both)
+            + np.multiply(head_t, tail_e, out=np.zeros_like(span), where=both)
+        ) / span
+        time = np.where(whole, np.where(both, both_t, one_t), time)
+        energy = np.where(whole, np.where(both, both_e, one_e), energy)
     return np.asarray(time, dtype=np.float64), np.asarray(energy, dtype=np.float64)
+
+
+def _share(higher: BoolArray, t_s: FloatArray, margin_s: float) -> FloatArray:
+    """The share of an instruction's work its neighbour's higher clock does in ``margin_s``
+    (``t_s``: the whole at that clock): ``margin_s / t_s``, 1 where that reaches 1 (all of
+    it), 0 where the neighbour is not higher; no quotient where it is not needed (a tiny
+    time would overflow it)."""
+    higher, t_s = np.broadcast_arrays(higher, t_s)
+    share = np.zeros(t_s.shape)
+    part = higher & (t_s > margin_s)
+    np.divide(margin_s, t_s, out=share, where=part)
+    share[higher & ~part] = 1.0
+    return share
 
 
 def plan_costs(

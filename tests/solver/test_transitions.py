@@ -235,6 +235,25 @@ def test_heads_and_tails_take_margin_seconds_at_the_higher_clocks(
         assert math.isclose(energy, sum(each * ph for _o, _t, ph in sides), rel_tol=1e-9)
 
 
+@pytest.mark.parametrize("t_higher", [5e-324, 1e-310, 1e-300])
+def test_tiny_times_at_a_higher_clock_neither_overflow_nor_make_nan(t_higher: float) -> None:
+    """A higher neighbour's clock at which the instruction takes a subnormal time (a
+    profile may say so): all of it runs there, and nothing overflows on the way."""
+    margin, t, e = 0.005, np.asarray([0.002, 0.002, 0.002]), np.asarray([0.5, 0.5, 0.5])
+    head = (np.asarray([True, True, False]), np.full(3, t_higher), np.full(3, 1e-3))
+    tail = (np.asarray([False, True, True]), np.asarray([1e300, 0.001, 0.001]),
+            np.asarray([1e300, 0.25, 0.25]))  # fmt: skip
+    with np.errstate(over="raise", divide="raise", invalid="raise"):
+        got_t, got_e = with_transitions(t, e, head, tail, margin)
+    assert (got_t[0], got_e[0]) == (t_higher, 1e-3)  # the head's clock only: all of it there
+    # the same seconds at each of the two clocks, h t / (h + t): the shares of the work,
+    # t / (h + t) at the head's and h / (h + t) at the tail's
+    assert math.isclose(got_t[1], 2 * t_higher * 0.001 / (t_higher + 0.001), rel_tol=1e-9)
+    expected_j = (0.001 * 1e-3 + t_higher * 0.25) / (t_higher + 0.001)
+    assert math.isclose(got_e[1], expected_j, rel_tol=1e-9)
+    assert (got_t[2], got_e[2]) == (0.001, 0.25)  # the tail's clock only, 1 ms < the margin
+
+
 @pytest.mark.parametrize("margin", [-0.001, 1.0, math.inf, math.nan, True, "0.005"])
 def test_bad_margins_are_refused(margin: object) -> None:
     profile = load_profile(EXAMPLE)
