@@ -50,8 +50,8 @@ _SMALL_SHARE = 16
 # host); smaller ones serve the next run (no start, ~0.7 s of CPU, per job).
 _RETIRE_BYTES = 1 << 30
 # How long a planning process that closed its pipe may take to be reaped. A SIGKILLed one
-# still runs its own exit (unmapping its memory) at its niceness, 19: on two cores kept busy
-# at normal priority that took over 30 s once.
+# still runs its own exit (unmapping its memory) at its niceness, 19, on cores kept busy at
+# normal priority. (The "over 30 s" once seen was most likely the two-thread reap below.)
 _REAP_S = 90.0
 # multiprocessing reaps a child from whichever thread asks first: ``Process.start`` polls
 # every earlier child, and so do ``is_alive`` and ``join``. When two threads reap one child
