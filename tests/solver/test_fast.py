@@ -176,3 +176,43 @@ def test_a_large_dag_plans_the_same_frontier_every_run_and_every_point_replays()
         assert rel(replayed.energy_j, float(first.energies_j[i])) <= RTOL
     # (10 clocks: coarser options than a GPU's, so rounding leaves more than 110 would)
     assert float(first.gaps.max()) <= 0.02
+
+
+def test_two_models_solve_the_adaptive_knots_two_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With two models, every round of adaptive knots keeps both busy while the budget
+    allows: where only one interval is still curved enough, it gets two cuts. The knots are
+    distinct, ascending, and bound V from below as tangents (V is convex)."""
+    from perseus.solver import fast as fast_module
+    from perseus.solver.programs import Relaxation
+
+    profile = profile_from_rows(synthetic_profile(4, tuple(range(1980, 344, -15))[::11], 0))
+    schedule = make_schedule("1f1b", 4, 16)
+    dag = build_dag(schedule)
+    costs = build_costs(profile, schedule, 100.0)
+    planner = Planner(dag, costs)
+    models = [Relaxation(dag, costs), Relaxation(dag, costs)]
+    free = models[0].solve(None)
+    t_fast = planner.fastest_time_s
+    rounds: list[int] = []
+    real = fast_module.side_by_side
+
+    def counted(relaxations, jobs):  # type: ignore[no-untyped-def]
+        rounds.append(len(jobs))
+        return real(relaxations, jobs)
+
+    monkeypatch.setattr(fast_module, "side_by_side", counted)
+    # anchors close together: of the chain's intervals only the last, up to the free
+    # optimum, is curved enough for another knot
+    anchors = [(1 + k / 1000) * t_fast for k in range(1, 5)]
+    knots = fast_module._knots(models, t_fast, free, 1e-4, lambda d, t: None, fine=False,
+                               at=anchors)  # fmt: skip
+    assert rounds == [2, 2]  # the two chains, then both adaptive knots at once
+    assert len(knots) == 1 + len(anchors) + 1 + 2 + 1  # t_fast, the end, two more, free
+    deadlines = [k.deadline_s for k in knots[:-1]]
+    assert deadlines == sorted(set(deadlines))
+    for k in knots[:-1]:
+        for other in knots[:-1]:
+            tangent = k.value_j + k.slope_j_per_s * (other.deadline_s - k.deadline_s)
+            assert tangent <= other.value_j * (1 + 1e-9)
