@@ -483,15 +483,13 @@ def _knots(
             if chord - tangent > tolerance * b.value_j:
                 batch.append((a, b, [cut]))
         if not fine and 0 < len(batch) < len(relaxations) and len(knots) + len(batch) < most:
-            # A model would idle (on 32 x 256 the last two knots, 87 and 67 s, were solved
-            # one after the other): the widest interval gets a second cut, midway along the
-            # longer side of its first.
+            # a model would idle: the widest interval gets a second cut, midway along the
+            # longer side of its first (so at least half that side from every knot)
             a, b, cuts = max(batch, key=lambda item: item[1].deadline_s - item[0].deadline_s)
             cut = cuts[0]
-            wider = b.deadline_s - cut > cut - a.deadline_s
-            second = (cut + b.deadline_s) / 2 if wider else (a.deadline_s + cut) / 2
-            if min(abs(second - cut), b.deadline_s - second, second - a.deadline_s) > resolution_s:
-                cuts.append(second)
+            above, below = b.deadline_s - cut, cut - a.deadline_s
+            if max(above, below) / 2 > resolution_s:
+                cuts.append((cut + b.deadline_s) / 2 if above > below else (a.deadline_s + cut) / 2)
                 cuts.sort()
         jobs = [(a, b, cut) for a, b, cuts in batch for cut in cuts]
         middles = side_by_side(
