@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import Any
 
 import numpy as np
 
 from perseus.errors import InfeasibleDeadline
 from perseus.solver.deadlines import deadline_grid, served_deadline
+from perseus.solver.miniature import Miniature
 from perseus.solver.planner import FloatArray, IntArray, Planner, Progress, pareto
 from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution
 from perseus.solver.relaxation import side_by_side
@@ -50,6 +52,7 @@ _MAX_KNOTS = 64
 _FINE_KNOTS_UP_TO = 2048
 _COARSE_KNOT_TOLERANCE = 1e-3
 _COARSE_MAX_KNOTS = 8
+_NO_SEEDS: Mapping[float, Any] = {}
 _CHUNK = 1024  # grid deadlines per vectorised batch, at most
 # (instruction, deadline) cells per batch: a batch's temporaries (a dozen (n, chunk) arrays)
 # stay near 16 MiB each however large the DAG (DAGs up to 2,048 instructions: _CHUNK deadlines)
@@ -113,9 +116,20 @@ def fast_frontier(
         # large DAGs: a second model, built while the first solves, for the knots and dives
         # side by side (each solve costs seconds there: 32 x 256, 20-100 s)
         other = None if fine else pool.submit(Relaxation, planner.dag, planner.costs)
+        # and the first solves start from a miniature's bases (see perseus.solver.miniature):
+        # the free optimum, then the deadlines where the two chains of knots start (see
+        # _knots), the all-fastest one and the highest anchor, while the free optimum solves
+        miniature = None if fine else Miniature.of(planner.dag, planner.costs, relaxation)
+        seeding = None
+        if miniature is not None:
+            relaxation.start_from(miniature.basis(None))
+            chain_starts = (t_fast, max(_LARGE_SLOWDOWNS) * t_default)
+            seeding = pool.submit(_seeds, miniature, chain_starts, t_fast)
         free = relaxation.solve(None)
         relaxations = [relaxation] if other is None else [relaxation, other.result()]
-        other = None  # the list holds the second model alone, so that it can go
+        seeds = {} if seeding is None else seeding.result()
+        # the lists hold the second model and the seeds alone, so that the rest can go
+        other = seeding = miniature = None
     slowest_time = planner.slowest_time_s
     t_end = max(t_fast, min(free.iteration_time_s, slowest_time))
     # Large DAGs search only at the deadlines the policies name (each dive and search
@@ -142,7 +156,9 @@ def fast_frontier(
         # large DAGs: the anchors are knots, and their dives start from them (each relaxation
         # costs a second or more there: 16 x 128 interleaved, 8,192 instructions, ~1.3 s)
         at=() if fine else anchors,
+        seeds=seeds,
     )
+    seeds.clear()
     solved = {} if fine else {k.deadline_s: k for k in knots[:-1]}
 
     # The anchors: a dive through the relaxation (rounding to hull options), then a local
@@ -431,6 +447,7 @@ def _knots(
     progress: Progress,
     fine: bool = True,
     at: Sequence[float] = (),
+    seeds: Mapping[float, Any] = _NO_SEEDS,
 ) -> list[RelaxedSolution]:
     """Relaxed solutions at adaptively chosen deadlines, the unconstrained one last (with
     ``fine``, to a tighter tolerance and up to more knots). The deadlines ``at`` (between
@@ -442,10 +459,12 @@ def _knots(
     by side: one from ``t_fast`` up through the lower half of ``at``, the other from the free
     optimum down through the upper half; then the adaptive knots two at a time (in the order
     one model would solve them, each from the basis of the nearer knot), and where only one
-    interval wants a knot, two cuts in it. On 32 x 256 (in thousands of dual simplex
-    iterations) the free optimum took 53; from it, the all-fastest time 65 and 1.05 x 66; each
-    1 % up from the all-fastest time 21-22, 1.03 x from 1.05 x 33; each adaptive knot 50-58:
-    two of them one after the other were a third of the run."""
+    interval wants a knot, two cuts in it. A deadline of ``seeds`` (a miniature's basis
+    there, see :mod:`perseus.solver.miniature`) starts from that basis instead. On 32 x 256 (in
+    thousands of dual simplex iterations) the free optimum took 53; from it, the all-fastest
+    time 65 and 1.05 x 66 (from the miniature's bases 17, 35 and 51, each after 11-15 on the
+    miniature, 32 x 81); each 1 % up from the all-fastest time 21-22, 1.03 x from 1.05 x 33;
+    each adaptive knot 50-58: two of them one after the other were a third of the run."""
     relaxation = relaxations[0]
     tolerance = _KNOT_TOLERANCE if fine else _COARSE_KNOT_TOLERANCE
     most = _MAX_KNOTS if fine else _COARSE_MAX_KNOTS
@@ -461,8 +480,8 @@ def _knots(
         up, down = side_by_side(
             relaxations,
             [
-                lambda r: _chain(r, t_fast, lower, None),
-                lambda r: _chain(r, free.iteration_time_s, upper[::-1], free),
+                lambda r: _chain(r, t_fast, lower, None, seeds),
+                lambda r: _chain(r, free.iteration_time_s, upper[::-1], free, seeds),
             ],
         )
         chain = up + down[::-1]
@@ -518,13 +537,24 @@ def _chain(
     first_s: float,
     deadlines: Sequence[float],
     start: RelaxedSolution | None,
+    seeds: Mapping[float, Any] = _NO_SEEDS,
 ) -> list[RelaxedSolution]:
     """Solutions at ``first_s`` (from ``start``'s basis, or the model's last), then at each of
-    ``deadlines`` in order, each from the one before."""
-    chain = [relaxation.solve(first_s, start)]
-    for deadline in deadlines:
-        chain.append(relaxation.solve(deadline, chain[-1]))
+    ``deadlines`` in order, each from the one before; a deadline of ``seeds`` from its basis
+    there instead."""
+    chain: list[RelaxedSolution] = []
+    for deadline in [first_s, *deadlines]:
+        before = chain[-1] if chain else start
+        if deadline in seeds:
+            relaxation.start_from(seeds[deadline])
+            before = None
+        chain.append(relaxation.solve(deadline, before))
     return chain
+
+
+def _seeds(miniature: Miniature, deadlines: Sequence[float], t_fast: float) -> dict[float, Any]:
+    """The miniature's bases at ``deadlines`` (as slowdowns from ``t_fast``), in order."""
+    return {deadline: miniature.basis(deadline / t_fast) for deadline in deadlines}
 
 
 def _tangent_crossing(a: RelaxedSolution, b: RelaxedSolution) -> float | None:

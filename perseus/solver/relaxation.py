@@ -94,9 +94,15 @@ class Relaxation:
 
     Columns: finish time of every node, the iteration time ``T``, then one column per hull
     segment of every node (how far the node is slowed along that segment).
+
+    Attributes:
+        dag: The DAG it relaxes.
+        costs: Its cost table.
     """
 
     def __init__(self, dag: PipelineDag, costs: CostTable) -> None:
+        self.dag = dag
+        self.costs = costs
         n = dag.size
         self._n = n
         segment_node: list[int] = []
@@ -168,6 +174,44 @@ class Relaxation:
         classes = np.asarray(dag.cost_class, dtype=np.int64)
         self._vertex_time = np.stack([t for t, _ in padded])[classes] if n else np.zeros((0, 1))
         self._vertex_energy = np.stack([e for _, e in padded])[classes] if n else np.zeros((0, 1))
+
+    @property
+    def base_time_s(self) -> FloatArray:
+        """Every node's fastest relaxed duration (its hull's first vertex)."""
+        return self._base_time
+
+    @property
+    def segment_node(self) -> IntArray:
+        """The node of every hull-segment column (columns ``n + 1`` on), ascending."""
+        return self._segment_node
+
+    @property
+    def segment_start(self) -> IntArray:
+        """``segment_start[j]``: node ``j``'s first segment (``[n]``: the segment count)."""
+        return self._segment_start
+
+    @property
+    def num_segments(self) -> int:
+        """Number of hull-segment columns."""
+        return len(self._lengths)
+
+    @property
+    def iterations(self) -> int:
+        """Dual simplex iterations of the last solve."""
+        return int(self._highs.getInfo().simplex_iteration_count)
+
+    def basis_statuses(self) -> tuple[IntArray, IntArray]:
+        """The model's current basis: every column's and row's ``HighsBasisStatus`` value."""
+        basis = self._highs.getBasis()
+        return (
+            np.fromiter(map(int, basis.col_status), np.int64),
+            np.fromiter(map(int, basis.row_status), np.int64),
+        )
+
+    def start_from(self, basis: Any) -> None:
+        """The next solve starts from ``basis`` (a ``highspy.HighsBasis``, alien or not; see
+        :mod:`perseus.solver.miniature`)."""
+        self._highs.setBasis(basis)
 
     def solve(
         self, deadline_s: float | None, start: RelaxedSolution | None = None
