@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from perseus.errors import InfeasibleDeadline
+from perseus.errors import InfeasibleDeadline, PerseusError
 from perseus.solver.deadlines import deadline_grid, served_deadline
 from perseus.solver.miniature import Miniature
 from perseus.solver.planner import FloatArray, IntArray, Planner, Progress, pareto
@@ -52,7 +52,7 @@ _MAX_KNOTS = 64
 _FINE_KNOTS_UP_TO = 2048
 _COARSE_KNOT_TOLERANCE = 1e-3
 _COARSE_MAX_KNOTS = 8
-_NO_SEEDS: Mapping[float, Any] = {}
+_NO_SEEDS: Mapping[float | None, Any] = {}
 _CHUNK = 1024  # grid deadlines per vectorised batch, at most
 # (instruction, deadline) cells per batch: a batch's temporaries (a dozen (n, chunk) arrays)
 # stay near 16 MiB each however large the DAG (DAGs up to 2,048 instructions: _CHUNK deadlines)
@@ -122,7 +122,9 @@ def fast_frontier(
         miniature = None if fine else Miniature.of(planner.dag, planner.costs, relaxation)
         seeding = None
         if miniature is not None:
-            relaxation.start_from(miniature.basis(None))
+            seeds = _seeds(miniature, [None], t_fast)
+            if None in seeds:
+                relaxation.start_from(seeds[None])
             chain_starts = (t_fast, max(_LARGE_SLOWDOWNS) * t_default)
             seeding = pool.submit(_seeds, miniature, chain_starts, t_fast)
         free = relaxation.solve(None)
@@ -447,7 +449,7 @@ def _knots(
     progress: Progress,
     fine: bool = True,
     at: Sequence[float] = (),
-    seeds: Mapping[float, Any] = _NO_SEEDS,
+    seeds: Mapping[float | None, Any] = _NO_SEEDS,
 ) -> list[RelaxedSolution]:
     """Relaxed solutions at adaptively chosen deadlines, the unconstrained one last (with
     ``fine``, to a tighter tolerance and up to more knots). The deadlines ``at`` (between
@@ -537,7 +539,7 @@ def _chain(
     first_s: float,
     deadlines: Sequence[float],
     start: RelaxedSolution | None,
-    seeds: Mapping[float, Any] = _NO_SEEDS,
+    seeds: Mapping[float | None, Any] = _NO_SEEDS,
 ) -> list[RelaxedSolution]:
     """Solutions at ``first_s`` (from ``start``'s basis, or the model's last), then at each of
     ``deadlines`` in order, each from the one before; a deadline of ``seeds`` from its basis
@@ -552,9 +554,19 @@ def _chain(
     return chain
 
 
-def _seeds(miniature: Miniature, deadlines: Sequence[float], t_fast: float) -> dict[float, Any]:
-    """The miniature's bases at ``deadlines`` (as slowdowns from ``t_fast``), in order."""
-    return {deadline: miniature.basis(deadline / t_fast) for deadline in deadlines}
+def _seeds(
+    miniature: Miniature, deadlines: Sequence[float | None], t_fast: float
+) -> dict[float | None, Any]:
+    """The miniature's bases at ``deadlines`` (as slowdowns from ``t_fast``; None: no
+    deadline), in order, up to the first that fails to solve (only a start is lost: the full
+    relaxation then solves from its last basis)."""
+    seeds: dict[float | None, Any] = {}
+    for deadline in deadlines:
+        try:
+            seeds[deadline] = miniature.basis(None if deadline is None else deadline / t_fast)
+        except PerseusError:
+            break
+    return seeds
 
 
 def _tangent_crossing(a: RelaxedSolution, b: RelaxedSolution) -> float | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from perseus.errors import InfeasibleDeadline
 from perseus.solver import (
     build_costs,
     build_dag,
@@ -156,3 +157,25 @@ def test_a_large_dag_plans_from_the_miniature_the_same_frontier_every_run(
     # the large path's few knots and coarse dives on 10 clocks: 3.4 % (3.5 % without the
     # miniature)
     assert float(first.gaps.max()) <= 0.05
+
+
+def test_a_miniature_that_fails_to_solve_loses_only_its_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the miniature's solve fails, the full relaxation solves as it would without one:
+    the same frontier as with no miniature at all."""
+    from perseus.solver import fast as fast_module
+
+    monkeypatch.setattr(fast_module, "_FINE_KNOTS_UP_TO", 0)
+    profile = profile_from_rows(synthetic_profile(4, CLOCKS, 0))
+    schedule = make_schedule("1f1b", 4, 48)
+
+    def failing(self: Miniature, slowdown: float | None) -> object:
+        raise InfeasibleDeadline("the miniature's deadline")
+
+    monkeypatch.setattr(Miniature, "basis", failing)
+    failed = compute_frontier(profile, schedule, p_block_w=100.0)
+    monkeypatch.setattr(Miniature, "of", classmethod(lambda cls, *args: None))
+    without = compute_frontier(profile, schedule, p_block_w=100.0)
+    assert np.array_equal(failed.times_s, without.times_s)
+    assert np.array_equal(failed.energies_j, without.energies_j)
