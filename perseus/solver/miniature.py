@@ -8,10 +8,12 @@ So the optimal basis of a :class:`Miniature` (the schedule with just enough micr
 its warm-up, one period and its cool-down), its middle period repeated, is most of the large
 relaxation's optimal basis. HiGHS takes it as an *alien* basis (completing or trimming it to
 a valid one) and its dual simplex starts there instead of from the last optimum: on 32 x 256
-1F1B (thousands of dual simplex iterations) the free optimum took 15 after the miniature's 14
-(on 32 x 73, each a fifth of the cost) instead of 53, the all-fastest deadline 32 instead of 65
-from the free optimum. The start only changes where the dual simplex begins: the optimum it
-reaches is the relaxation's, whatever the mapping gets wrong.
+1F1B (thousands of dual simplex iterations) the free optimum took 17 after the miniature's 15
+(on 32 x 81, each iteration about 40 % of the cost) instead of 53, the all-fastest deadline 35
+and 1.05 x 51 instead of 65 and 66 from the free optimum. Between those the optimum is not the
+same from microbatch to microbatch (at 1.12 x: 52.5 instead of 55). The start only changes
+where the dual simplex begins: the optimum it reaches is the relaxation's, whatever the mapping
+gets wrong.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from perseus.solver.schedules import make_schedule
 __all__ = ["Miniature"]
 
 # Microbatches kept before the repeated period (and after it): the warm-up and cool-down of
-# every GPU (stages - 1 microbatches on 1F1B) and a few for the optimum's own transients.
+# every GPU (stages - 1 microbatches on 1F1B) and a few for the optimum's own transients (on
+# 32 x 256 with 4, the all-fastest deadline took 36 thousand iterations after 12 on 32 x 73;
+# with 16, 26 after 19 on 32 x 97).
 _EDGE_EXTRA = 8
 # A miniature of more than this share of the microbatches saves too little to pay its solves.
 _LARGEST_SHARE = 0.65
