@@ -119,12 +119,12 @@ def fast_frontier(
         # and the first solves start from a miniature's bases (see perseus.solver.miniature):
         # the free optimum, then the deadlines where the two chains of knots start (see
         # _knots), the all-fastest one and the highest anchor, while the free optimum solves
-        miniature = None if fine else Miniature.of(planner.dag, planner.costs, relaxation)
+        miniature = None if fine else Miniature.of(relaxation)
         seeding = None
         if miniature is not None:
-            seeds = _seeds(miniature, [None], t_fast)
-            if None in seeds:
-                relaxation.start_from(seeds[None])
+            free_seed = _seeds(miniature, [None], t_fast)
+            if None in free_seed:
+                relaxation.start_from(free_seed[None])
             chain_starts = (t_fast, max(_LARGE_SLOWDOWNS) * t_default)
             seeding = pool.submit(_seeds, miniature, chain_starts, t_fast)
         free = relaxation.solve(None)

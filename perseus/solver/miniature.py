@@ -26,7 +26,6 @@ import highspy
 import numpy as np
 
 from perseus.errors import ScheduleError
-from perseus.solver.costs import CostTable
 from perseus.solver.dag import PipelineDag, build_dag
 from perseus.solver.lp_model import IntArray
 from perseus.solver.relaxation import Relaxation
@@ -74,15 +73,13 @@ class Miniature:
     basis. Not thread-safe: one caller at a time.
     """
 
-    def __init__(
-        self, dag: PipelineDag, costs: CostTable, relaxation: Relaxation, small: PipelineDag
-    ) -> None:
-        self._small = Relaxation(small, costs)
+    def __init__(self, relaxation: Relaxation, small: PipelineDag, period: int) -> None:
+        self._small = Relaxation(small, relaxation.costs)
         self._small_fast_s = float(small.iteration_time(self._small.base_time_s))
-        self._columns, self._rows = _maps(dag, relaxation, small, self._small)
+        self._columns, self._rows = _maps(relaxation, self._small, period)
         self._defaults = np.concatenate(
             [
-                np.full(dag.size + 1, _BASIC, dtype=np.int64),
+                np.full(relaxation.dag.size + 1, _BASIC, dtype=np.int64),
                 np.full(relaxation.num_segments, _LOWER, dtype=np.int64),
             ]
         )
@@ -93,11 +90,11 @@ class Miniature:
         return self._small
 
     @classmethod
-    def of(cls, dag: PipelineDag, costs: CostTable, relaxation: Relaxation) -> Miniature | None:
-        """The miniature of ``dag``'s schedule, or None where there is none worth solving:
-        a schedule not rebuilt by name, or too few microbatches to leave any out.
+    def of(cls, relaxation: Relaxation) -> Miniature | None:
+        """The miniature of ``relaxation``'s schedule, or None where there is none worth
+        solving: a schedule not rebuilt by name, or too few microbatches to leave any out.
         O(instructions)."""
-        schedule = dag.schedule
+        schedule = relaxation.dag.schedule
         stages, microbatches, chunks = (
             schedule.stages,
             schedule.microbatches,
@@ -118,7 +115,7 @@ class Miniature:
             small = make_schedule(schedule.name, stages, small_microbatches, chunks)
         except ScheduleError:
             return None
-        return cls(dag, costs, relaxation, build_dag(small))
+        return cls(relaxation, build_dag(small), period)
 
     def basis(self, slowdown: float | None) -> Any:
         """The miniature's optimal basis at ``slowdown`` times its all-fastest iteration time
@@ -136,19 +133,18 @@ class Miniature:
         return basis
 
 
-def _maps(
-    dag: PipelineDag, relaxation: Relaxation, small: PipelineDag, small_relaxation: Relaxation
-) -> tuple[IntArray, IntArray]:
-    """Per column and per row of ``relaxation``, the column and row of ``small_relaxation``
-    in the same place (-1: none). O(instructions + segments)."""
-    big, little = _Shape.of(dag), _Shape.of(small)
-    m = small.size
-    microbatches, small_microbatches = dag.schedule.microbatches, small.schedule.microbatches
-    chunks = dag.schedule.virtual_stages
-    period = 1 if chunks == 1 else dag.schedule.stages
+def _maps(relaxation: Relaxation, small: Relaxation, period: int) -> tuple[IntArray, IntArray]:
+    """Per column and per row of ``relaxation``, the column and row of ``small`` (its
+    miniature, repeating every ``period`` microbatches) in the same place (-1: none).
+    O(instructions + segments)."""
+    dag, little_dag = relaxation.dag, small.dag
+    big, little = _Shape.of(dag), _Shape.of(little_dag)
+    m = little_dag.size
+    microbatches, small_microbatches = dag.schedule.microbatches, little_dag.schedule.microbatches
     edge = (small_microbatches - period) // 2
     # each small node by place: (gpu, kind, chunk, microbatch) -> node
-    table = np.full((dag.schedule.stages, 4, chunks, small_microbatches), -1, dtype=np.int64)
+    shape = (dag.schedule.stages, 4, dag.schedule.virtual_stages, small_microbatches)
+    table = np.full(shape, -1, dtype=np.int64)
     table[little.gpu, little.kind, little.chunk, little.microbatch] = np.arange(m)
     k = big.microbatch
     late = k - (microbatches - small_microbatches)
@@ -168,55 +164,39 @@ def _maps(
 
     # columns: finish times, T, then each node's segments in order (a class's, same count)
     segment_node = relaxation.segment_node
-    small_start = small_relaxation.segment_start
     within = np.arange(len(segment_node)) - relaxation.segment_start[segment_node]
     owner = node[segment_node]
     columns = np.concatenate(
         [
             node,
             [m],
-            np.where(owner >= 0, m + 1 + small_start[np.maximum(owner, 0)] + within, -1),
+            np.where(owner >= 0, m + 1 + small.segment_start[np.maximum(owner, 0)] + within, -1),
         ]
     )
-    # rows: per node one per predecessor (one for a source), then one per sink
-    row_node, row_pred = _row_places(dag)
-    small_node, small_pred = _row_places(small)
-    small_count = np.bincount(small_node, minlength=m)
+    # precedence rows: a row of node j and predecessor p (-1: none) is the small row of
+    # node[j] whose predecessor is p moved as j is (a node's rows are adjacent, at most two)
+    row_node, row_finish = relaxation.row_node, relaxation.row_finish
+    small_node, small_finish = small.row_node, small.row_finish
+    small_count = np.bincount(small_node[small_node >= 0], minlength=m)
     small_first = np.concatenate([[0], np.cumsum(small_count)[:-1]])
-    # a row of node j and predecessor p (-1: none) is the small row of node[j] whose
-    # predecessor is p moved as j is
-    j, p = row_node, row_pred
+    own = row_node >= 0
+    j, p = row_node[own], row_finish[own]
     jj = node[j]
     pp = np.where(p >= 0, moved(np.maximum(p, 0), shift[j]), -1)
     usable = (jj >= 0) & ((p < 0) | (pp >= 0))
     first = small_first[np.maximum(jj, 0)]
     second = np.minimum(first + 1, len(small_node) - 1)
     twice = small_count[np.maximum(jj, 0)] > 1
-    rows = np.where(
-        usable & (small_pred[first] == pp),
+    rows = np.full(len(row_node), -1, dtype=np.int64)
+    rows[own] = np.where(
+        usable & (small_finish[first] == pp),
         first,
-        np.where(usable & twice & (small_pred[second] == pp), second, -1),
+        np.where(usable & twice & (small_finish[second] == pp), second, -1),
     )
+    # sink rows: the small sink row of the mapped sink
     small_sink_row = np.full(m, -1, dtype=np.int64)
-    small_sink_row[small.sinks] = len(small_node) + np.arange(len(small.sinks))
-    sink_node = node[dag.sinks]
-    sink_rows = np.where(sink_node >= 0, small_sink_row[np.maximum(sink_node, 0)], -1)
-    target = np.concatenate([rows, sink_rows])
-    return columns.astype(np.int64), target
-
-
-def _row_places(dag: PipelineDag) -> tuple[IntArray, IntArray]:
-    """Per precedence row of :func:`~perseus.solver.lp_model.precedence_rows` (the sink rows
-    after them left out), its node and its predecessor (-1: a source's row)."""
-    n = dag.size
-    valid = dag.pred != n
-    count = np.maximum(valid.sum(axis=1), 1)
-    row_node = np.repeat(np.arange(n), count)
-    start = np.concatenate([[0], np.cumsum(count)[:-1]])
-    row_pred = np.empty(len(row_node), dtype=np.int64)
-    row_pred[start] = np.where(
-        valid[:, 0], dag.pred[:, 0], np.where(valid[:, 1], dag.pred[:, 1], -1)
-    )
-    two = count == 2
-    row_pred[start[two] + 1] = dag.pred[two, 1]
-    return row_node, row_pred
+    small_sinks = np.flatnonzero(small_node < 0)
+    small_sink_row[small_finish[small_sinks]] = small_sinks
+    sink_node = node[row_finish[~own]]
+    rows[~own] = np.where(sink_node >= 0, small_sink_row[np.maximum(sink_node, 0)], -1)
+    return columns, rows

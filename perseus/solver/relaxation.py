@@ -161,6 +161,11 @@ class Relaxation:
         entry_row = np.repeat(np.arange(matrix.shape[0]), np.diff(matrix.indptr))
         finish = matrix.indices < n
         self._finish_entries = (entry_row[finish], matrix.indices[finish], matrix.data[finish])
+        # Each row's finish-time column of coefficient +1: a precedence row's predecessor, a
+        # sink row's sink (-1: a source's row, which has none).
+        before = finish & (matrix.data > 0)
+        self._row_finish = np.full(matrix.shape[0], -1, dtype=np.int64)
+        self._row_finish[entry_row[before]] = matrix.indices[before]
         # Per node, its hull's vertices (time, energy), padded with the last: h_j(X) is the
         # least of energy + X * time over them.
         width_v = max((len(t) for t, _ in vertices), default=1)
@@ -189,6 +194,17 @@ class Relaxation:
     def segment_start(self) -> IntArray:
         """``segment_start[j]``: node ``j``'s first segment (``[n]``: the segment count)."""
         return self._segment_start
+
+    @property
+    def row_node(self) -> IntArray:
+        """Per row, the node whose precedence row it is (-1: a sink row, after all of those)."""
+        return self._row_node
+
+    @property
+    def row_finish(self) -> IntArray:
+        """Per row, its finish time of coefficient +1: a precedence row's predecessor, a sink
+        row's sink; -1 for a source's row."""
+        return self._row_finish
 
     @property
     def num_segments(self) -> int:

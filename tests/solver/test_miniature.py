@@ -16,7 +16,7 @@ from perseus.solver import (
     profile_from_rows,
 )
 from perseus.solver.dag import PipelineDag
-from perseus.solver.miniature import Miniature, _maps, _row_places
+from perseus.solver.miniature import Miniature, _maps
 from perseus.solver.planner import Planner
 from perseus.solver.relaxation import Relaxation
 from perseus.solver.schedules import SCHEDULE_NAMES, schedule_from_actions
@@ -42,6 +42,17 @@ def places(dag: PipelineDag) -> list[tuple[int, int, int, int]]:
     ]
 
 
+def row_places(dag: PipelineDag) -> tuple[list[int], list[int]]:
+    """Per precedence row, in precedence_rows' order, its node and predecessor (-1: a
+    source's row); the sink rows after them left out."""
+    nodes, preds = [], []
+    for j in range(dag.size):
+        for p in [int(p) for p in dag.pred[j] if p != dag.size] or [-1]:
+            nodes.append(j)
+            preds.append(p)
+    return nodes, preds
+
+
 @pytest.mark.parametrize(
     ("name", "stages", "microbatches", "chunks"),
     [("1f1b", 4, 40, 1), ("gpipe", 3, 40, 1), ("interleaved-1f1b", 4, 48, 2)],
@@ -55,11 +66,11 @@ def test_every_column_and_row_maps_to_the_same_place_a_whole_period_back(
     same segment of the mapped node."""
     big = relaxation_of(name, stages, microbatches, chunks)
     dag = big.dag
-    miniature = Miniature.of(dag, big.costs, big)
+    miniature = Miniature.of(big)
     assert miniature is not None
     small = miniature.relaxation
-    columns, rows = _maps(dag, big, small.dag, small)
     period = 1 if chunks == 1 else stages
+    columns, rows = _maps(big, small, period)
     n, m = dag.size, small.dag.size
     here, there = places(dag), places(small.dag)
     assert (columns[: n + 1] >= 0).all()
@@ -76,8 +87,8 @@ def test_every_column_and_row_maps_to_the_same_place_a_whole_period_back(
         segments - small.segment_start[own],
         np.arange(big.num_segments) - big.segment_start[big.segment_node],
     )
-    row_node, row_pred = _row_places(dag)
-    small_node, small_pred = _row_places(small.dag)
+    row_node, row_pred = row_places(dag)
+    small_node, small_pred = row_places(small.dag)
     assert (rows[: len(row_node)] >= 0).mean() > 0.99
     for r in np.flatnonzero(rows[: len(row_node)] >= 0):
         s = rows[r]
@@ -101,7 +112,7 @@ def test_the_full_relaxation_reaches_its_own_optimum_from_the_miniature_in_fewer
     (counts, not seconds: HiGHS runs single-threaded and deterministic)."""
     chunks = 1 if name in ("1f1b", "gpipe") else 2
     seeded = relaxation_of(name, 4, 64, chunks)
-    miniature = Miniature.of(seeded.dag, seeded.costs, seeded)
+    miniature = Miniature.of(seeded)
     assert miniature is not None
     fast = Planner(seeded.dag, seeded.costs).fastest_time_s
     for slowdown in (None, 1.0, 1.05):
@@ -119,12 +130,12 @@ def test_no_miniature_where_none_saves_anything() -> None:
     """Too few microbatches to leave any out, or a schedule built from its own action lists
     (no smaller one of the same shape to build): None."""
     short = relaxation_of("1f1b", 4, 30)
-    assert Miniature.of(short.dag, short.costs, short) is None
+    assert Miniature.of(short) is None
     full = relaxation_of("1f1b", 4, 48)
     actions = full.dag.schedule.actions()
     actions[0][1], actions[0][2] = actions[0][2], actions[0][1]  # forwards 1 and 2 swapped
     own = build_dag(schedule_from_actions("1f1b", actions))
-    assert Miniature.of(own, full.costs, Relaxation(own, full.costs)) is None
+    assert Miniature.of(Relaxation(own, full.costs)) is None
 
 
 def test_a_large_dag_plans_from_the_miniature_the_same_frontier_every_run(
