@@ -40,10 +40,14 @@ MIN_RESOLUTION_S = 1e-3
 """The finest spacing :func:`default_resolution` picks: the grid every job of today's sizes
 has always been planned on (the demo, 8 x 12 up to 8 x 96 keep it exactly)."""
 
-GRID_CELLS = 1 << 25
+GRID_CELLS = 5 << 22
 """The default grid's size: about this many (instruction, deadline) cells before its tail
-(its table of choices: 64 MiB), unless the span needs no more than :data:`MIN_DEADLINES`
-deadlines or 1 ms steps take fewer."""
+(its table of choices: 40 MiB), unless the span needs no more than :data:`MIN_DEADLINES`
+deadlines or 1 ms steps take fewer. 20 Mi: the least that keeps 1 ms on every 8 x 96 job of
+the shared profiles (1,536 instructions, spans up to 13.4 s). 2^25 gave 16 x 128 interleaved
+(8,192 instructions) 4,096 deadlines and 1,300 points in 21.8-23.0 s; this, 2,560 deadlines,
+984 points in 17.1-18.5 s, the same gaps at 1-1.05 x within 0.05 points and the same
+largest gap (1.07-1.08 %)."""
 
 MIN_DEADLINES = 2048
 """The default grid has at least this many deadlines across the span of plan times (where 1 ms

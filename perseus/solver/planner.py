@@ -9,6 +9,7 @@ and the exact mode (:mod:`perseus.solver.exact`) all build on :class:`Planner`.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -41,8 +42,11 @@ FIT_BINS = 1024  # table bins per class's time range, at least (see Planner.__in
 FIT_BINS_MAX = 1 << 15
 # DAGs of this many instructions or more refill with the compiled loops (perseus.solver.kernels):
 # below, numba's import and first calls (about 0.8 s a process) cost more than they save
-# (8 x 12: 192 instructions), above they save seconds (8 x 96: the refill 2x faster).
+# (8 x 12: 192 instructions), above they save seconds (8 x 96: the refill 2x faster). Once a
+# process has the kernels loaded (a planner server's workers import them ahead of jobs), every
+# DAG uses them: the refill of 8 x 12 then takes half the time.
 COMPILED_FROM = 1024
+_KERNELS = "perseus.solver.kernels"
 _FIT_MARGIN = 1e-6  # of a bin: a table entry fits this far below its bin (rounding's room)
 _CROSSOVER_SHARES = 31  # plans between two neighbouring anchors, per node order
 
@@ -57,8 +61,8 @@ class Planner:
             below what a class needs, the fit steps until exact instead.
         compiled: Refill and take longest paths with the compiled loops of
             :mod:`perseus.solver.kernels` (True) or with numpy, a level at a time (False);
-            None: compiled from :data:`COMPILED_FROM` instructions. Both give the same plans,
-            times and energies.
+            None: compiled from :data:`COMPILED_FROM` instructions, or at any size once the
+            process has imported the kernels. Both give the same plans, times and energies.
     """
 
     def __init__(
@@ -148,7 +152,9 @@ class Planner:
         table_first = padded_start[table_class] + self._table
         self._table_time = self._padded[table_first]
         self._table_next = self._padded[table_first + 1]
-        self.compiled = dag.size >= COMPILED_FROM if compiled is None else compiled
+        if compiled is None:
+            compiled = dag.size >= COMPILED_FROM or _KERNELS in sys.modules
+        self.compiled = compiled
         if self.compiled:
             self._compile(order, place)
         else:
