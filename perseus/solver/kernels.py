@@ -22,7 +22,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FitTable", "Network", "longest_path", "refill"]
+__all__ = ["FitTable", "Network", "longest_path", "refill", "with_transitions"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -306,3 +306,62 @@ def longest_path(durations: FloatArray, pred: IntArray) -> FloatArray:
             if r == 0 or end > total[p]:
                 total[p] = end
     return total
+
+
+def with_transitions(
+    time_s: FloatArray,
+    energy_j: FloatArray,
+    head: tuple[npt.NDArray[np.bool_], FloatArray, FloatArray],
+    tail: tuple[npt.NDArray[np.bool_], FloatArray, FloatArray],
+    margin_s: float,
+) -> tuple[FloatArray, FloatArray]:
+    """:func:`perseus.solver.transitions.with_transitions` for ``margin_s > 0``, element by
+    element in one compiled loop: the same float operations in the same order, so the same
+    values (the frontier's thousand plans of 8,192 instructions: a tenth of the time)."""
+    arrays = np.broadcast_arrays(time_s, energy_j, *head, *tail)
+    shape = arrays[0].shape
+    flat = [np.ascontiguousarray(a).ravel() for a in arrays]
+    time, energy = np.empty(flat[0].size), np.empty(flat[0].size)
+    t, e, h_higher, h_t, h_e, t_higher, t_t, t_e = flat
+    _with_transitions(t, e, h_higher, h_t, h_e, t_higher, t_t, t_e, float(margin_s), time, energy)
+    return time.reshape(shape), energy.reshape(shape)
+
+
+@_inlined
+def _share(higher: bool, t_s: float, margin_s: float) -> float:
+    """``transitions._share`` of one element."""
+    if not higher:
+        return 0.0
+    return margin_s / t_s if t_s > margin_s else 1.0
+
+
+@_compiled
+def _with_transitions(
+    time_s: FloatArray,
+    energy_j: FloatArray,
+    head_higher: npt.NDArray[np.bool_],
+    head_t: FloatArray,
+    head_e: FloatArray,
+    tail_higher: npt.NDArray[np.bool_],
+    tail_t: FloatArray,
+    tail_e: FloatArray,
+    margin_s: float,
+    time: FloatArray,
+    energy: FloatArray,
+) -> None:
+    for i in range(time_s.size):
+        t, e = time_s[i], energy_j[i]
+        h_t, h_e, t_t, t_e = head_t[i], head_e[i], tail_t[i], tail_e[i]
+        w_head = _share(head_higher[i], h_t, margin_s)
+        w_tail = _share(tail_higher[i], t_t, margin_s)
+        time[i] = t + w_head * (h_t - t) + w_tail * (t_t - t)
+        energy[i] = e + w_head * (h_e - e) + w_tail * (t_e - e)
+        if w_head + w_tail >= 1.0:
+            if head_higher[i] and tail_higher[i]:
+                span = h_t + t_t
+                time[i] = 2.0 * h_t * t_t / span
+                energy[i] = (t_t * h_e + h_t * t_e) / span
+            elif head_higher[i]:
+                time[i], energy[i] = h_t, h_e
+            else:
+                time[i], energy[i] = t_t, t_e

@@ -346,6 +346,10 @@ class Relaxation:
         highs = self._highs
         choice = np.zeros(n, dtype=np.int64)
         fixed = np.zeros(n, dtype=bool)
+        # every node's option times in a row, padded with +inf (fits no duration)
+        table = np.full((n, max((len(t) for t in option_times), default=1)), np.inf)
+        for j, times in enumerate(option_times):
+            table[j, : len(times)] = times
         try:
             if first is None or first.basis is None:
                 solution = self.solve(deadline_s)
@@ -355,23 +359,19 @@ class Relaxation:
             solves = 1
             while not fixed.all():
                 free = np.flatnonzero(~fixed)
-                picks = np.empty(len(free), dtype=np.int64)
-                distance = np.empty(len(free))
-                for k, j in enumerate(free.tolist()):
-                    times = option_times[j]
-                    d = solution.durations_s[j]
-                    picks[k] = max(int(np.searchsorted(times, d * (1 + 1e-12), "right")) - 1, 0)
-                    distance[k] = max(d - times[picks[k]], 0.0)
+                rows = table[free]
+                d = solution.durations_s[free]
+                # the slowest option within each duration (times ascend), else the fastest
+                picks = np.maximum((rows <= (d * (1 + 1e-12))[:, None]).sum(axis=1) - 1, 0)
+                option = rows[np.arange(len(free)), picks]
+                distance = np.maximum(d - option, 0.0)
                 exact = distance <= 1e-9 * max(deadline_s, 1.0)
                 last = rounds is not None and solves >= rounds
                 count = len(free) if last else max(1, math.ceil(fraction * len(free)))
                 chosen = exact.copy()
                 chosen[np.argsort(distance, kind="stable")[:count]] = True
                 nodes = free[chosen]
-                durations = np.asarray(
-                    [option_times[j][pick] for j, pick in zip(nodes, picks[chosen], strict=True)]
-                )
-                self._fix(nodes, durations)
+                self._fix(nodes, option[chosen])
                 choice[nodes] = picks[chosen]
                 fixed[nodes] = True
                 if not fixed.all():

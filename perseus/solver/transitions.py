@@ -45,6 +45,7 @@ the convex relaxation's lower bound still holds for adjusted plans.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -241,17 +242,25 @@ def plan_costs(
     cls = dag.cost_class.reshape((-1,) + (1,) * (frequencies_mhz.ndim - 1))
     clocks = np.asarray(frequencies_mhz, dtype=np.int64)
     own = tables.index(clocks)
+    width = tables.time_s.shape[1]
+    if own.size and int(own.max()) >= width:
+        raise IndexError(f"a clock past the profile's highest, {int(tables.clocks_mhz[-1])} MHz")
     previous, following = neighbours_on_gpu(dag)
-    before, after = clocks[previous], clocks[following]
-    return with_transitions(
-        tables.time_s[cls, own],
-        tables.energy_j[cls, own],
-        (before > clocks, tables.time_s[cls, tables.index(before)],
-         tables.energy_j[cls, tables.index(before)]),
-        (after > clocks, tables.time_s[cls, tables.index(after)],
-         tables.energy_j[cls, tables.index(after)]),
+    # flat positions in the tables; a neighbour's clock's column is its own entry of ``own``
+    at = cls * width + own
+    at_before = at - own + own[previous]
+    at_after = at - own + own[following]
+    time_s, energy_j = tables.time_s.ravel(), tables.energy_j.ravel()
+    # compiled where the process has the kernels (the frontier's large DAGs: a tenth of the
+    # time), the same values
+    kernels = sys.modules.get("perseus.solver.kernels") if margin_s > 0 else None
+    return (with_transitions if kernels is None else kernels.with_transitions)(
+        time_s.take(at),
+        energy_j.take(at),
+        (clocks[previous] > clocks, time_s.take(at_before), energy_j.take(at_before)),
+        (clocks[following] > clocks, time_s.take(at_after), energy_j.take(at_after)),
         margin_s,
-    )  # fmt: skip
+    )
 
 
 def evaluate_plans(

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from perseus.solver import build_costs, build_dag, kernels
 from perseus.solver.planner import FIT_BINS_MAX, Planner
+from perseus.solver.transitions import with_transitions
 
 from .cases import Case, cases, examples
 
@@ -109,4 +110,31 @@ def test_refill_on_threads_equals_one_block(case: Case, blocks: int) -> None:
     one = kernels.refill(choices, ceilings, *args, blocks=1)
     split = kernels.refill(choices, ceilings, *args, blocks=blocks)
     for a, b in zip(one, split, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@examples(50)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([1e-9, 0.004, 0.02, 0.5]),
+    st.sampled_from([(7,), (40, 3), (5, 2, 4)]),
+)
+def test_transitions_compiled_equal_numpys(seed: int, margin: float, shape: tuple[int, ...]) -> None:
+    """The compiled transitions give numpy's values bit for bit: neighbours higher or not,
+    shares under and over 1, one or both sides whole, subnormal and huge times."""
+    rng = np.random.default_rng(seed)
+    special = np.asarray([5e-324, 1e-310, 1e-300, margin, 2 * margin, 1e300])
+
+    def times() -> np.ndarray:
+        values = margin * rng.uniform(0.05, 5.0, shape)
+        return np.where(rng.random(shape) < 0.15, rng.choice(special, shape), values)
+
+    t, e = times(), rng.uniform(0.1, 50.0, shape)
+    head = (rng.random(shape) < 0.5, times(), rng.uniform(0.1, 50.0, shape))
+    tail = (rng.random(shape) < 0.5, times(), rng.uniform(0.1, 50.0, shape))
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = with_transitions(t, e, head, tail, margin)
+    got = kernels.with_transitions(t, e, head, tail, margin)
+    for a, b in zip(got, expected, strict=True):
+        assert a.shape == shape
         np.testing.assert_array_equal(a, b)
