@@ -119,7 +119,9 @@ def test_refill_on_threads_equals_one_block(case: Case, blocks: int) -> None:
     st.sampled_from([1e-9, 0.004, 0.02, 0.5]),
     st.sampled_from([(7,), (40, 3), (5, 2, 4)]),
 )
-def test_transitions_compiled_equal_numpys(seed: int, margin: float, shape: tuple[int, ...]) -> None:
+def test_transitions_compiled_equal_numpys(
+    seed: int, margin: float, shape: tuple[int, ...]
+) -> None:
     """The compiled transitions give numpy's values bit for bit: neighbours higher or not,
     shares under and over 1, one or both sides whole, subnormal and huge times."""
     rng = np.random.default_rng(seed)
