@@ -240,24 +240,12 @@ class Relaxation:
         Raises:
             InfeasibleDeadline: The deadline is shorter than the all-fastest iteration time.
         """
-        n = self._n
         highs = self._highs
         if start is not None and start.basis is not None:
             highs.setBasis(start.basis)
-        highs.changeColBounds(
-            self._tau_col, 0.0, highspy.kHighsInf if deadline_s is None else deadline_s
-        )
-        highs.run()
-        status = highs.getModelStatus()
-        if status == MODEL_STATUS.kInfeasible:
-            raise InfeasibleDeadline(f"no plan finishes within {deadline_s} s")
-        if status != MODEL_STATUS.kOptimal:
-            raise PerseusError(f"the relaxation failed: {highs.modelStatusToString(status)}")
-        solution = highs.getSolution()
+        solution = self._run(deadline_s)
         x = np.asarray(solution.col_value)
-        durations = self._base_time + np.bincount(
-            self._segment_node, weights=x[n + 1 :], minlength=n
-        )
+        durations = self._durations(x)
         slope = 0.0 if deadline_s is None else float(solution.col_dual[self._tau_col])
         return RelaxedSolution(
             deadline_s=math.inf if deadline_s is None else deadline_s,
@@ -267,6 +255,27 @@ class Relaxation:
             iteration_time_s=float(x[self._tau_col]),
             basis=highs.getBasis(),
             flow=self._flow(np.asarray(solution.row_dual)),
+        )
+
+    def _run(self, deadline_s: float | None) -> Any:
+        """Solve with ``T <= deadline_s`` from the model's basis; HiGHS's solution."""
+        highs = self._highs
+        highs.changeColBounds(
+            self._tau_col, 0.0, highspy.kHighsInf if deadline_s is None else deadline_s
+        )
+        highs.run()
+        status = highs.getModelStatus()
+        if status == MODEL_STATUS.kInfeasible:
+            raise InfeasibleDeadline(f"no plan finishes within {deadline_s} s")
+        if status != MODEL_STATUS.kOptimal:
+            raise PerseusError(f"the relaxation failed: {highs.modelStatusToString(status)}")
+        return highs.getSolution()
+
+    def _durations(self, x: FloatArray) -> FloatArray:
+        """Every node's relaxed duration from the columns' values ``x``."""
+        n = self._n
+        return np.asarray(
+            self._base_time + np.bincount(self._segment_node, weights=x[n + 1 :], minlength=n)
         )
 
     def _flow(self, row_dual: FloatArray) -> Flow:
@@ -352,15 +361,15 @@ class Relaxation:
             table[j, : len(times)] = times
         try:
             if first is None or first.basis is None:
-                solution = self.solve(deadline_s)
+                relaxed = self._durations(np.asarray(self._run(deadline_s).col_value))
             else:
                 self._highs.setBasis(first.basis)
-                solution = first
+                relaxed = first.durations_s
             solves = 1
             while not fixed.all():
                 free = np.flatnonzero(~fixed)
                 rows = table[free]
-                d = solution.durations_s[free]
+                d = relaxed[free]
                 # the slowest option within each duration (times ascend), else the fastest
                 picks = np.maximum((rows <= (d * (1 + 1e-12))[:, None]).sum(axis=1) - 1, 0)
                 option = rows[np.arange(len(free)), picks]
@@ -375,7 +384,8 @@ class Relaxation:
                 choice[nodes] = picks[chosen]
                 fixed[nodes] = True
                 if not fixed.all():
-                    solution = self.solve(deadline_s)
+                    # the durations alone: the bound, its slope and flow, the basis unread
+                    relaxed = self._durations(np.asarray(self._run(deadline_s).col_value))
                     solves += 1
         finally:
             segments = len(self._lengths)
