@@ -22,7 +22,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FitTable", "Network", "longest_path", "refill", "with_transitions"]
+__all__ = ["FitTable", "Network", "evaluate", "longest_path", "refill", "with_transitions"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -287,6 +287,66 @@ def _refill_block(
                 out[j, tile + p] = pick
                 summed[p] += energy_j[node_start + pick]
                 busy[p] += durations[r, p]
+        for p in range(width):
+            energy[tile + p] = summed[p] + p_block_w * (num_gpus * total[tile + p] - busy[p])
+
+
+def evaluate(
+    choices: npt.NDArray[np.integer[Any]],
+    network: Network,
+    time_s: FloatArray,
+    energy_j: FloatArray,
+    p_block_w: float,
+    num_gpus: int,
+) -> tuple[FloatArray, FloatArray]:
+    """Iteration time and energy ``(P,)`` of plans ``choices`` ``(n, P)`` (node order, any
+    integer type): ``Planner.evaluate``'s values, without its ``(n, P)`` temporaries."""
+    plans = choices.shape[1]
+    total, energy = np.zeros(plans), np.empty(plans)
+    _evaluate(np.ascontiguousarray(choices), network.order, network.pred, network.start, time_s,
+              energy_j, float(p_block_w), int(num_gpus), total, energy)  # fmt: skip
+    return total, energy
+
+
+@_compiled
+def _evaluate(
+    choices: Any,
+    order: IntArray,
+    pred: IntArray,
+    start: IntArray,
+    time_s: FloatArray,
+    energy_j: FloatArray,
+    p_block_w: float,
+    num_gpus: int,
+    total: FloatArray,
+    energy: FloatArray,
+) -> None:
+    """:func:`evaluate`, ``_TILE`` plans at a time: the longest path in level order, then the
+    sums node by node in node order (as ``Planner.evaluate``'s are)."""
+    n, plans = choices.shape
+    finish = np.empty((n + 1, _TILE))
+    summed = np.empty(_TILE)
+    busy = np.empty(_TILE)
+    for tile in range(0, plans, _TILE):
+        width = min(plans, tile + _TILE) - tile
+        finish[n, :] = 0.0
+        for r in range(n):
+            a, b = pred[r, 0], pred[r, 1]
+            node = order[r]
+            node_start = start[node]
+            for p in range(width):
+                end = max(finish[a, p], finish[b, p]) + time_s[node_start + choices[node, tile + p]]
+                finish[r, p] = end
+                if r == 0 or end > total[tile + p]:
+                    total[tile + p] = end
+        summed[:] = 0.0
+        busy[:] = 0.0
+        for j in range(n):
+            node_start = start[j]
+            for p in range(width):
+                k = node_start + choices[j, tile + p]
+                summed[p] += energy_j[k]
+                busy[p] += time_s[k]
         for p in range(width):
             energy[tile + p] = summed[p] + p_block_w * (num_gpus * total[tile + p] - busy[p])
 

@@ -95,6 +95,27 @@ def test_longest_path_equals_the_dag_finish_times(case: Case, plans: int, compil
     np.testing.assert_array_equal(planner.iteration_time(durations), expected)
 
 
+@examples(40)
+@given(
+    cases(schedules=("1f1b", "interleaved-1f1b"), options=(2, 5)),
+    st.integers(1, 70),
+    st.sampled_from([np.int16, np.int64]),
+)
+def test_evaluate_compiled_equals_numpys(case: Case, plans: int, dtype: type) -> None:
+    """The compiled evaluation of plans (any integer type, more than one tile of them; one
+    plan numpy's way): the same times and energies, bit for bit, as numpy's."""
+    note(repr(case))
+    schedule = case.schedule()
+    costs = build_costs(case.profile(), schedule, case.p_block_w)
+    dag = build_dag(schedule)
+    compiled, plain = Planner(dag, costs, compiled=True), Planner(dag, costs, compiled=False)
+    rng = np.random.default_rng(plans)
+    choices = np.stack([rng.integers(0, plain.last + 1) for _ in range(plans)], axis=1)
+    got = compiled.evaluate(choices.astype(dtype))
+    for a, b in zip(got, plain.evaluate(choices), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @examples(10)
 @given(cases(schedules=("1f1b", "interleaved-1f1b"), options=(2, 5)), st.integers(2, 5))
 def test_refill_on_threads_equals_one_block(case: Case, blocks: int) -> None:
