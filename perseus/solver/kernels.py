@@ -140,7 +140,7 @@ def refill(
     blocks: int | None = None,
 ) -> tuple[IntArray, FloatArray, FloatArray]:
     """The refill of plans ``choices`` ``(n, P)`` (node order) under ``ceiling`` ``(P,)``,
-    in ``blocks`` of plans side by side on threads (None: one per core from 2^20 cells).
+    in ``blocks`` of plans side by side on threads (None: one per core from 2^13 cells).
 
     Returns:
         The refilled plans ``(n, P)`` (node order), their iteration times and energies
