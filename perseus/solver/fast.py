@@ -39,8 +39,10 @@ __all__ = ["ANCHOR_SLOWDOWNS", "anchor_slowdowns", "fast_frontier"]
 # Relative chord-minus-tangent error of V between knots above which another knot is solved.
 _KNOT_TOLERANCE = 2e-4
 _MAX_KNOTS = 64
-# DAGs over _FINE_KNOTS_UP_TO instructions (beyond 16 x 64 1F1B; every shared-profile case up
-# to 8 x 96 stays below) solve fewer knots: each relaxation costs a second or more there
+# DAGs over _FINE_KNOTS_UP_TO instructions (beyond 8 x 96 1F1B, the largest shared-profile
+# case, which quality.py checks against an MILP) solve fewer knots: 16 x 64 1F1B (2,048) took
+# 22.3 s with 64 of them and 5.9 s with 8, largest gap 0.82 % and 0.90 % (1.01 x 0.68 and
+# 0.71 %, 1.05 x 0.66 and 0.59 %). Each relaxation costs a second or more past that
 # (16 x 128 interleaved: ~1 s, 32 x 256: ~36 s), and 64 of them were 40 % of the run; 16 x 128
 # 1F1B (4,096) took 62 s with them, against 37 s for interleaved 16 x 128 (8,192) without.
 # Their bound between knots is the highest of the lines of the knots' flows mixed (see
@@ -49,7 +51,7 @@ _MAX_KNOTS = 64
 # 32 x 128 1F1B, largest gaps 0.80 % and 0.51 %; 8 took 11.2 s and 38.6 s, 0.81 % and
 # 0.76 %; the anchors alone (6) 12.8 s and 30.9 s, but 1.18 % and 1.37 % (the grid's plans
 # past the last anchor are mixed from fewer knots).
-_FINE_KNOTS_UP_TO = 2048
+_FINE_KNOTS_UP_TO = 1536
 _COARSE_KNOT_TOLERANCE = 1e-3
 _COARSE_MAX_KNOTS = 8
 _NO_SEEDS: Mapping[float | None, Any] = {}

@@ -45,7 +45,7 @@ _BATCH_CHARGE = 160
 # every anchor deadline; larger ones dive coarsely (see :func:`dived`).
 ALL_ANCHORS_UP_TO = 1024  # instructions
 _WIDE_MOVES_UP_TO = 512  # instructions (see local_search)
-_FINE_DIVES_UP_TO = 2048  # instructions (see dived; as fast.py's _FINE_KNOTS_UP_TO)
+_FINE_DIVES_UP_TO = 1536  # instructions (see dived; as fast.py's _FINE_KNOTS_UP_TO)
 _COARSE_DIVE_SOLVES = 2  # larger DAGs: relaxations per dive (the first is a knot), the last
 # rounds every node down
 # DAGs of up to this many instructions search the default plan's time (the no-slowdown
@@ -176,7 +176,7 @@ def dived_side_by_side(
 def _dive_settings(planner: Planner, fraction: float) -> tuple[list[FloatArray], float, int | None]:
     """The dive's options (each node's hull times), fraction and rounds for this DAG."""
     n = planner.dag.size
-    # larger DAGs fix more per round: each relaxation costs a second or more past 2,048
+    # larger DAGs fix more per round: each relaxation costs a second or more past 1,536
     fraction = fraction if n <= ALL_ANCHORS_UP_TO else 0.25 if n <= _FINE_DIVES_UP_TO else 0.5
     hull_times = [planner.class_times[c][planner.hull[c]] for c in range(len(planner.hull))]
     rounds = None if n <= _FINE_DIVES_UP_TO else _COARSE_DIVE_SOLVES
