@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 import perseus.client
 from perseus.cli.job_views import format_job
-from perseus.client.fake import FakeGpu
+from perseus.client.fake import FakeGpu, default_work
 from perseus.client.gpu import NvmlGpu
 from perseus.client.planner import PlannerClient, PlanTooLarge
 from perseus.client.rank import Rank
@@ -211,7 +211,9 @@ def test_bad_plans_are_refused_one_by_one_and_a_good_one_is_followed(tmp_path: P
         profile_path=str(EXAMPLE_PROFILE),
         clock_log_dir=str(tmp_path),
     )
-    gpu = FakeGpu()
+    # the job's one stage's work from the start: a bare fake learns it only once the session
+    # has fetched the job, and an instruction begun before that fails as unknown work
+    gpu = FakeGpu(work=default_work(0, 1))
     rank = Rank(settings, gpu=gpu, planner=planner.client())
     expected = ["1234 MHz", "has 3 instructions", "bytes", None]
     deadline = time.monotonic() + 60
