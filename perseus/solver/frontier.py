@@ -313,8 +313,9 @@ def compute_frontier(
     )
     if margin_s > 0:
         times, energies, gaps, freqs = _with_transitions(
-            profile, schedule, power, margin_s, (times, energies, gaps, freqs), baselines, dag
-        )
+            profile, schedule, power, margin_s, (times, energies, gaps, freqs), baselines, dag,
+            planner.compiled,
+        )  # fmt: skip
     return Frontier(
         schedule=schedule,
         p_block_w=power,
@@ -336,6 +337,7 @@ def _with_transitions(
     found: tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[np.uint16]],
     baselines: dict[str, Baseline],
     dag: PipelineDag,
+    compiled: bool = False,
 ) -> tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[np.uint16]]:
     """The frontier of the searched plans stated with their transitions.
 
@@ -358,7 +360,7 @@ def _with_transitions(
     # (a dozen (n, P) arrays) stay small on a DAG of 16,384 instructions.
     width = max(1, _TRANSITION_CELLS // max(dag.size, 1))
     evaluated = [
-        evaluate_plans(tables, dag, p_block_w, candidates[:, lo : lo + width], margin_s)
+        evaluate_plans(tables, dag, p_block_w, candidates[:, lo : lo + width], margin_s, compiled)
         for lo in range(0, candidates.shape[1], width)
     ]
     new_times = np.concatenate([t for t, _ in evaluated])

@@ -168,8 +168,9 @@ def refill(
 
 # Plans are refilled in up to this many blocks side by side (one per thread), when there are
 # at least _PARALLEL_CELLS (node, plan) cells: below that a thread's start and a busy core's
-# time slice cost more than the pass (8 x 12's searches refill 40-500 plans of 192 nodes a
-# call: split from 2^13 cells, its planning call took 0.92-1.24 s, from 2^20 1.23-1.43 s).
+# time slice cost more than the pass. Compiled, 8 x 12's searches (40-500 plans of 192 nodes a
+# call) took its planning call 0.92-1.24 s split from 2^13 cells, 1.23-1.43 s from 2^20; 8 x 96
+# (compiled by default) showed no clear difference (8.3-8.6 s and 8.0-8.4 s, a noisy machine).
 _BLOCKS = max(1, min(8, os.cpu_count() or 1))
 _PARALLEL_CELLS = 1 << 13
 _TILE = 32  # plans per pass (see _refill_block)

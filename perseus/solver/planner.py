@@ -9,7 +9,6 @@ and the exact mode (:mod:`perseus.solver.exact`) all build on :class:`Planner`.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -42,11 +41,12 @@ FIT_BINS = 1024  # table bins per class's time range, at least (see Planner.__in
 FIT_BINS_MAX = 1 << 15
 # DAGs of this many instructions or more refill with the compiled loops (perseus.solver.kernels):
 # below, numba's import and first calls (about 0.8 s a process) cost more than they save
-# (8 x 12: 192 instructions), above they save seconds (8 x 96: the refill 2x faster). Once a
-# process has the kernels loaded (a planner server's workers import them ahead of jobs), every
-# DAG uses them: the refill of 8 x 12 then takes half the time.
+# (8 x 12: 192 instructions), above they save seconds (8 x 96: the refill 2x faster). Even in a
+# process that has imported the kernels (a planner server's workers do, ahead of jobs), small
+# DAGs keep numpy's passes: compiled, 8 x 12's planning call took half the time, but on a fresh
+# installation its first call compiles every kernel (about 15 s), which the demo and every
+# small job's first plan would wait for.
 COMPILED_FROM = 1024
-_KERNELS = "perseus.solver.kernels"
 _FIT_MARGIN = 1e-6  # of a bin: a table entry fits this far below its bin (rounding's room)
 _CROSSOVER_SHARES = 31  # plans between two neighbouring anchors, per node order
 
@@ -61,8 +61,8 @@ class Planner:
             below what a class needs, the fit steps until exact instead.
         compiled: Refill and take longest paths with the compiled loops of
             :mod:`perseus.solver.kernels` (True) or with numpy, a level at a time (False);
-            None: compiled from :data:`COMPILED_FROM` instructions, or at any size once the
-            process has imported the kernels. Both give the same plans, times and energies.
+            None: compiled from :data:`COMPILED_FROM` instructions. Both give the same plans,
+            times and energies.
     """
 
     def __init__(
@@ -152,9 +152,7 @@ class Planner:
         table_first = padded_start[table_class] + self._table
         self._table_time = self._padded[table_first]
         self._table_next = self._padded[table_first + 1]
-        if compiled is None:
-            compiled = dag.size >= COMPILED_FROM or _KERNELS in sys.modules
-        self.compiled = compiled
+        self.compiled = dag.size >= COMPILED_FROM if compiled is None else compiled
         if self.compiled:
             self._compile(order, place)
         else:

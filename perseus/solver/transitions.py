@@ -45,7 +45,6 @@ the convex relaxation's lower bound still holds for adjusted plans.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -233,11 +232,13 @@ def plan_costs(
     dag: PipelineDag,
     frequencies_mhz: npt.NDArray[np.integer],
     margin_s: float,
+    compiled: bool = False,
 ) -> tuple[FloatArray, FloatArray]:
     """Adjusted ``(durations, energies)`` of plans given node by node, ``(n,)`` or ``(n, P)``.
 
     The clocks must be measured for their own instructions (the frontier's always are).
-    O(n * P).
+    ``compiled``: adjust them in :func:`perseus.solver.kernels.with_transitions` (the same
+    values; for callers whose planner already runs compiled). O(n * P).
     """
     cls = dag.cost_class.reshape((-1,) + (1,) * (frequencies_mhz.ndim - 1))
     clocks = np.asarray(frequencies_mhz, dtype=np.int64)
@@ -251,10 +252,12 @@ def plan_costs(
     at_before = at - own + own[previous]
     at_after = at - own + own[following]
     time_s, energy_j = tables.time_s.ravel(), tables.energy_j.ravel()
-    # compiled where the process has the kernels (the frontier's large DAGs: a tenth of the
-    # time), the same values
-    kernels = sys.modules.get("perseus.solver.kernels") if margin_s > 0 else None
-    return (with_transitions if kernels is None else kernels.with_transitions)(
+    adjusted = with_transitions
+    if compiled and margin_s > 0:
+        from perseus.solver import kernels  # loaded: the compiled planner imported it
+
+        adjusted = kernels.with_transitions
+    return adjusted(
         time_s.take(at),
         energy_j.take(at),
         (clocks[previous] > clocks, time_s.take(at_before), energy_j.take(at_before)),
@@ -269,9 +272,11 @@ def evaluate_plans(
     p_block_w: float,
     frequencies_mhz: npt.NDArray[np.integer],
     margin_s: float,
+    compiled: bool = False,
 ) -> tuple[FloatArray, FloatArray]:
-    """Iteration time and energy of ``(n, P)`` plans with their transitions. O(n * P)."""
-    durations, energies = plan_costs(tables, dag, frequencies_mhz, margin_s)
+    """Iteration time and energy of ``(n, P)`` plans with their transitions (``compiled``: see
+    :func:`plan_costs`). O(n * P)."""
+    durations, energies = plan_costs(tables, dag, frequencies_mhz, margin_s, compiled)
     total = dag.iteration_time(durations)
     energy = energies.sum(axis=0) + p_block_w * (dag.schedule.stages * total - durations.sum(0))
     return np.asarray(total, dtype=np.float64), np.asarray(energy, dtype=np.float64)
