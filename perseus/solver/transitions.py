@@ -248,9 +248,8 @@ def plan_costs(
         raise IndexError(f"a clock past the profile's highest, {int(tables.clocks_mhz[-1])} MHz")
     previous, following = neighbours_on_gpu(dag)
     # flat positions in the tables; a neighbour's clock's column is its own entry of ``own``
-    at = cls * width + own
-    at_before = at - own + own[previous]
-    at_after = at - own + own[following]
+    row = cls * width
+    at, at_before, at_after = row + own, row + own[previous], row + own[following]
     time_s, energy_j = tables.time_s.ravel(), tables.energy_j.ravel()
     adjusted = with_transitions
     if compiled and margin_s > 0:
