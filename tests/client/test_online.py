@@ -164,8 +164,10 @@ def test_idle_waits_come_out_at_the_fakes_idle_power() -> None:
     profiling, reported = profile_online(gpu, "idle")
     assert profiling.wait_power is not None
     # 6 ms waits between brackets: a counter tick of the work beside them leaks in when the host
-    # is slow to bracket (seen at 163-171 W on a loaded 2-core machine); hot waits draw 400 W
-    assert reported[0] == pytest.approx(gpu.model.idle_power_w, rel=0.15)
+    # is slow to bracket, only ever adding (seen at 163-174 W on a loaded 2-core machine);
+    # hot waits draw 400 W
+    idle_w = gpu.model.idle_power_w
+    assert 0.9 * idle_w <= reported[0] <= 1.25 * idle_w, (reported[0], idle_w)
 
 
 def test_a_stage_that_hardly_waits_keeps_the_idle_power_with_one_log_line(

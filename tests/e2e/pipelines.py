@@ -302,8 +302,12 @@ def check_ranks_follow_plans(
 
 
 def check_realized_slowdown(server: LiveServer, job: str, token: str, limit: float) -> None:
-    """The job view's median plan iteration is at most ``limit`` slower than its baseline
-    (skipped while the server does not show the measured saving)."""
+    """The job view's median plan iteration is at most ``limit`` slower than its baseline,
+    or than half the baseline's own p10-p90 spread where that is wider: gloo ranks on two
+    shared cores spread their iterations by several percent (a baseline of 0.363-0.387 s
+    seen in CI), and a 2.2 % "slowdown" inside that is noise; a change landing late costs
+    every iteration more (8 % before the controller aimed ahead). Skipped while the server
+    does not show the measured saving."""
     view = httpx.get(
         f"{server.url}/v1/jobs/{job}", headers={"Authorization": f"Bearer {token}"}, timeout=10
     ).json()
@@ -311,4 +315,6 @@ def check_realized_slowdown(server: LiveServer, job: str, token: str, limit: flo
     if not savings or savings.get("realized_slowdown") is None:
         return
     assert savings["baseline"]["iterations"] > 0 and savings["plan"]["iterations"] > 0
-    assert savings["realized_slowdown"] <= limit, savings
+    baseline = savings["baseline"]
+    spread = (baseline["time_p90_s"] - baseline["time_p10_s"]) / (2 * baseline["time_s"])
+    assert savings["realized_slowdown"] <= max(limit, spread), savings
