@@ -34,7 +34,8 @@ ProfileRowTuple = tuple[str, int, float, float]
 DEFAULT_MAX_CELLS = MAX_CELLS
 """Default limit on a job's planning work, instructions x deadlines: the solver's
 :data:`perseus.solver.MAX_CELLS` (an alias kept for old imports), about 4.7 GiB and 8 minutes
-(a shared 2-core host) at most; 16 stages x 128 microbatches interleaved is 1.5e8."""
+(a shared 2-core host) at most; 16 stages x 128 microbatches interleaved is 2.5e7 on the
+default grid (:data:`perseus.solver.deadlines.GRID_CELLS`)."""
 
 # Calibrated with benchmarks/planning_work.py (issue 26, after the refill in level order and
 # the large-DAG relaxation path): a worker's data segment after imports (~215 MiB), and per
@@ -49,7 +50,10 @@ _SECONDS_FIXED = 5.0
 # by side, at most 8 knots): ~5 s of interleaved 16 x 128 (8,192 instructions, 11 s whole),
 # ~25 s of 1F1B 32 x 128 (8,192, 39 s) and ~120 s of 1F1B 32 x 256 (16,384, 167 s): about
 # _LP_SECONDS x (instructions / 8,192)^2 x (stages / 16)^3. Only the estimate's seconds (the
-# queue's order): the limit is on cells.
+# queue's order): the limit is on cells. Checked on 2026-12-03 (the 20 Mi-cell grid, the
+# coarse path from 1,536 instructions): estimated against measured seconds 31 / 19 (8 x 96),
+# 34 / 18 (16 x 128), 39 / 22 (16 x 128 interleaved), 67 / 61 (32 x 128), 30 / 75 (2 x 2 on
+# 2.6 million deadlines, the one under); every memory estimate above its measured peak.
 _LP_SECONDS = 4.0
 
 
