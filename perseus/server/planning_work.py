@@ -42,8 +42,13 @@ default grid (:data:`perseus.solver.deadlines.GRID_CELLS`)."""
 # cell its peak memory (9-12.6 bytes measured, rounded up) and time (0.8-1.0 us on a shared
 # 2-core host; 1.9 on a 2 x 2 job's 4e6-deadline grid), plus a fixed time per job (the local
 # search's work, 5-10 s from 8 x 32 up).
-_BASE_BYTES = 256 * 2**20
+_BASE_BYTES = 272 * 2**20
 _BYTES_PER_CELL = 12.0
+# The relaxation's two HiGHS models and their solutions grow with the instructions, not the
+# cells: peaks over the cells' estimate of 25 MiB on 8 x 32 (512 instructions), 91 MiB on
+# 16 x 128 (4,096), 191-197 MiB on 16 x 128 interleaved and 32 x 128 (8,192): up to 32 KiB
+# an instruction.
+_BYTES_PER_INSTRUCTION = 32 * 2**10
 _SECONDS_PER_CELL = 1.2e-6
 _SECONDS_FIXED = 5.0
 # The relaxation's LP solves, which grow faster than the cells on large DAGs (two models side
@@ -53,7 +58,8 @@ _SECONDS_FIXED = 5.0
 # queue's order): the limit is on cells. Checked on 2026-12-03 (the 20 Mi-cell grid, the
 # coarse path from 1,536 instructions): estimated against measured seconds 31 / 19 (8 x 96),
 # 34 / 18 (16 x 128), 39 / 22 (16 x 128 interleaved), 67 / 61 (32 x 128), 30 / 75 (2 x 2 on
-# 2.6 million deadlines, the one under); every memory estimate above its measured peak.
+# 2.6 million deadlines, the one under). Peak memory then ran up to 197 MiB over the cells'
+# estimate on large DAGs (hence _BYTES_PER_INSTRUCTION, added that day).
 _LP_SECONDS = 4.0
 
 
@@ -194,7 +200,9 @@ def estimate_planning_work(
         deadlines=deadlines,
         options=instructions * per_gpu,
         cells=cells,
-        memory_bytes=int(_BASE_BYTES + _BYTES_PER_CELL * cells),
+        memory_bytes=int(
+            _BASE_BYTES + _BYTES_PER_CELL * cells + _BYTES_PER_INSTRUCTION * instructions
+        ),
         seconds=_SECONDS_FIXED
         + _SECONDS_PER_CELL * cells
         + _LP_SECONDS * (instructions / 8192) ** 2 * (stages / 16) ** 3
