@@ -206,25 +206,32 @@ QUIET_RUNS = 5
 def until_quiet(
     run: Callable[[Path], dict[str, Any]],
     tmp_path: Path,
-    check: Callable[[dict[str, Any]], None],
-    quiet: Callable[[dict[str, Any]], str | None],
-) -> dict[str, Any]:
-    """Run ``run`` until a run meets the energy claims (``quiet`` returns None), at most
-    :data:`QUIET_RUNS` times; every run must pass ``check`` (nothing slower than planned).
+    energy: Callable[[dict[str, Any], list[int]], str | None],
+    check: Callable[[dict[str, Any], list[int]], None] | None = None,
+) -> None:
+    """Run ``run`` (on the iterations it aimed, :func:`aimed`) until one run meets the
+    energy claims, at most :data:`QUIET_RUNS` times: at most one instruction above its
+    clock, and ``energy`` returns None (else why not). Every run must keep the plan's order
+    with none below its clock (:func:`assert_none_below`) and pass ``check``.
 
     A lowering is aimed up to a whole delay (40 ms) ahead, from an earlier instruction's
     start, across start-to-start intervals the host times: where the host stalls the
     training thread by a few ms (CI's two shared cores; steal up to 100 % seen), it lands
     past a 16 ms forward's middle, and that forward runs faster than planned. That costs
-    energy, never time (``check`` holds in every run); a run on a host quiet enough to time
-    the changes must also meet the energy claims. The failure lists every run's reason."""
+    energy, never time (checked in every run); a run on a host quiet enough to time the
+    changes must also meet the energy claims. The failure lists every run's reason."""
     reasons = []
     for attempt in range(QUIET_RUNS):
         result = run(tmp_path / f"run{attempt}")
-        check(result)
-        reason = quiet(result)
+        checked = aimed(result)
+        assert_none_below(result["log"], checked)
+        if check is not None:
+            check(result, checked)
+        late = above(result["log"], checked)
+        reason = f"{len(late)} ran above their clock: {late}" if len(late) > 1 else None
+        reason = reason or energy(result, checked)
         if reason is None:
-            return result
+            return
         reasons.append(reason)
     raise AssertionError(f"no run of {QUIET_RUNS} met the energy claims: {reasons}")
 
@@ -237,25 +244,17 @@ def until_quiet(
 def test_every_instruction_runs_its_planned_clock_and_none_is_slower(
     delay_s: float, work: dict[str, FakeWork], tmp_path: Path
 ) -> None:
-    def check(result: dict[str, Any]) -> None:
+    def check(result: dict[str, Any], checked: list[int]) -> None:
         expected: Replay = result["expected"]
-        checked = aimed(result)
-        assert_none_below(result["log"], checked)
         median_s = statistics.median(result["times"][i] for i in checked)
         # Host work between the fake's modelled instructions adds a little (~0.3 ms each);
         # a change landing one instruction late would add 5 % or more.
         assert median_s <= expected.time_s * 1.01 + 0.002, (median_s, expected.time_s)
 
-    def quiet(result: dict[str, Any]) -> str | None:
-        # At most one lowering past its instruction's middle (a lowering the controller
-        # thread wakes for late), and the energy the fake integrated is the replay's (with
-        # the margin's transitions), plus the idle power of the host time it does not
-        # model, within 2 % (a lowering a few ms late costs ~1 %; every forward at the
-        # backward's clock, 3.5 %).
-        checked = aimed(result)
-        late = above(result["log"], checked)
-        if len(late) > 1:
-            return f"{len(late)} ran above their clock: {late}"
+    def energy(result: dict[str, Any], checked: list[int]) -> str | None:
+        # The energy the fake integrated is the replay's (with the margin's transitions),
+        # plus the idle power of the host time it does not model, within 2 % (a lowering a
+        # few ms late costs ~1 %; every forward at the backward's clock, 3.5 %).
         expected: Replay = result["expected"]
         median_s = statistics.median(result["times"][i] for i in checked)
         energy_j = statistics.median(result["energies"][i] for i in checked)
@@ -264,7 +263,7 @@ def test_every_instruction_runs_its_planned_clock_and_none_is_slower(
             return f"energy {energy_j} J against {expected.energy_j} + {extra_j} J"
         return None
 
-    until_quiet(lambda path: run_rank(delay_s, work, path, planned=8), tmp_path, check, quiet)
+    until_quiet(lambda path: run_rank(delay_s, work, path, planned=8), tmp_path, energy, check)
 
 
 def test_the_clock_log_records_the_clock_that_ran(tmp_path: Path) -> None:
@@ -291,14 +290,7 @@ def test_a_lowering_after_a_varying_wait_lands_in_the_wait(tmp_path: Path) -> No
     # lands in the wait, and the energy is the replay's.
     rng = random.Random(3)
 
-    def check(result: dict[str, Any]) -> None:
-        assert_none_below(result["log"], aimed(result))
-
-    def quiet(result: dict[str, Any]) -> str | None:
-        planned = aimed(result)
-        late = above(result["log"], planned)
-        if len(late) > 1:
-            return f"{len(late)} ran above their clock: {late}"
+    def energy(result: dict[str, Any], planned: list[int]) -> str | None:
         expected: Replay = result["expected"]
         idle_w = result["model"].idle_power_w
         extra_j = statistics.median(
@@ -316,8 +308,7 @@ def test_a_lowering_after_a_varying_wait_lands_in_the_wait(tmp_path: Path) -> No
             0.02, LONG, path, planned=10, wait_before_forward_s=lambda: rng.uniform(0.0, 0.05)
         ),
         tmp_path,
-        check,
-        quiet,
+        energy,
     )
 
 
