@@ -123,6 +123,17 @@ class Miniature:
         ``highspy.HighsBasis`` for :meth:`Relaxation.start_from`. Each solve starts from
         the miniature's last."""
         self._small.solve(None if slowdown is None else slowdown * self._small_fast_s)
+        return self._mapped()
+
+    def basis_at_slope(self, power_w: float) -> Any:
+        """As :meth:`basis`, the miniature solved where ``V``'s slope is ``-power_w`` (see
+        :meth:`Relaxation.solve_at_slope`): the same marginal energy of time, so the same
+        steady state as the full relaxation's there, whatever the deadline."""
+        self._small.solve_at_slope(power_w)
+        return self._mapped()
+
+    def _mapped(self) -> Any:
+        """The miniature's current basis, its middle period repeated over the full DAG."""
         col_status, row_status = self._small.basis_statuses()
         columns = np.where(self._columns >= 0, col_status[self._columns], self._defaults)
         rows = np.where(self._rows >= 0, row_status[self._rows], _BASIC)

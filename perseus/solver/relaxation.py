@@ -257,6 +257,34 @@ class Relaxation:
             flow=self._flow(np.asarray(solution.row_dual)),
         )
 
+    def solve_at_slope(self, power_w: float) -> RelaxedSolution:
+        """Solve with no deadline, the iteration time costing ``power_w`` more than blocking:
+        the relaxed optimum where ``V``'s slope is ``-power_w`` (its deadline is where it
+        lands, its slope ``-power_w``). From the model's basis, or one given by
+        :meth:`start_from`: a miniature's at the same ``power_w`` has the same steady state
+        (the same marginal energy of time), so it starts nearer than one at a deadline does.
+        """
+        highs = self._highs
+        highs.changeColCost(self._tau_col, self._p_w + power_w)
+        try:
+            solution = self._run(None)
+            x = np.asarray(solution.col_value)
+            tau = float(x[self._tau_col])
+            value = float(highs.getInfo().objective_function_value) - power_w * tau
+            basis = highs.getBasis()
+            flow = self._flow(np.asarray(solution.row_dual))
+        finally:
+            highs.changeColCost(self._tau_col, self._p_w)
+        return RelaxedSolution(
+            deadline_s=tau,
+            value_j=value + self._base_value,
+            slope_j_per_s=-power_w,
+            durations_s=self._durations(x),
+            iteration_time_s=tau,
+            basis=basis,
+            flow=flow,
+        )
+
     def _run(self, deadline_s: float | None) -> Any:
         """Solve with ``T <= deadline_s`` from the model's basis; HiGHS's solution."""
         highs = self._highs

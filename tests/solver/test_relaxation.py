@@ -69,6 +69,33 @@ def test_value_is_convex_and_non_increasing_and_its_slope_a_subgradient(case: Ca
 
 @examples(25)
 @given(SMALL)
+def test_a_solve_at_a_slope_lands_on_v_where_that_slope_is_a_subgradient(case: Case) -> None:
+    """``solve_at_slope(p)`` (no deadline, the iteration time costing ``p`` more) returns V at
+    the deadline it lands on, ``-p`` a subgradient there: its tangent lies below V at every
+    deadline, and solving at its deadline gives its value (where V is straight it may land
+    anywhere along it); the model's own costs are back afterwards."""
+    note(repr(case))  # hypothesis prints composite values blank
+    relaxation = relaxation_of(case)
+    tol = 1e-7 * scale(case, relaxation)
+    points = [relaxation.solve(d) for d in deadlines(case, relaxation, 5)]
+    free_value = relaxation.solve(None).value_j
+    for a, b in itertools.pairwise(points):
+        power = (a.value_j - b.value_j) / (b.deadline_s - a.deadline_s)
+        k = relaxation.solve_at_slope(power)
+        assert k.slope_j_per_s == -power
+        assert k.deadline_s == k.iteration_time_s
+        assert k.value_j == pytest.approx(relaxation.solve(k.deadline_s).value_j, abs=tol)
+        for q in points:
+            tangent = k.value_j + k.slope_j_per_s * (q.deadline_s - k.deadline_s)
+            assert tangent <= q.value_j + tol, (power, q.deadline_s)
+        assert k.flow is not None
+        values, slopes = relaxation.lines([k.flow, k.flow], mixes=(0.0,), scales=(1.0,))
+        assert float(values[0] + slopes[0] * k.deadline_s) == pytest.approx(k.value_j, abs=tol)
+    assert relaxation.solve(None).value_j == pytest.approx(free_value, abs=tol)
+
+
+@examples(25)
+@given(SMALL)
 def test_lines_of_mixed_flows_bound_v_and_touch_it_at_the_solves(case: Case) -> None:
     """Every line of :meth:`Relaxation.lines` lies below V at every deadline (weak duality),
     and at a solve's own deadline the best of them is V (its flow's line is its tangent)."""
