@@ -76,6 +76,26 @@ class Miniature:
     def __init__(self, relaxation: Relaxation, small: PipelineDag, period: int) -> None:
         self._small = Relaxation(small, relaxation.costs)
         self._small_fast_s = float(small.iteration_time(self._small.base_time_s))
+        # the full schedule's periods beyond the miniature's, and per (GPU, kind, chunk) of
+        # the miniature's middle period, its node there and the same node a period later
+        self._period_length = period
+        self._extra_periods = (
+            relaxation.dag.schedule.microbatches - small.schedule.microbatches
+        ) // period
+        shape = _Shape.of(small)
+        middle = (small.schedule.microbatches - period) // 2
+        where = {
+            (int(g), int(k), int(c), int(b)): j
+            for j, (g, k, c, b) in enumerate(
+                zip(shape.gpu, shape.kind, shape.chunk, shape.microbatch, strict=True)
+            )
+        }
+        pairs = [
+            (j, where[(g, k, c, b + period)])
+            for (g, k, c, b), j in where.items()
+            if middle <= b < middle + period and (g, k, c, b + period) in where
+        ]
+        self._period_pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
         self._columns, self._rows = _maps(relaxation, self._small, period)
         self._defaults = np.concatenate(
             [
@@ -83,6 +103,12 @@ class Miniature:
                 np.full(relaxation.num_segments, _LOWER, dtype=np.int64),
             ]
         )
+
+    @property
+    def share(self) -> float:
+        """The miniature's share of the full schedule's microbatches."""
+        small = self._small.dag.schedule.microbatches
+        return small / (small + self._extra_periods * self._period_length)
 
     @property
     def relaxation(self) -> Relaxation:
@@ -124,6 +150,46 @@ class Miniature:
         the miniature's last."""
         self._small.solve(None if slowdown is None else slowdown * self._small_fast_s)
         return self._mapped()
+
+    def basis_at(self, deadline_s: float, full_fast_s: float, solves: int = 3) -> Any:
+        """As :meth:`basis`, the miniature solved where its steady state matches the full
+        relaxation's at ``deadline_s`` (``full_fast_s`` its all-fastest time): where the
+        miniature's iteration time plus its middle period's length times the full schedule's
+        extra periods is ``deadline_s`` (a secant search over the miniature's deadline, at
+        most ``solves`` solves). The same slowdown would give the miniature's middle too much
+        slack: on 32 x 256 1F1B at 1.05 x, the full relaxation's optimum lies at 1.02 x of
+        the miniature (32 x 81), not 1.05 x, and its dual simplex took 29-39 thousand
+        iterations from bases near there, 51 from 1.05 x's."""
+        fast = self._small_fast_s
+        tried: list[tuple[float, float]] = []
+        at = max(fast, deadline_s * fast / full_fast_s)
+        for _ in range(solves):
+            self._small.solve(at)
+            error = at + self._extra_periods * self._period() - deadline_s
+            tried.append((at, error))
+            if abs(error) <= 5e-4 * deadline_s or len(tried) == solves:
+                break
+            if len(tried) == 1:
+                following = at * (0.99 if error > 0 else 1.01)
+            else:
+                (a, error_a), (b, error_b) = tried[-2], tried[-1]
+                following = b - error_b * (b - a) / (error_b - error_a) if error_b != error_a else b
+            following = max(fast, following)
+            if following == at:
+                break
+            at = following
+        best = min(tried, key=lambda t: abs(t[1]))[0]
+        if best != tried[-1][0]:
+            self._small.solve(best)
+        return self._mapped()
+
+    def _period(self) -> float:
+        """The length of the miniature's middle period in its last solve: the median over its
+        (GPU, kind, chunk) of how much later a node finishes one period on."""
+        if not len(self._period_pairs):
+            return 0.0
+        finish = self._small.finish_times()
+        return float(np.median(finish[self._period_pairs[:, 1]] - finish[self._period_pairs[:, 0]]))
 
     def basis_at_slope(self, power_w: float) -> Any:
         """As :meth:`basis`, the miniature solved where ``V``'s slope is ``-power_w`` (see

@@ -216,6 +216,10 @@ class Relaxation:
         """Dual simplex iterations of the last solve."""
         return int(self._highs.getInfo().simplex_iteration_count)
 
+    def finish_times(self) -> FloatArray:
+        """Every node's finish time in the last solve."""
+        return np.asarray(self._highs.getSolution().col_value)[: self._n]
+
     def basis_statuses(self) -> tuple[IntArray, IntArray]:
         """The model's current basis: every column's and row's ``HighsBasisStatus`` value."""
         basis = self._highs.getBasis()

@@ -126,6 +126,35 @@ def test_the_full_relaxation_reaches_its_own_optimum_from_the_miniature_in_fewer
         assert seeded.iterations < cold.iterations / 2, (slowdown, seeded.iterations)
 
 
+@pytest.mark.parametrize(("name", "chunks"), [("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_starts_matched_by_steady_state_reach_the_same_optimum(name: str, chunks: int) -> None:
+    """:meth:`Miniature.basis_at` (a deadline) and :meth:`Miniature.basis_at_slope` (a slope
+    of V) start the full relaxation where its dual simplex reaches its own optimum: the same
+    value as a cold start. At a deadline the miniature is solved where its iteration time
+    plus its middle period times the full schedule's extra periods is the deadline: below
+    the same slowdown of its own all-fastest time."""
+    seeded = relaxation_of(name, 4, 64, chunks)
+    miniature = Miniature.of(seeded)
+    assert miniature is not None
+    fast = Planner(seeded.dag, seeded.costs).fastest_time_s
+    small = miniature.relaxation
+    small_fast = Planner(small.dag, small.costs).fastest_time_s
+    cold = relaxation_of(name, 4, 64, chunks)
+    for slowdown in (1.02, 1.05):
+        deadline = slowdown * fast
+        expected = cold.solve(deadline)
+        seeded.start_from(miniature.basis_at(deadline, fast))
+        matched = small.finish_times()
+        small_deadline = float(np.max(matched))
+        assert small_fast <= small_deadline < slowdown * small_fast
+        got = seeded.solve(deadline)
+        assert got.value_j == pytest.approx(expected.value_j, rel=1e-9)
+        power = -expected.slope_j_per_s
+        seeded.start_from(miniature.basis_at_slope(power))
+        at_slope = seeded.solve_at_slope(power)
+        assert at_slope.value_j == pytest.approx(cold.solve(at_slope.deadline_s).value_j, rel=1e-9)
+
+
 def test_no_miniature_where_none_saves_anything() -> None:
     """Too few microbatches to leave any out, or a schedule built from its own action lists
     (no smaller one of the same shape to build): None."""
@@ -148,19 +177,28 @@ def test_a_large_dag_plans_from_the_miniature_the_same_frontier_every_run(
 
     monkeypatch.setattr(fast_module, "_FINE_KNOTS_UP_TO", 0)
     calls: list[float | None] = []
-    real = Miniature.basis
+    matched: list[float] = []
+    real, real_at = Miniature.basis, Miniature.basis_at
 
     def counted(self: Miniature, slowdown: float | None) -> object:
         calls.append(slowdown)
         return real(self, slowdown)
 
+    def counted_at(self: Miniature, deadline_s: float, full_fast_s: float) -> object:
+        matched.append(deadline_s / full_fast_s)
+        return real_at(self, deadline_s, full_fast_s)
+
     monkeypatch.setattr(Miniature, "basis", counted)
+    monkeypatch.setattr(Miniature, "basis_at", counted_at)
     profile = profile_from_rows(synthetic_profile(4, CLOCKS, 0))
-    schedule = make_schedule("1f1b", 4, 48)
+    schedule = make_schedule("1f1b", 4, 80)  # the miniature 4 x 25: under _MATCHED_SHARE
     first = compute_frontier(profile, schedule, p_block_w=100.0)
-    # the free optimum, then the two chains' first deadlines: all-fastest and 1.05 x default
-    assert calls[:2] == [None, 1.0] and len(calls) == 3
-    assert calls[2] == pytest.approx(1.05, rel=0.01)
+    # the free optimum and the all-fastest deadline, 1.05 x default (where the upper chain
+    # starts on large DAGs), then the upper chain's other deadlines from the top down, each
+    # where the steady states match
+    assert calls == [None, 1.0]
+    assert len(matched) >= 2 and matched[0] == pytest.approx(1.05, rel=0.01)
+    assert matched[1:] == sorted(matched[1:], reverse=True)
     again = compute_frontier(profile, schedule, p_block_w=100.0)
     assert np.array_equal(first.times_s, again.times_s)
     assert np.array_equal(first.energies_j, again.energies_j)
@@ -184,10 +222,11 @@ def test_a_miniature_that_fails_to_solve_loses_only_its_start(
     profile = profile_from_rows(synthetic_profile(4, CLOCKS, 0))
     schedule = make_schedule("1f1b", 4, 48)
 
-    def failing(self: Miniature, slowdown: float | None) -> object:
+    def failing(self: Miniature, *args: object) -> object:
         raise InfeasibleDeadline("the miniature's deadline")
 
-    monkeypatch.setattr(Miniature, "basis", failing)
+    for method in ("basis", "basis_at", "basis_at_slope"):
+        monkeypatch.setattr(Miniature, method, failing)
     failed = compute_frontier(profile, schedule, p_block_w=100.0)
     monkeypatch.setattr(Miniature, "of", classmethod(lambda cls, *args: None))
     without = compute_frontier(profile, schedule, p_block_w=100.0)
