@@ -57,7 +57,8 @@ _COARSE_KNOT_TOLERANCE = 1e-3
 _COARSE_MAX_KNOTS = 8
 _NO_SEEDS: Mapping[float | None, Any] = {}
 # Largest share of the microbatches (see Miniature.share) at which a miniature starts the
-# chains' later knots and the adaptive ones, not only the first ones.
+# upper chain's first knot where the steady states match (not at the same slowdown) and the
+# adaptive knots.
 _MATCHED_SHARE = 0.4
 _CHUNK = 1024  # grid deadlines per vectorised batch, at most
 # (instruction, deadline) cells per batch: a batch's temporaries (a dozen (n, chunk) arrays)
@@ -133,11 +134,10 @@ def fast_frontier(
             if None in free_seed:
                 relaxation.start_from(free_seed[None])
             chain_starts = (t_fast, max(_LARGE_SLOWDOWNS) * t_default)
-            # where the miniature is much the smaller, it starts every knot (the chains'
-            # later ones and the adaptive ones too), each where the steady states match:
-            # 32 x 256 1F1B (32 %) planned in 136 s, 174 s with only the first ones at the
-            # same slowdown; on 16 x 128 interleaved (63 %) its solves cost more than they
-            # save (18 s against 15 s)
+            # where the miniature is much the smaller, it starts the upper chain's first knot
+            # where the steady states match, and the adaptive knots at their slopes (see
+            # _at_slopes); on 16 x 128 interleaved (63 %) its solves there cost more than
+            # they save (18 s against 15 s)
             if miniature.share <= _MATCHED_SHARE:
                 matched = miniature
             seeding = pool.submit(_seeds, miniature, chain_starts, t_fast, matched is not None)
@@ -500,9 +500,7 @@ def _knots(
             relaxations,
             [
                 lambda r: _chain(r, t_fast, lower, None, seeds),
-                lambda r: _chain(
-                    r, free.iteration_time_s, upper[::-1], free, seeds, miniature, t_fast
-                ),
+                lambda r: _chain(r, free.iteration_time_s, upper[::-1], free, seeds),
             ],
         )
         chain = up + down[::-1]
@@ -576,8 +574,9 @@ def _at_slopes(
     slope (its steady state is the full one's there), else from the nearer knot's. On
     32 x 256 1F1B the two knots between 1.05 x and the free optimum took 55-57 thousand
     dual simplex iterations at deadlines from the nearer knot's basis (58-60 s side by side),
-    and 26 thousand at 1.05 x's slope from the miniature's (14 s). The miniature's solves
-    run first, one after the other, so that the results do not depend on timing."""
+    22 and 32 thousand at slopes from the miniature's (16 and 25 s, after 7 s on the
+    miniature). The miniature's solves run first, one after the other, so that the results
+    do not depend on timing."""
     jobs: list[tuple[float, Any]] = []
     for a, b, count in intervals:
         steep, flat = -a.slope_j_per_s, -b.slope_j_per_s
@@ -603,22 +602,16 @@ def _chain(
     deadlines: Sequence[float],
     start: RelaxedSolution | None,
     seeds: Mapping[float | None, Any] = _NO_SEEDS,
-    miniature: Miniature | None = None,
-    t_fast: float = math.nan,
 ) -> list[RelaxedSolution]:
     """Solutions at ``first_s`` (from ``start``'s basis, or the model's last), then at each of
     ``deadlines`` in order, each from the one before; a deadline of ``seeds`` from its basis
-    there instead, and with a ``miniature``, every later one from its basis there (see
-    :meth:`Miniature.basis_at`; ``t_fast`` the all-fastest time). On 32 x 256 1F1B, 1.03 x took
-    38 thousand dual simplex iterations from 1.05 x and 24 from the miniature's basis."""
+    there instead. (On 32 x 256 1F1B, 1.03 x took 33 thousand dual simplex iterations from
+    1.05 x, and 38 from the miniature's basis where the steady states match.)"""
     chain: list[RelaxedSolution] = []
     for deadline in [first_s, *deadlines]:
         before = chain[-1] if chain else start
-        seed = seeds.get(deadline)
-        if seed is None and miniature is not None and chain and chain[-1].basis is not None:
-            seed = _seeds(miniature, [deadline], t_fast).get(deadline)
-        if seed is not None:
-            relaxation.start_from(seed)
+        if deadline in seeds:
+            relaxation.start_from(seeds[deadline])
             before = None
         chain.append(relaxation.solve(deadline, before))
     return chain

@@ -158,7 +158,7 @@ class Miniature:
         extra periods is ``deadline_s`` (a secant search over the miniature's deadline, at
         most ``solves`` solves). The same slowdown would give the miniature's middle too much
         slack: on 32 x 256 1F1B at 1.05 x, the full relaxation's optimum lies at 1.02 x of
-        the miniature (32 x 81), not 1.05 x, and its dual simplex took 29-39 thousand
+        the miniature (32 x 81), not 1.05 x, and its dual simplex took 29-43 thousand
         iterations from bases near there, 51 from 1.05 x's."""
         fast = self._small_fast_s
         tried: list[tuple[float, float]] = []
