@@ -149,6 +149,7 @@ class Relaxation:
             self._highs.setOptionValue("simplex_dual_edge_weight_strategy", 1)
         self._lengths = lengths_arr
         self._cost = cost
+        self._iterations = 0
         self._segment_start = np.searchsorted(np.asarray(segment_node), np.arange(n + 1))
         self._segment_node = np.asarray(segment_node, dtype=np.int64)
         self._base_time = base_time
@@ -214,7 +215,7 @@ class Relaxation:
     @property
     def iterations(self) -> int:
         """Dual simplex iterations of the last solve."""
-        return int(self._highs.getInfo().simplex_iteration_count)
+        return self._iterations
 
     def finish_times(self) -> FloatArray:
         """Every node's finish time in the last solve."""
@@ -296,6 +297,8 @@ class Relaxation:
             self._tau_col, 0.0, highspy.kHighsInf if deadline_s is None else deadline_s
         )
         highs.run()
+        # read now: a solve at a slope changes a cost after it, which clears HiGHS's info
+        self._iterations = int(highs.getInfo().simplex_iteration_count)
         status = highs.getModelStatus()
         if status == MODEL_STATUS.kInfeasible:
             raise InfeasibleDeadline(f"no plan finishes within {deadline_s} s")

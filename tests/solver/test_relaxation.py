@@ -82,6 +82,7 @@ def test_a_solve_at_a_slope_lands_on_v_where_that_slope_is_a_subgradient(case: C
     for a, b in itertools.pairwise(points):
         power = (a.value_j - b.value_j) / (b.deadline_s - a.deadline_s)
         k = relaxation.solve_at_slope(power)
+        assert relaxation.iterations >= 0
         assert k.slope_j_per_s == -power
         assert k.deadline_s == k.iteration_time_s
         assert k.value_j == pytest.approx(relaxation.solve(k.deadline_s).value_j, abs=tol)
