@@ -71,31 +71,29 @@ class Miniature:
 
     Build one with :meth:`of`; :meth:`basis` solves the miniature at a slowdown and maps its
     basis. Not thread-safe: one caller at a time.
+
+    Attributes:
+        share: The miniature's share of the full schedule's microbatches.
     """
 
     def __init__(self, relaxation: Relaxation, small: PipelineDag, period: int) -> None:
         self._small = Relaxation(small, relaxation.costs)
         self._small_fast_s = float(small.iteration_time(self._small.base_time_s))
-        # the full schedule's periods beyond the miniature's, and per (GPU, kind, chunk) of
-        # the miniature's middle period, its node there and the same node a period later
-        self._period_length = period
-        self._extra_periods = (
-            relaxation.dag.schedule.microbatches - small.schedule.microbatches
-        ) // period
+        microbatches, small_microbatches = (
+            relaxation.dag.schedule.microbatches,
+            small.schedule.microbatches,
+        )
+        self.share = small_microbatches / microbatches
+        self._extra_periods = (microbatches - small_microbatches) // period
+        # per (GPU, kind, chunk) of the middle period: its node, and the same a period later
         shape = _Shape.of(small)
-        middle = (small.schedule.microbatches - period) // 2
-        where = {
-            (int(g), int(k), int(c), int(b)): j
-            for j, (g, k, c, b) in enumerate(
-                zip(shape.gpu, shape.kind, shape.chunk, shape.microbatch, strict=True)
-            )
-        }
-        pairs = [
-            (j, where[(g, k, c, b + period)])
-            for (g, k, c, b), j in where.items()
-            if middle <= b < middle + period and (g, k, c, b + period) in where
-        ]
-        self._period_pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        middle = (small_microbatches - period) // 2
+        inside = np.flatnonzero((shape.microbatch >= middle) & (shape.microbatch < middle + period))
+        later = _places(small)[
+            shape.gpu[inside], shape.kind[inside], shape.chunk[inside],
+            shape.microbatch[inside] + period,
+        ]  # fmt: skip
+        self._period_pairs = np.stack([inside, later], axis=1)[later >= 0]
         self._columns, self._rows = _maps(relaxation, self._small, period)
         self._defaults = np.concatenate(
             [
@@ -103,12 +101,6 @@ class Miniature:
                 np.full(relaxation.num_segments, _LOWER, dtype=np.int64),
             ]
         )
-
-    @property
-    def share(self) -> float:
-        """The miniature's share of the full schedule's microbatches."""
-        small = self._small.dag.schedule.microbatches
-        return small / (small + self._extra_periods * self._period_length)
 
     @property
     def relaxation(self) -> Relaxation:
@@ -210,19 +202,27 @@ class Miniature:
         return basis
 
 
+def _places(dag: PipelineDag) -> IntArray:
+    """Each node of ``dag`` by place: ``[gpu, kind, chunk, microbatch]`` -> node (-1: none)."""
+    shape = _Shape.of(dag)
+    schedule = dag.schedule
+    table = np.full(
+        (schedule.stages, 4, schedule.virtual_stages, schedule.microbatches), -1, dtype=np.int64
+    )
+    table[shape.gpu, shape.kind, shape.chunk, shape.microbatch] = np.arange(dag.size)
+    return table
+
+
 def _maps(relaxation: Relaxation, small: Relaxation, period: int) -> tuple[IntArray, IntArray]:
     """Per column and per row of ``relaxation``, the column and row of ``small`` (its
     miniature, repeating every ``period`` microbatches) in the same place (-1: none).
     O(instructions + segments)."""
     dag, little_dag = relaxation.dag, small.dag
-    big, little = _Shape.of(dag), _Shape.of(little_dag)
+    big = _Shape.of(dag)
     m = little_dag.size
     microbatches, small_microbatches = dag.schedule.microbatches, little_dag.schedule.microbatches
     edge = (small_microbatches - period) // 2
-    # each small node by place: (gpu, kind, chunk, microbatch) -> node
-    shape = (dag.schedule.stages, 4, dag.schedule.virtual_stages, small_microbatches)
-    table = np.full(shape, -1, dtype=np.int64)
-    table[little.gpu, little.kind, little.chunk, little.microbatch] = np.arange(m)
+    table = _places(little_dag)
     k = big.microbatch
     late = k - (microbatches - small_microbatches)
     mapped = np.where(

@@ -245,22 +245,9 @@ class Relaxation:
         Raises:
             InfeasibleDeadline: The deadline is shorter than the all-fastest iteration time.
         """
-        highs = self._highs
         if start is not None and start.basis is not None:
-            highs.setBasis(start.basis)
-        solution = self._run(deadline_s)
-        x = np.asarray(solution.col_value)
-        durations = self._durations(x)
-        slope = 0.0 if deadline_s is None else float(solution.col_dual[self._tau_col])
-        return RelaxedSolution(
-            deadline_s=math.inf if deadline_s is None else deadline_s,
-            value_j=float(highs.getInfo().objective_function_value) + self._base_value,
-            slope_j_per_s=min(slope, 0.0),
-            durations_s=durations,
-            iteration_time_s=float(x[self._tau_col]),
-            basis=highs.getBasis(),
-            flow=self._flow(np.asarray(solution.row_dual)),
-        )
+            self._highs.setBasis(start.basis)
+        return self._solved(deadline_s)
 
     def solve_at_slope(self, power_w: float) -> RelaxedSolution:
         """Solve with no deadline, the iteration time costing ``power_w`` more than blocking:
@@ -269,25 +256,35 @@ class Relaxation:
         :meth:`start_from`: a miniature's at the same ``power_w`` has the same steady state
         (the same marginal energy of time), so it starts nearer than one at a deadline does.
         """
-        highs = self._highs
-        highs.changeColCost(self._tau_col, self._p_w + power_w)
+        self._highs.changeColCost(self._tau_col, self._p_w + power_w)
         try:
-            solution = self._run(None)
-            x = np.asarray(solution.col_value)
-            tau = float(x[self._tau_col])
-            value = float(highs.getInfo().objective_function_value) - power_w * tau
-            basis = highs.getBasis()
-            flow = self._flow(np.asarray(solution.row_dual))
+            return self._solved(None, power_w)
         finally:
-            highs.changeColCost(self._tau_col, self._p_w)
+            self._highs.changeColCost(self._tau_col, self._p_w)
+
+    def _solved(self, deadline_s: float | None, power_w: float | None = None) -> RelaxedSolution:
+        """Solve with ``T <= deadline_s``, or with ``T`` costing ``power_w`` more (see
+        :meth:`solve_at_slope`; read before that cost is restored)."""
+        highs = self._highs
+        solution = self._run(deadline_s)
+        x = np.asarray(solution.col_value)
+        tau = float(x[self._tau_col])
+        if power_w is not None:
+            deadline, slope = tau, -power_w
+        elif deadline_s is None:
+            deadline, slope = math.inf, 0.0
+        else:
+            deadline, slope = deadline_s, min(float(solution.col_dual[self._tau_col]), 0.0)
         return RelaxedSolution(
-            deadline_s=tau,
-            value_j=value + self._base_value,
-            slope_j_per_s=-power_w,
+            deadline_s=deadline,
+            value_j=float(highs.getInfo().objective_function_value)
+            - (power_w or 0.0) * tau
+            + self._base_value,
+            slope_j_per_s=slope,
             durations_s=self._durations(x),
             iteration_time_s=tau,
-            basis=basis,
-            flow=flow,
+            basis=highs.getBasis(),
+            flow=self._flow(np.asarray(solution.row_dual)),
         )
 
     def _run(self, deadline_s: float | None) -> Any:
