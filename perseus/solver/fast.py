@@ -20,10 +20,10 @@ import numpy as np
 
 from perseus.errors import InfeasibleDeadline, PerseusError
 from perseus.solver.deadlines import deadline_grid, served_deadline
-from perseus.solver.miniature import Miniature
+from perseus.solver.miniature import Extension, Miniature
 from perseus.solver.planner import FloatArray, IntArray, Planner, Progress, pareto
 from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution
-from perseus.solver.relaxation import side_by_side
+from perseus.solver.relaxation import Solver, side_by_side
 from perseus.solver.search import (
     ALL_ANCHORS_UP_TO,
     RESTARTS_UP_TO,
@@ -60,6 +60,9 @@ _NO_SEEDS: Mapping[float | None, Any] = {}
 # upper chain's first knot where the steady states match (not at the same slowdown) and the
 # adaptive knots.
 _MATCHED_SHARE = 0.4
+_EXTEND_FROM = 4096
+_EXTEND_EDGE = 1
+_EXTEND_SHARE = 0.55
 _CHUNK = 1024  # grid deadlines per vectorised batch, at most
 # (instruction, deadline) cells per batch: a batch's temporaries (a dozen (n, chunk) arrays)
 # stay near 16 MiB each however large the DAG (DAGs up to 2,048 instructions: _CHUNK deadlines)
@@ -119,33 +122,15 @@ def fast_frontier(
     t_fast = planner.fastest_time_s
     fine = n <= _FINE_KNOTS_UP_TO
     relaxation = Relaxation(planner.dag, planner.costs)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="perseus-relaxation") as pool:
-        # large DAGs: a second model, built while the first solves, for the knots and dives
-        # side by side (each solve costs seconds there: 32 x 256, 20-100 s)
-        other = None if fine else pool.submit(Relaxation, planner.dag, planner.costs)
-        # and the first solves start from a miniature's bases (see perseus.solver.miniature):
-        # the free optimum, then the deadlines where the two chains of knots start (see
-        # _knots), the all-fastest one and the highest anchor, while the free optimum solves
-        miniature = None if fine else Miniature.of(relaxation)
-        seeding = None
+    extensions = [] if fine else _extensions(relaxation, t_fast)
+    solver: Solver = extensions[0] if extensions else relaxation
+    if extensions:
+        free = extensions[0].solve(None)
+        relaxations: list[Solver] = list(extensions)
+        seeds: dict[float | None, Any] = {}
         matched: Miniature | None = None
-        if miniature is not None:
-            free_seed = _seeds(miniature, [None], t_fast)
-            if None in free_seed:
-                relaxation.start_from(free_seed[None])
-            chain_starts = (t_fast, max(_LARGE_SLOWDOWNS) * t_default)
-            # where the miniature is much the smaller, it starts the upper chain's first knot
-            # where the steady states match, and the adaptive knots at their slopes (see
-            # _at_slopes); on 16 x 128 interleaved (63 %) its solves there cost more than
-            # they save (18 s against 15 s)
-            if miniature.share <= _MATCHED_SHARE:
-                matched = miniature
-            seeding = pool.submit(_seeds, miniature, chain_starts, t_fast, matched is not None)
-        free = relaxation.solve(None)
-        relaxations = [relaxation] if other is None else [relaxation, other.result()]
-        seeds = {} if seeding is None else seeding.result()
-        # the lists hold the second model and the seeds alone, so that the rest can go
-        other = seeding = None
+    else:
+        free, relaxations, seeds, matched = _first_solves(relaxation, fine, t_fast, t_default)
     slowest_time = planner.slowest_time_s
     t_end = max(t_fast, min(free.iteration_time_s, slowest_time))
     # Large DAGs search only at the deadlines the policies name (each dive and search
@@ -176,7 +161,7 @@ def fast_frontier(
         miniature=matched,
     )
     seeds.clear()
-    miniature = matched = None
+    matched = None
     solved = {} if fine else {k.deadline_s: k for k in knots[:-1]}
 
     # The anchors: a dive through the relaxation (rounding to hull options), then a local
@@ -196,7 +181,7 @@ def fast_frontier(
         del relaxations[1:]  # its memory back before the sweep's table is allocated
     else:
         for a, deadline in enumerate(anchors):
-            starts.append(_dived(planner, relaxation, deadline, 0.05, solved.get(deadline)))
+            starts.append(_dived(planner, solver, deadline, 0.05, solved.get(deadline)))
             if deadline == t_default and n <= RESTARTS_UP_TO:
                 again += [(a, start) for start in restart_starts(planner, relaxation, deadline)]
     finished = 0
@@ -296,7 +281,7 @@ def fast_frontier(
             targets = [float(sweep.best_time[sweep.keep[first]])]
             upto = float(served[last])
         share = search_work // (4 * _REPAIR_ANCHORS)
-        dives = [_dived(planner, relaxation, d, 0.25) for d in targets]
+        dives = [_dived(planner, solver, d, 0.25) for d in targets]
         repaired = run_together(
             planner, [searching(planner, s, d, share) for s, d in zip(dives, targets, strict=True)]
         )
@@ -311,6 +296,59 @@ def fast_frontier(
         sweep.gaps,
         sweep.best_choice[:, keep].T.astype(np.int64),
     )
+
+
+def _extensions(relaxation: Relaxation, t_fast: float) -> list[Extension]:
+    """Where the knots and dives solve a miniature instead of the full relaxation (see
+    :class:`~perseus.solver.miniature.Extension`), two of them to solve side by side: DAGs of
+    _EXTEND_FROM instructions or more whose miniature is at most _EXTEND_SHARE of them."""
+    if relaxation.dag.size < _EXTEND_FROM:
+        return []
+    extra = _EXTEND_EDGE * relaxation.dag.schedule.stages
+    miniature = Miniature.of(relaxation, extra)
+    if miniature is None or miniature.share > _EXTEND_SHARE:
+        return []
+    other = Miniature.of(relaxation, extra)
+    assert other is not None
+    matched: dict[float, tuple[float, RelaxedSolution]] = {}
+    return [Extension(miniature, t_fast, matched), Extension(other, t_fast, matched)]
+
+
+def _first_solves(
+    relaxation: Relaxation, fine: bool, t_fast: float, t_default: float
+) -> tuple[RelaxedSolution, list[Solver], dict[float | None, Any], Miniature | None]:
+    """The free optimum; the models the knots solve on; the miniature's bases where the
+    chains of knots start; the miniature that starts the adaptive knots (see _knots)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="perseus-relaxation") as pool:
+        # large DAGs: a second model, built while the first solves, for the knots and dives
+        # side by side (each solve costs seconds there: 32 x 256, 20-100 s)
+        other = None if fine else pool.submit(Relaxation, relaxation.dag, relaxation.costs)
+        # and the first solves start from a miniature's bases (see perseus.solver.miniature):
+        # the free optimum, then the deadlines where the two chains of knots start (see
+        # _knots), the all-fastest one and the highest anchor, while the free optimum solves
+        miniature = None if fine else Miniature.of(relaxation)
+        seeding = None
+        matched: Miniature | None = None
+        if miniature is not None:
+            free_seed = _seeds(miniature, [None], t_fast)
+            if None in free_seed:
+                relaxation.start_from(free_seed[None])
+            chain_starts = (t_fast, max(_LARGE_SLOWDOWNS) * t_default)
+            # where the miniature is much the smaller, it starts the upper chain's first knot
+            # where the steady states match, and the adaptive knots at their slopes (see
+            # _at_slopes); on 16 x 128 interleaved (63 %) its solves there cost more than
+            # they save (18 s against 15 s)
+            if miniature.share <= _MATCHED_SHARE:
+                matched = miniature
+            seeding = pool.submit(_seeds, miniature, chain_starts, t_fast, matched is not None)
+        free = relaxation.solve(None)
+        relaxations: list[Solver] = [relaxation]
+        if other is not None:
+            relaxations.append(other.result())
+        seeds = {} if seeding is None else seeding.result()
+        # the lists hold the second model and the seeds alone, so that the rest can go
+        other = seeding = None
+    return free, relaxations, seeds, matched
 
 
 class _GridPlans:
@@ -458,7 +496,7 @@ class _GridPlans:
 
 
 def _knots(
-    relaxations: Sequence[Relaxation],
+    relaxations: Sequence[Solver],
     t_fast: float,
     free: RelaxedSolution,
     resolution_s: float,
@@ -535,7 +573,7 @@ def _knots(
                 relaxations,
                 [
                     partial(
-                        Relaxation.solve,
+                        _solve_at,
                         deadline_s=cut,
                         start=a if cut - a.deadline_s < b.deadline_s - cut else b,
                     )
@@ -560,8 +598,14 @@ def _knots(
     return [*knots, free]
 
 
+def _solve_at(
+    relaxation: Solver, deadline_s: float, start: RelaxedSolution | None
+) -> RelaxedSolution:
+    return relaxation.solve(deadline_s, start)
+
+
 def _at_slopes(
-    relaxations: Sequence[Relaxation],
+    relaxations: Sequence[Solver],
     intervals: Sequence[tuple[RelaxedSolution, RelaxedSolution, int]],
     miniature: Miniature | None,
 ) -> list[RelaxedSolution]:
@@ -588,7 +632,7 @@ def _at_slopes(
                     start = miniature.basis_at_slope(power)
             jobs.append((power, start))
 
-    def solve(power: float, start: Any, relaxation: Relaxation) -> RelaxedSolution:
+    def solve(power: float, start: Any, relaxation: Solver) -> RelaxedSolution:
         if start is not None:
             relaxation.start_from(start)
         return relaxation.solve_at_slope(power)
@@ -597,7 +641,7 @@ def _at_slopes(
 
 
 def _chain(
-    relaxation: Relaxation,
+    relaxation: Solver,
     first_s: float,
     deadlines: Sequence[float],
     start: RelaxedSolution | None,

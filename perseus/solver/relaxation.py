@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import highspy
 import numpy as np
@@ -32,9 +32,10 @@ from perseus.solver.lp_model import (
     precedence_rows,
 )
 
-__all__ = ["MIXES", "SCALES", "Flow", "Relaxation", "RelaxedSolution", "side_by_side"]
+__all__ = ["MIXES", "SCALES", "Flow", "Relaxation", "RelaxedSolution", "Solver", "side_by_side"]
 
 _T = TypeVar("_T")
+_M = TypeVar("_M")
 
 # How the flows of two solves mix into the lines of Relaxation.lines: the share of the second,
 # and the scale of each mix. On 16 x 128 1F1B and 16 x 64 interleaved, between knots 1.05 x
@@ -87,6 +88,28 @@ class Flow:
     node_w: FloatArray
     total_w: float
     imbalance_w: float
+
+
+class Solver(Protocol):
+    """What the fast mode's knots and dives solve on: a :class:`Relaxation`, or a stand-in
+    for one (:class:`perseus.solver.miniature.Extension`)."""
+
+    def start_from(self, basis: Any) -> None: ...
+
+    def solve(
+        self, deadline_s: float | None, start: RelaxedSolution | None = None
+    ) -> RelaxedSolution: ...
+
+    def solve_at_slope(self, power_w: float) -> RelaxedSolution: ...
+
+    def dive(
+        self,
+        deadline_s: float,
+        option_times: Sequence[FloatArray],
+        fraction: float,
+        rounds: int | None = None,
+        first: RelaxedSolution | None = None,
+    ) -> IntArray: ...
 
 
 class Relaxation:
@@ -313,8 +336,14 @@ class Relaxation:
     def _flow(self, row_dual: FloatArray) -> Flow:
         """The flow of the duals: each row's multiplier is ``-dual`` (>= 0 for the rows'
         ``<=``), clipped at 0 so that every one is a valid Lagrange multiplier."""
+        return self.flow_of(np.maximum(-row_dual, 0.0))
+
+    def flow_of(self, multipliers: FloatArray) -> Flow:
+        """The flow of nonnegative multipliers of the rows (in :attr:`row_node`'s order):
+        any such flow bounds ``V`` (see :meth:`lines`), the more tightly the nearer it is to
+        the optimum's and to conserved."""
         n, rows = self._n, self._row_node
-        y = np.maximum(-row_dual, 0.0)
+        y = multipliers
         own = rows >= 0
         node = np.bincount(rows[own], weights=y[own], minlength=n)
         entry_row, entry_col, entry_value = self._finish_entries
@@ -354,6 +383,15 @@ class Relaxation:
                     values.append(float(h.sum()))
                     slopes.append(-max(0.0, k * total - self._p_w) - k * imbalance)
         return np.asarray(values), np.asarray(slopes)
+
+    def tangent(self, flow: Flow, deadline_s: float) -> tuple[float, float]:
+        """The highest at ``deadline_s`` of ``flow``'s lines (see :meth:`lines`, the flow alone
+        scaled by each of :data:`SCALES`): ``(its value there, its slope)``, a line below
+        ``V`` everywhere."""
+        values, slopes = self.lines([flow, flow], mixes=(0.0,))
+        at = values + slopes * deadline_s
+        best = int(np.argmax(at))
+        return float(at[best]), float(slopes[best])
 
     def dive(
         self,
@@ -468,9 +506,7 @@ class Relaxation:
             )
 
 
-def side_by_side(
-    relaxations: Sequence[Relaxation], jobs: Sequence[Callable[[Relaxation], _T]]
-) -> list[_T]:
+def side_by_side(relaxations: Sequence[_M], jobs: Sequence[Callable[[_M], _T]]) -> list[_T]:
     """Run ``jobs[k]`` on ``relaxations[k % len(relaxations)]``; the results, in order.
 
     Each model runs its jobs in order on a thread of its own, the models side by side:

@@ -15,7 +15,7 @@ import numpy as np
 
 from perseus.solver.planner import Evaluated, FloatArray, IntArray, Planner
 from perseus.solver.programs import Relaxation, RelaxedSolution
-from perseus.solver.relaxation import side_by_side
+from perseus.solver.relaxation import Solver, side_by_side
 
 __all__ = [
     "ALL_ANCHORS_UP_TO",
@@ -139,7 +139,7 @@ def search(
 
 def dived(
     planner: Planner,
-    relaxation: Relaxation,
+    relaxation: Solver,
     deadline_s: float,
     fraction: float,
     first: RelaxedSolution | None = None,
@@ -155,7 +155,7 @@ def dived(
 
 def dived_side_by_side(
     planner: Planner,
-    relaxations: Sequence[Relaxation],
+    relaxations: Sequence[Solver],
     deadlines: Sequence[float],
     fraction: float,
     firsts: Sequence[RelaxedSolution | None],
@@ -165,12 +165,23 @@ def dived_side_by_side(
     ``firsts`` entry, so the model it runs on does not matter)."""
     times, fraction, rounds = _dive_settings(planner, fraction)
     jobs = [
-        partial(Relaxation.dive, deadline_s=d, option_times=times, fraction=fraction,
-                rounds=rounds, first=f)
+        partial(_dive, deadline_s=d, option_times=times, fraction=fraction, rounds=rounds,
+                first=f)
         for d, f in zip(deadlines, firsts, strict=True)
     ]  # fmt: skip
     on_hull = side_by_side(relaxations, jobs)
     return [_hull_start(planner, h, d) for h, d in zip(on_hull, deadlines, strict=True)]
+
+
+def _dive(
+    relaxation: Solver,
+    deadline_s: float,
+    option_times: Sequence[FloatArray],
+    fraction: float,
+    rounds: int | None,
+    first: RelaxedSolution | None,
+) -> IntArray:
+    return relaxation.dive(deadline_s, option_times, fraction, rounds, first)
 
 
 def _dive_settings(planner: Planner, fraction: float) -> tuple[list[FloatArray], float, int | None]:
