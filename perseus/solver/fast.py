@@ -63,6 +63,7 @@ _MATCHED_SHARE = 0.4
 _EXTEND_FROM = 4096
 _EXTEND_EDGE = 1
 _EXTEND_SHARE = 0.55
+_EXTENDED = ("1f1b",)
 _CHUNK = 1024  # grid deadlines per vectorised batch, at most
 # (instruction, deadline) cells per batch: a batch's temporaries (a dozen (n, chunk) arrays)
 # stay near 16 MiB each however large the DAG (DAGs up to 2,048 instructions: _CHUNK deadlines)
@@ -302,7 +303,7 @@ def _extensions(relaxation: Relaxation, t_fast: float) -> list[Extension]:
     """Where the knots and dives solve a miniature instead of the full relaxation (see
     :class:`~perseus.solver.miniature.Extension`), two of them to solve side by side: DAGs of
     _EXTEND_FROM instructions or more whose miniature is at most _EXTEND_SHARE of them."""
-    if relaxation.dag.size < _EXTEND_FROM:
+    if relaxation.dag.size < _EXTEND_FROM or relaxation.dag.schedule.name not in _EXTENDED:
         return []
     extra = _EXTEND_EDGE * relaxation.dag.schedule.stages
     miniature = Miniature.of(relaxation, extra)

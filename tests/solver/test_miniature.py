@@ -4,10 +4,12 @@ optimum than a cold start, at the same optimum."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from perseus.errors import InfeasibleDeadline
+from perseus.errors import InfeasibleDeadline, PerseusError
 from perseus.solver import (
     build_costs,
     build_dag,
@@ -16,7 +18,7 @@ from perseus.solver import (
     profile_from_rows,
 )
 from perseus.solver.dag import PipelineDag
-from perseus.solver.miniature import Miniature, _maps
+from perseus.solver.miniature import Extension, Miniature, _maps, _Router
 from perseus.solver.planner import Planner
 from perseus.solver.relaxation import Relaxation
 from perseus.solver.schedules import SCHEDULE_NAMES, schedule_from_actions
@@ -230,3 +232,139 @@ def test_a_miniature_that_fails_to_solve_loses_only_its_start(
     without = compute_frontier(profile, schedule, p_block_w=100.0)
     assert np.array_equal(failed.times_s, without.times_s)
     assert np.array_equal(failed.energies_j, without.energies_j)
+
+
+def extension_of(microbatches: int = 64, edge_extra: int = 4) -> tuple[Relaxation, Extension]:
+    """A 1F1B 4-stage relaxation and its extension (a miniature of 4 + edge_extra
+    microbatches on each edge)."""
+    relaxation = relaxation_of("1f1b", 4, microbatches)
+    miniature = Miniature.of(relaxation, edge_extra)
+    assert miniature is not None
+    fast = Planner(relaxation.dag, relaxation.costs).fastest_time_s
+    return relaxation, Extension(miniature, fast)
+
+
+def test_a_routed_flow_is_conserved_and_keeps_a_conserved_flows_inflows() -> None:
+    """The router returns a conserved flow (its imbalance HiGHS's tolerance), and given the
+    inflows of the full relaxation's own optimal flow, that flow's inflows again."""
+    relaxation, _ = extension_of()
+    fast = Planner(relaxation.dag, relaxation.costs).fastest_time_s
+    router = _Router(relaxation)
+    for deadline in (fast, 1.05 * fast):
+        solved = relaxation.solve(deadline)
+        assert solved.flow is not None
+        routed = relaxation.flow_of(router.route(solved.flow.node_w, solved.durations_s))
+        assert routed.imbalance_w <= 1e-7 * solved.flow.total_w
+        np.testing.assert_allclose(routed.node_w, solved.flow.node_w, atol=1e-6, rtol=1e-9)
+        # any nonnegative inflows: still conserved
+        rng = np.random.default_rng(0)
+        noisy = solved.flow.node_w * rng.uniform(0.5, 1.5, relaxation.dag.size)
+        assert relaxation.flow_of(router.route(noisy, solved.durations_s)).imbalance_w <= (
+            1e-7 * solved.flow.total_w
+        )
+
+
+def test_an_extension_bounds_v_from_below_and_close() -> None:
+    """Each extended solve's line lies below ``V`` at its own deadline and at others (weak
+    duality: it is a conserved flow's), within 0.5 % of it at the deadline; its durations,
+    repeated from the miniature, finish near the deadline."""
+    relaxation, extension = extension_of()
+    fast = Planner(relaxation.dag, relaxation.costs).fastest_time_s
+    reference = relaxation_of("1f1b", 4, 64)
+    others = [f * fast for f in (1.0, 1.03, 1.1, 1.3)]
+    exact = {d: reference.solve(d).value_j for d in others}
+    for slowdown in (1.0, 1.02, 1.05, 1.2):
+        deadline = slowdown * fast
+        got = extension.solve(deadline)
+        v = reference.solve(deadline).value_j
+        assert got.deadline_s == deadline
+        assert got.value_j <= v * (1 + 1e-9)
+        assert got.value_j >= v * (1 - 0.005), (slowdown, got.value_j / v)
+        assert got.flow is not None and got.flow.imbalance_w <= 1e-7 * got.flow.total_w
+        assert got.iteration_time_s == pytest.approx(deadline, rel=0.01)
+        for other, value in exact.items():
+            assert got.value_j + got.slope_j_per_s * (other - deadline) <= value * (1 + 1e-9)
+    free = extension.solve(None)
+    assert free.slope_j_per_s == 0.0 and free.deadline_s == math.inf
+    assert free.value_j <= reference.solve(None).value_j * (1 + 1e-9)
+    at_slope = extension.solve_at_slope(-extension.solve(1.1 * fast).slope_j_per_s)
+    assert at_slope.value_j <= reference.solve(at_slope.deadline_s).value_j * (1 + 1e-9)
+
+
+def test_an_extensions_dive_repeats_the_miniatures_plan() -> None:
+    """A dive picks, for every node, the miniature's choice in its place: every microbatch
+    of the repeated middle alike, the plan within each node's options."""
+    relaxation, extension = extension_of()
+    planner = Planner(relaxation.dag, relaxation.costs)
+    times = [planner.class_times[c][planner.hull[c]] for c in planner.cls]
+    deadline = 1.03 * planner.fastest_time_s
+    on_hull = extension.dive(deadline, times, 0.5, 2)
+    assert on_hull.shape == (relaxation.dag.size,)
+    assert ((on_hull >= 0) & (on_hull < [len(t) for t in times])).all()
+    place = places(relaxation.dag)
+    middle: dict[tuple[int, int, int], set[int]] = {}
+    for j, (g, kind, chunk, k) in enumerate(place):
+        if 20 <= k < 44:  # the repeated middle of 4 x 64 (edges of 8 microbatches)
+            middle.setdefault((g, kind, chunk), set()).add(int(on_hull[j]))
+    assert middle and all(len(choices) == 1 for choices in middle.values())
+
+
+@pytest.fixture
+def extended_everywhere(monkeypatch: pytest.MonkeyPatch) -> list[float | None]:
+    """The large-DAG path with extensions from 0 instructions; the deadlines they solved."""
+    from perseus.solver import fast as fast_module
+
+    monkeypatch.setattr(fast_module, "_FINE_KNOTS_UP_TO", 0)
+    monkeypatch.setattr(fast_module, "_EXTEND_FROM", 0)
+    solved: list[float | None] = []
+    real = Extension.solve
+
+    def counted(self: Extension, deadline_s: float | None, start: object = None) -> object:
+        solved.append(deadline_s)
+        return real(self, deadline_s, start)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Extension, "solve", counted)
+    return solved
+
+
+def test_the_extended_path_plans_the_same_frontier_every_run_and_it_replays(
+    extended_everywhere: list[float | None],
+) -> None:
+    """With extensions (two, side by side), the frontier is the same in every run, its
+    points replay to what they state and its gaps stay small; a GPipe schedule (no steady
+    state a microbatch long) solves the full relaxation instead."""
+    profile = profile_from_rows(synthetic_profile(4, CLOCKS, 0))
+    schedule = make_schedule("1f1b", 4, 96)
+    first = compute_frontier(profile, schedule, p_block_w=100.0)
+    assert None in extended_everywhere and len(extended_everywhere) >= 4
+    again = compute_frontier(profile, schedule, p_block_w=100.0)
+    assert np.array_equal(first.times_s, again.times_s)
+    assert np.array_equal(first.energies_j, again.energies_j)
+    for i in (0, len(first) // 2, -1):
+        replayed = first.replay_point(profile, i)
+        assert abs(replayed.time_s / float(first.times_s[i]) - 1) <= RTOL
+        assert abs(replayed.energy_j / float(first.energies_j[i]) - 1) <= RTOL
+    assert float(first.gaps.max()) <= 0.05
+    extended_everywhere.clear()
+    compute_frontier(profile, make_schedule("gpipe", 4, 96), p_block_w=100.0)
+    assert extended_everywhere == []
+
+
+def test_an_extension_whose_miniature_fails_solves_the_full_relaxation(
+    extended_everywhere: list[float | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the miniature's solves or the routing fail, each call solves a full relaxation
+    instead: the frontier is still whole, truthful and as close to its bound."""
+
+    def failing(*args: object, **kwargs: object) -> object:
+        raise PerseusError("the miniature failed")
+
+    monkeypatch.setattr(Miniature, "matched", failing)
+    monkeypatch.setattr(_Router, "route", failing)
+    profile = profile_from_rows(synthetic_profile(4, CLOCKS, 0))
+    frontier = compute_frontier(profile, make_schedule("1f1b", 4, 96), p_block_w=100.0)
+    assert extended_everywhere
+    replayed = frontier.replay_point(profile, len(frontier) // 2)
+    mid = float(frontier.energies_j[len(frontier) // 2])
+    assert abs(replayed.energy_j / mid - 1) <= RTOL
+    assert float(frontier.gaps.max()) <= 0.05
