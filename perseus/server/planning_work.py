@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from perseus.errors import PlanningTooLarge
 from perseus.solver.deadlines import MAX_CELLS, MIN_DEADLINES, deadline_count, default_resolution
+from perseus.solver.fast import extended_microbatches
 from perseus.solver.schedules import SPLIT_BACKWARD_SCHEDULES
 
 __all__ = [
@@ -59,7 +60,9 @@ _SECONDS_FIXED = 5.0
 # coarse path from 1,536 instructions): estimated against measured seconds 31 / 19 (8 x 96),
 # 34 / 18 (16 x 128), 39 / 22 (16 x 128 interleaved), 67 / 61 (32 x 128), 30 / 75 (2 x 2 on
 # 2.6 million deadlines, the one under). Peak memory then ran up to 197 MiB over the cells'
-# estimate on large DAGs (hence _BYTES_PER_INSTRUCTION, added that day).
+# estimate on large DAGs (hence _BYTES_PER_INSTRUCTION, added that day). Large 1F1B DAGs
+# solve a miniature's relaxation instead (32 x 129 for 32 x 256: 38.6 s whole, 73.7 s with the
+# full relaxation, 2026-12-04): their LP term counts the miniature's instructions.
 _LP_SECONDS = 4.0
 
 
@@ -195,6 +198,9 @@ def estimate_planning_work(
     deadlines = deadline_count(span_s, resolution)
     per_gpu = max(clocks.values(), default=1)
     cells = instructions * deadlines
+    # 1F1B's large DAGs solve a miniature's relaxation instead (perseus.solver.miniature)
+    small = extended_microbatches(schedule or "", stages, microbatches, instructions)
+    lp_instructions = instructions if small is None else 2 * stages * small
     return PlanningWork(
         instructions=instructions,
         deadlines=deadlines,
@@ -205,7 +211,7 @@ def estimate_planning_work(
         ),
         seconds=_SECONDS_FIXED
         + _SECONDS_PER_CELL * cells
-        + _LP_SECONDS * (instructions / 8192) ** 2 * (stages / 16) ** 3
+        + _LP_SECONDS * (lp_instructions / 8192) ** 2 * (stages / 16) ** 3
         + polish_s,
     )
 

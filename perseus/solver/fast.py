@@ -35,7 +35,7 @@ from perseus.solver.search import (
 )
 from perseus.solver.search import dived as _dived
 
-__all__ = ["ANCHOR_SLOWDOWNS", "anchor_slowdowns", "fast_frontier"]
+__all__ = ["ANCHOR_SLOWDOWNS", "anchor_slowdowns", "extended_microbatches", "fast_frontier"]
 
 # Relative chord-minus-tangent error of V between knots above which another knot is solved.
 _KNOT_TOLERANCE = 2e-4
@@ -299,11 +299,28 @@ def fast_frontier(
     )
 
 
+def extended_microbatches(
+    schedule: str, stages: int, microbatches: int, instructions: int
+) -> int | None:
+    """The microbatches of the miniature whose solves stand in for the full relaxation's
+    (see :class:`~perseus.solver.miniature.Extension`) on a job of this shape, or None where
+    the full relaxation is solved: 1F1B DAGs of _EXTEND_FROM instructions or more whose
+    miniature (edges of twice the stages, a period of one microbatch) is at most
+    _EXTEND_SHARE of them."""
+    if instructions < _EXTEND_FROM or schedule not in _EXTENDED:
+        return None
+    small = 2 * (stages + _EXTEND_EDGE * stages) + 1
+    return small if small <= _EXTEND_SHARE * microbatches else None
+
+
 def _extensions(relaxation: Relaxation, t_fast: float) -> list[Extension]:
-    """Where the knots and dives solve a miniature instead of the full relaxation (see
-    :class:`~perseus.solver.miniature.Extension`), two of them to solve side by side: DAGs of
-    _EXTEND_FROM instructions or more whose miniature is at most _EXTEND_SHARE of them."""
-    if relaxation.dag.size < _EXTEND_FROM or relaxation.dag.schedule.name not in _EXTENDED:
+    """Two extensions of ``relaxation`` to solve side by side where
+    :func:`extended_microbatches` says so, else none."""
+    shape = relaxation.dag.schedule
+    if (
+        extended_microbatches(shape.name, shape.stages, shape.microbatches, relaxation.dag.size)
+        is None
+    ):
         return []
     extra = _EXTEND_EDGE * relaxation.dag.schedule.stages
     miniature = Miniature.of(relaxation, extra)

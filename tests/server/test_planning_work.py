@@ -191,3 +191,22 @@ def test_a_profile_that_puts_the_job_over_the_limit_gets_422(
     assert "planning_max_cells" in text
     assert "microbatches fit" in text and "resolution_s" in text
     assert job.view()["counts"]["profiles_reported"] == 0
+
+
+def test_large_1f1b_jobs_are_estimated_by_the_miniature_their_relaxation_solves() -> None:
+    """A large 1F1B job's LP term counts its miniature's instructions (the knots solve that:
+    see perseus.solver.miniature.Extension): 32 x 256 under GPipe's estimate of the same
+    shape by the full relaxation's LP term, 32 x 128 (no miniature small enough) alike."""
+    times = _times(32)
+
+    def seconds(schedule: str, microbatches: int) -> float:
+        return estimate_planning_work(
+            stages=32, microbatches=microbatches, virtual_stages=1, times=times,
+            resolution_s=None, schedule=schedule,
+        ).seconds  # fmt: skip
+
+    full_lp = 4.0 * (16384 / 8192) ** 2 * 8  # _LP_SECONDS x (instructions / 8,192)^2 x 2^3
+    assert seconds("gpipe", 256) - seconds("1f1b", 256) == pytest.approx(
+        full_lp - 4.0 * (2 * 32 * 129 / 8192) ** 2 * 8
+    )
+    assert seconds("gpipe", 128) == pytest.approx(seconds("1f1b", 128))
