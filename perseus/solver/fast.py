@@ -340,7 +340,11 @@ def _first_solves(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="perseus-relaxation") as pool:
         # large DAGs: a second model, built while the first solves, for the knots and dives
         # side by side (each solve costs seconds there: 32 x 256, 20-100 s)
-        other = None if fine else pool.submit(Relaxation, relaxation.dag, relaxation.costs)
+        other = (
+            None
+            if fine
+            else pool.submit(lambda: Relaxation(relaxation.dag, relaxation.costs).built())
+        )
         # and the first solves start from a miniature's bases (see perseus.solver.miniature):
         # the free optimum, then the deadlines where the two chains of knots start (see
         # _knots), the all-fastest one and the highest anchor, while the free optimum solves

@@ -161,15 +161,16 @@ class Relaxation:
         b_ub = np.where(row_node >= 0, -base_time[np.maximum(row_node, 0)], 0.0)
         lengths_arr = np.asarray(lengths)
         cost = np.concatenate([np.zeros(n), [costs.num_gpus * costs.p_block_w], np.asarray(slopes)])
-        self._highs = highs_model(
+        # the HiGHS model is built on first use: a relaxation whose solves a miniature stands
+        # in for (see perseus.solver.miniature.Extension) only bounds with its rows and hulls
+        self._lp: tuple[Any, ...] | None = (
             matrix,
             np.full(matrix.shape[0], -np.inf),
             b_ub,
             cost,
             np.concatenate([np.full(n + 1, np.inf), lengths_arr]),
         )
-        if n >= _DEVEX_FROM:
-            self._highs.setOptionValue("simplex_dual_edge_weight_strategy", 1)
+        self._model: Any = None
         self._lengths = lengths_arr
         self._cost = cost
         self._iterations = 0
@@ -203,6 +204,23 @@ class Relaxation:
         classes = np.asarray(dag.cost_class, dtype=np.int64)
         self._vertex_time = np.stack([t for t, _ in padded])[classes] if n else np.zeros((0, 1))
         self._vertex_energy = np.stack([e for _, e in padded])[classes] if n else np.zeros((0, 1))
+
+    @property
+    def _highs(self) -> Any:
+        """The HiGHS model, built on first use."""
+        if self._model is None:
+            assert self._lp is not None
+            self._model = highs_model(*self._lp)
+            if self._n >= _DEVEX_FROM:
+                self._model.setOptionValue("simplex_dual_edge_weight_strategy", 1)
+            self._lp = None
+        return self._model
+
+    def built(self) -> Relaxation:
+        """This relaxation, its HiGHS model built now (for a thread that builds it ahead of
+        its first solve)."""
+        _ = self._highs
+        return self
 
     @property
     def base_time_s(self) -> FloatArray:
