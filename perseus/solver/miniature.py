@@ -281,7 +281,11 @@ class Extension:
             self.start_from(start.basis)
         try:
             if deadline_s is None:
-                return self._extended(self._small.solve(None), None)
+                small = self._small.solve(None)
+                free = self._extended(small, None)
+                # a knot at the free optimum's own time is this solve again
+                self._matched[free.iteration_time_s] = (small.iteration_time_s, small)
+                return free
             return self._extended(self._match(deadline_s)[0], deadline_s)
         except InfeasibleDeadline:
             raise
@@ -309,8 +313,7 @@ class Extension:
         dive starts from the miniature's solve there, where :meth:`solve` made one)."""
         small_times = [option_times[int(j)] for j in self._representative]
         try:
-            known = self._matched.get(deadline_s)
-            small, at = self._match(deadline_s) if known is None else (known[1], known[0])
+            small, at = self._match(deadline_s)
             return self._small.dive(at, small_times, fraction, rounds, small)[self._node]
         except InfeasibleDeadline:
             raise
@@ -327,7 +330,11 @@ class Extension:
     def _match(self, deadline_s: float) -> tuple[RelaxedSolution, float]:
         """:meth:`Miniature.matched` where the extended durations finish at ``deadline_s``,
         from a first deadline interpolated between this extension's earlier matches (on
-        32 x 256 1F1B the miniature's deadline is 0.544-0.551 of the full one's)."""
+        32 x 256 1F1B the miniature's deadline is 0.544-0.551 of the full one's); a deadline
+        matched before (by any extension sharing this one's matches) is not solved again."""
+        known = self._matched.get(deadline_s)
+        if known is not None:
+            return known[1], known[0]
         history = sorted(self._history, key=lambda pair: abs(pair[0] - deadline_s))[:2]
         start = None
         if len(history) == 1 or (len(history) == 2 and history[0][0] == history[1][0]):
