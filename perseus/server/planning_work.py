@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from perseus.errors import PlanningTooLarge
 from perseus.solver.deadlines import MAX_CELLS, MIN_DEADLINES, deadline_count, default_resolution
-from perseus.solver.fast import extended_microbatches
+from perseus.solver.knots import extended_microbatches
 from perseus.solver.schedules import SPLIT_BACKWARD_SCHEDULES
 
 __all__ = [

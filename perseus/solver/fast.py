@@ -3,27 +3,21 @@ hard at a few anchor deadlines, then repaired where the reported gaps are large.
 
 See :mod:`perseus.solver.frontier` for the method as a whole. The entry point is
 :func:`fast_frontier`; the sweep's state (each grid deadline's best plan so far, and the
-Pareto points drawn from them) lives in one :class:`_GridPlans`.
+Pareto points drawn from them) lives in one :class:`_GridPlans`; the relaxation's knots and
+first solves are :mod:`perseus.solver.knots`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import math
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
-from typing import Any
 
 import numpy as np
 
-from perseus.errors import InfeasibleDeadline, PerseusError
+from perseus.errors import InfeasibleDeadline
 from perseus.solver.deadlines import deadline_grid, served_deadline
-from perseus.solver.miniature import Extension, Miniature
+from perseus.solver.knots import first_solves, relaxed_knots
 from perseus.solver.planner import FloatArray, IntArray, Planner, Progress, pareto
 from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution
-from perseus.solver.relaxation import Solver, side_by_side
 from perseus.solver.search import (
     ALL_ANCHORS_UP_TO,
     RESTARTS_UP_TO,
@@ -35,11 +29,8 @@ from perseus.solver.search import (
 )
 from perseus.solver.search import dived as _dived
 
-__all__ = ["ANCHOR_SLOWDOWNS", "anchor_slowdowns", "extended_microbatches", "fast_frontier"]
+__all__ = ["ANCHOR_SLOWDOWNS", "anchor_slowdowns", "fast_frontier"]
 
-# Relative chord-minus-tangent error of V between knots above which another knot is solved.
-_KNOT_TOLERANCE = 2e-4
-_MAX_KNOTS = 64
 # DAGs over _FINE_KNOTS_UP_TO instructions (beyond 8 x 96 1F1B, the largest shared-profile
 # case, which quality.py checks against an MILP) solve fewer knots: 16 x 64 1F1B (2,048) took
 # 22.3 s with 64 of them and 5.9 s with 8, largest gap 0.82 % and 0.90 % (1.01 x 0.68 and
@@ -53,18 +44,6 @@ _MAX_KNOTS = 64
 # 0.76 %; the anchors alone (6) 12.8 s and 30.9 s, but 1.18 % and 1.37 % (the grid's plans
 # past the last anchor are mixed from fewer knots).
 _FINE_KNOTS_UP_TO = 1536
-_COARSE_KNOT_TOLERANCE = 1e-3
-_COARSE_MAX_KNOTS = 8
-_NO_SEEDS: Mapping[float | None, Any] = {}
-_NO_KNOTS: Mapping[float, RelaxedSolution] = {}
-# Largest share of the microbatches (see Miniature.share) at which a miniature starts the
-# upper chain's first knot where the steady states match (not at the same slowdown) and the
-# adaptive knots.
-_MATCHED_SHARE = 0.4
-_EXTEND_FROM = 4096
-_EXTEND_EDGE = 1
-_EXTEND_SHARE = 0.55
-_EXTENDED = ("1f1b",)
 _CHUNK = 1024  # grid deadlines per vectorised batch, at most
 # (instruction, deadline) cells per batch: a batch's temporaries (a dozen (n, chunk) arrays)
 # stay near 16 MiB each however large the DAG (DAGs up to 2,048 instructions: _CHUNK deadlines)
@@ -124,20 +103,9 @@ def fast_frontier(
     t_fast = planner.fastest_time_s
     fine = n <= _FINE_KNOTS_UP_TO
     relaxation = Relaxation(planner.dag, planner.costs)
-    extensions = [] if fine else _extensions(relaxation, t_fast)
-    solver: Solver = extensions[0] if extensions else relaxation
-    known: dict[float, RelaxedSolution] = {}
-    if extensions:
-        # the free optimum and the all-fastest deadline side by side (from its cold start
-        # the miniature takes about as many iterations as from the free optimum's basis)
-        free, known[t_fast] = side_by_side(
-            extensions, [partial(_solve_at, deadline_s=None), partial(_solve_at, deadline_s=t_fast)]
-        )
-        relaxations: list[Solver] = list(extensions)
-        seeds: dict[float | None, Any] = {}
-        matched: Miniature | None = None
-    else:
-        free, relaxations, seeds, matched = _first_solves(relaxation, fine, t_fast, t_default)
+    started = first_solves(relaxation, fine, t_fast, max(_LARGE_SLOWDOWNS) * t_default)
+    free, relaxations = started.free, started.models
+    solver = relaxations[0]  # the dives' (the full relaxation's, or an extension's)
     slowest_time = planner.slowest_time_s
     t_end = max(t_fast, min(free.iteration_time_s, slowest_time))
     # Large DAGs search only at the deadlines the policies name (each dive and search
@@ -154,7 +122,7 @@ def fast_frontier(
     def report(first: int, last: int, done: int, total: int) -> None:
         progress(first + (last - first) * min(done, total) // max(total, 1), 1000)
 
-    knots = _knots(
+    knots = relaxed_knots(
         relaxations,
         t_fast,
         free,
@@ -164,12 +132,11 @@ def fast_frontier(
         # large DAGs: the anchors are knots, and their dives start from them (each relaxation
         # costs a second or more there: 16 x 128 interleaved, 8,192 instructions, ~1.3 s)
         at=() if fine else anchors,
-        seeds=seeds,
-        miniature=matched,
-        known=known,
+        seeds=started.seeds,
+        miniature=started.matched,
+        known=started.known,
     )
-    seeds.clear()
-    matched = None
+    del started  # the seeds and the miniature can go
     solved = {} if fine else {k.deadline_s: k for k in knots[:-1]}
 
     # The anchors: a dive through the relaxation (rounding to hull options), then a local
@@ -304,80 +271,6 @@ def fast_frontier(
         sweep.gaps,
         sweep.best_choice[:, keep].T.astype(np.int64),
     )
-
-
-def extended_microbatches(
-    schedule: str, stages: int, microbatches: int, instructions: int
-) -> int | None:
-    """The microbatches of the miniature whose solves stand in for the full relaxation's
-    (see :class:`~perseus.solver.miniature.Extension`) on a job of this shape, or None where
-    the full relaxation is solved: 1F1B DAGs of _EXTEND_FROM instructions or more whose
-    miniature (edges of twice the stages, a period of one microbatch) is at most
-    _EXTEND_SHARE of them."""
-    if instructions < _EXTEND_FROM or schedule not in _EXTENDED:
-        return None
-    small = 2 * (stages + _EXTEND_EDGE * stages) + 1
-    return small if small <= _EXTEND_SHARE * microbatches else None
-
-
-def _extensions(relaxation: Relaxation, t_fast: float) -> list[Extension]:
-    """Two extensions of ``relaxation`` to solve side by side where
-    :func:`extended_microbatches` says so, else none."""
-    shape = relaxation.dag.schedule
-    if (
-        extended_microbatches(shape.name, shape.stages, shape.microbatches, relaxation.dag.size)
-        is None
-    ):
-        return []
-    extra = _EXTEND_EDGE * relaxation.dag.schedule.stages
-    miniature = Miniature.of(relaxation, extra)
-    if miniature is None or miniature.share > _EXTEND_SHARE:
-        return []
-    other = Miniature.of(relaxation, extra)
-    assert other is not None
-    matched: dict[float, tuple[float, RelaxedSolution]] = {}
-    return [Extension(miniature, t_fast, matched), Extension(other, t_fast, matched)]
-
-
-def _first_solves(
-    relaxation: Relaxation, fine: bool, t_fast: float, t_default: float
-) -> tuple[RelaxedSolution, list[Solver], dict[float | None, Any], Miniature | None]:
-    """The free optimum; the models the knots solve on; the miniature's bases where the
-    chains of knots start; the miniature that starts the adaptive knots (see _knots)."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="perseus-relaxation") as pool:
-        # large DAGs: a second model, built while the first solves, for the knots and dives
-        # side by side (each solve costs seconds there: 32 x 256, 20-100 s)
-        other = (
-            None
-            if fine
-            else pool.submit(lambda: Relaxation(relaxation.dag, relaxation.costs).built())
-        )
-        # and the first solves start from a miniature's bases (see perseus.solver.miniature):
-        # the free optimum, then the deadlines where the two chains of knots start (see
-        # _knots), the all-fastest one and the highest anchor, while the free optimum solves
-        miniature = None if fine else Miniature.of(relaxation)
-        seeding = None
-        matched: Miniature | None = None
-        if miniature is not None:
-            free_seed = _seeds(miniature, [None], t_fast)
-            if None in free_seed:
-                relaxation.start_from(free_seed[None])
-            chain_starts = (t_fast, max(_LARGE_SLOWDOWNS) * t_default)
-            # where the miniature is much the smaller, it starts the upper chain's first knot
-            # where the steady states match, and the adaptive knots at their slopes (see
-            # _at_slopes); on 16 x 128 interleaved (63 %) its solves there cost more than
-            # they save (18 s against 15 s)
-            if miniature.share <= _MATCHED_SHARE:
-                matched = miniature
-            seeding = pool.submit(_seeds, miniature, chain_starts, t_fast, matched is not None)
-        free = relaxation.solve(None)
-        relaxations: list[Solver] = [relaxation]
-        if other is not None:
-            relaxations.append(other.result())
-        seeds = {} if seeding is None else seeding.result()
-        # the lists hold the second model and the seeds alone, so that the rest can go
-        other = seeding = None
-    return free, relaxations, seeds, matched
 
 
 class _GridPlans:
@@ -522,224 +415,3 @@ class _GridPlans:
                 needy=needy,
             )
             self.finish()
-
-
-def _knots(
-    relaxations: Sequence[Solver],
-    t_fast: float,
-    free: RelaxedSolution,
-    resolution_s: float,
-    progress: Progress,
-    fine: bool = True,
-    at: Sequence[float] = (),
-    seeds: Mapping[float | None, Any] = _NO_SEEDS,
-    miniature: Miniature | None = None,
-    known: Mapping[float, RelaxedSolution] = _NO_KNOTS,
-) -> list[RelaxedSolution]:
-    """Relaxed solutions at adaptively chosen deadlines, the unconstrained one last (with
-    ``fine``, to a tighter tolerance and up to more knots). The deadlines ``at`` (between
-    ``t_fast`` and the free optimum's time) are knots too, solved first, each from the one
-    below it: where the anchors' dives need the relaxation anyway, their solves serve the
-    bound as well.
-
-    With two models (``relaxations``, the first one's last solve ``free``), they solve side
-    by side: one from ``t_fast`` up through the lower half of ``at``, the other from the free
-    optimum down through the upper half; then the adaptive knots two at a time (in the order
-    one model would solve them, each from the basis of the nearer knot), and where only one
-    interval wants a knot, two cuts in it. A deadline of ``seeds`` (a miniature's basis
-    there, see :mod:`perseus.solver.miniature`) starts from that basis instead. On 32 x 256 (in
-    thousands of dual simplex iterations) the free optimum took 53; from it, the all-fastest
-    time 65 and 1.05 x 66 (from the miniature's bases 17, 35 and 51, each after 11-15 on the
-    miniature, 32 x 81); each 1 % up from the all-fastest time 21-22, 1.03 x from 1.05 x 33;
-    each adaptive knot 50-58: two of them one after the other were a third of the run."""
-    relaxation = relaxations[0]
-    tolerance = _KNOT_TOLERANCE if fine else _COARSE_KNOT_TOLERANCE
-    most = _MAX_KNOTS if fine else _COARSE_MAX_KNOTS
-    if free.iteration_time_s <= t_fast + resolution_s:
-        first = known.get(t_fast) or relaxation.solve(t_fast)
-        return [first, free]
-    inner = sorted(d for d in set(at) if t_fast < d < free.iteration_time_s)
-    if len(relaxations) == 1:
-        end = relaxation.solve(free.iteration_time_s, free)
-        chain = [*_chain(relaxation, t_fast, inner, None, known=known), end]
-    else:
-        lower, upper = inner[: (len(inner) + 1) // 2], inner[(len(inner) + 1) // 2 :]
-        if t_fast in known and upper:
-            # the all-fastest knot solved already (beside the free optimum): both chains
-            # start there, the second on through the upper anchors to the free optimum's time
-            # (from its basis); on 32 x 256's miniature 1.05 x took 30 thousand iterations
-            # from the free optimum, 8-10 from the knot below
-            ends = {**seeds, free.iteration_time_s: free.basis}
-            up, down = side_by_side(
-                relaxations,
-                [
-                    lambda r: _chain(r, t_fast, lower, None, seeds, known),
-                    lambda r: _chain(
-                        r, upper[0], [*upper[1:], free.iteration_time_s], known[t_fast], ends
-                    ),
-                ],
-            )
-            chain = up + down
-        else:
-            up, down = side_by_side(
-                relaxations,
-                [
-                    lambda r: _chain(r, t_fast, lower, None, seeds, known),
-                    lambda r: _chain(r, free.iteration_time_s, upper[::-1], free, seeds, known),
-                ],
-            )
-            chain = up + down[::-1]
-    knots = list(chain)
-    pending = list(itertools.pairwise(chain))
-    while pending and len(knots) < most:
-        # breadth first when knots are few, so that they spread over the whole range
-        batch: list[tuple[RelaxedSolution, RelaxedSolution, list[float]]] = []
-        while pending and len(batch) < min(len(relaxations), most - len(knots)):
-            a, b = pending.pop() if fine else pending.pop(0)
-            cut = _tangent_crossing(a, b)
-            if cut is None or not (a.deadline_s + resolution_s < cut < b.deadline_s - resolution_s):
-                continue
-            chord = a.value_j + (b.value_j - a.value_j) * (cut - a.deadline_s) / (
-                b.deadline_s - a.deadline_s
-            )
-            tangent = a.value_j + a.slope_j_per_s * (cut - a.deadline_s)
-            if chord - tangent > tolerance * b.value_j:
-                batch.append((a, b, [cut]))
-        if not fine and 0 < len(batch) < len(relaxations) and len(knots) + len(batch) < most:
-            # a model would idle: the widest interval gets a second cut, midway along the
-            # longer side of its first (so at least half that side from every knot)
-            a, b, cuts = max(batch, key=lambda item: item[1].deadline_s - item[0].deadline_s)
-            cut = cuts[0]
-            above, below = b.deadline_s - cut, cut - a.deadline_s
-            if max(above, below) / 2 > resolution_s:
-                cuts.append((cut + b.deadline_s) / 2 if above > below else (a.deadline_s + cut) / 2)
-                cuts.sort()
-        if fine:
-            jobs = [(a, b, cut) for a, b, cuts in batch for cut in cuts]
-            middles = side_by_side(
-                relaxations,
-                [
-                    partial(
-                        _solve_at,
-                        deadline_s=cut,
-                        start=a if cut - a.deadline_s < b.deadline_s - cut else b,
-                    )
-                    for a, b, cut in jobs
-                ],
-            )
-        else:
-            intervals = [(a, b, len(cuts)) for a, b, cuts in batch]
-            middles = _at_slopes(relaxations, intervals, miniature)
-        solved = iter(middles)
-        for a, b, cuts in batch:
-            inside = [next(solved) for _ in cuts]
-            inside = [
-                k
-                for k in inside
-                if a.deadline_s + resolution_s < k.deadline_s < b.deadline_s - resolution_s
-            ]
-            knots.extend(inside)
-            pending.extend(itertools.pairwise([a, *inside, b]))
-            progress(len(knots), most)
-    knots.sort(key=lambda k: k.deadline_s)
-    return [*knots, free]
-
-
-def _solve_at(
-    relaxation: Solver, deadline_s: float | None, start: RelaxedSolution | None = None
-) -> RelaxedSolution:
-    return relaxation.solve(deadline_s, start)
-
-
-def _at_slopes(
-    relaxations: Sequence[Solver],
-    intervals: Sequence[tuple[RelaxedSolution, RelaxedSolution, int]],
-    miniature: Miniature | None,
-) -> list[RelaxedSolution]:
-    """Per interval ``(a, b, count)`` between two knots, ``count`` (1 or 2) relaxed optima at
-    slopes of ``V`` between theirs, solved side by side, in order: one at the chord's slope,
-    where ``V`` lies farthest below the chord; two halfway from it to each knot's.
-
-    Each solve has no deadline, the iteration time costing the slope's power more (see
-    :meth:`Relaxation.solve_at_slope`), and starts from the miniature's basis at the same
-    slope (its steady state is the full one's there), else from the nearer knot's. On
-    32 x 256 1F1B the two knots between 1.05 x and the free optimum took 55-57 thousand
-    dual simplex iterations at deadlines from the nearer knot's basis (58-60 s side by side),
-    22 and 32 thousand at slopes from the miniature's (16 and 25 s, after 7 s on the
-    miniature). The miniature's solves run first, one after the other, so that the results
-    do not depend on timing."""
-    jobs: list[tuple[float, Any]] = []
-    for a, b, count in intervals:
-        steep, flat = -a.slope_j_per_s, -b.slope_j_per_s
-        chord = (a.value_j - b.value_j) / (b.deadline_s - a.deadline_s)
-        for power in [chord] if count == 1 else [(steep + chord) / 2, (chord + flat) / 2]:
-            start = a.basis if steep - power < power - flat else b.basis
-            if miniature is not None:
-                with contextlib.suppress(PerseusError):
-                    start = miniature.basis_at_slope(power)
-            jobs.append((power, start))
-
-    def solve(power: float, start: Any, relaxation: Solver) -> RelaxedSolution:
-        if start is not None:
-            relaxation.start_from(start)
-        return relaxation.solve_at_slope(power)
-
-    return side_by_side(relaxations, [partial(solve, power, start) for power, start in jobs])
-
-
-def _chain(
-    relaxation: Solver,
-    first_s: float,
-    deadlines: Sequence[float],
-    start: RelaxedSolution | None,
-    seeds: Mapping[float | None, Any] = _NO_SEEDS,
-    known: Mapping[float, RelaxedSolution] = _NO_KNOTS,
-) -> list[RelaxedSolution]:
-    """Solutions at ``first_s`` (from ``start``'s basis, or the model's last), then at each of
-    ``deadlines`` in order, each from the one before; a deadline of ``seeds`` from its basis
-    there instead, one of ``known`` already solved. (On 32 x 256 1F1B, 1.03 x took 33
-    thousand dual simplex iterations from 1.05 x, and 38 from the miniature's basis where the
-    steady states match.)"""
-    chain: list[RelaxedSolution] = []
-    for deadline in [first_s, *deadlines]:
-        if deadline in known:
-            chain.append(known[deadline])
-            continue
-        before = chain[-1] if chain else start
-        if deadline in seeds:
-            relaxation.start_from(seeds[deadline])
-            before = None
-        chain.append(relaxation.solve(deadline, before))
-    return chain
-
-
-def _seeds(
-    miniature: Miniature,
-    deadlines: Sequence[float | None],
-    t_fast: float,
-    matched: bool = True,
-) -> dict[float | None, Any]:
-    """The miniature's bases at ``deadlines`` (None: no deadline; the all-fastest time
-    ``t_fast``: the miniature's; a later one: with ``matched`` where their steady states
-    match, see :meth:`Miniature.basis_at`, else at the same slowdown), in order, up to the
-    first that fails to solve (only a start is lost: the full relaxation then solves from its
-    last basis)."""
-    seeds: dict[float | None, Any] = {}
-    for deadline in deadlines:
-        try:
-            if deadline is None or deadline <= t_fast or not matched:
-                seeds[deadline] = miniature.basis(None if deadline is None else deadline / t_fast)
-            else:
-                seeds[deadline] = miniature.basis_at(deadline, t_fast)
-        except PerseusError:
-            break
-    return seeds
-
-
-def _tangent_crossing(a: RelaxedSolution, b: RelaxedSolution) -> float | None:
-    """Deadline where the tangents of ``V`` at ``a`` and ``b`` cross."""
-    if b.slope_j_per_s - a.slope_j_per_s <= 0:
-        return None
-    return (
-        b.value_j - a.value_j + a.slope_j_per_s * a.deadline_s - b.slope_j_per_s * b.deadline_s
-    ) / (a.slope_j_per_s - b.slope_j_per_s)

@@ -26,7 +26,7 @@ from typing import Any
 import highspy
 import numpy as np
 
-from perseus.errors import InfeasibleDeadline, PerseusError, ScheduleError
+from perseus.errors import PerseusError, ScheduleError
 from perseus.solver.dag import PipelineDag, build_dag
 from perseus.solver.lp_model import MODEL_STATUS, FloatArray, IntArray, SparseRows, highs_model
 from perseus.solver.relaxation import Relaxation, RelaxedSolution
@@ -244,7 +244,7 @@ class Extension:
         self,
         miniature: Miniature,
         full_fast_s: float,
-        matched: dict[float, tuple[float, RelaxedSolution]] | None = None,
+        matched: dict[float, tuple[RelaxedSolution, float]] | None = None,
     ) -> None:
         self._miniature = miniature
         self._small = miniature.relaxation
@@ -258,12 +258,12 @@ class Extension:
         self._representative[self._node[::-1]] = np.arange(self.dag.size)[::-1]
         self._router = _Router(self._full)
         # per full deadline, the miniature's matched deadline and solution there (one dict
-        # may serve several extensions of the same DAG: see fast.py)
+        # may serve several extensions of the same DAG: see perseus.solver.knots)
         self._matched = {} if matched is None else matched
         # this extension's own matches (full deadline, miniature deadline), whatever the
         # other extensions did: its guesses depend only on the order of its own solves
         self._history: list[tuple[float, float]] = []
-        self._columns = len(self._small.basis_statuses()[0])
+        self._columns = self._small.dag.size + 1 + self._small.num_segments
         self._fallback: Relaxation | None = None
 
     def start_from(self, basis: Any) -> None:
@@ -284,12 +284,10 @@ class Extension:
                 small = self._small.solve(None)
                 free = self._extended(small, None)
                 # a knot at the free optimum's own time is this solve again
-                self._matched[free.iteration_time_s] = (small.iteration_time_s, small)
+                self._matched[free.iteration_time_s] = (small, small.iteration_time_s)
                 return free
             return self._extended(self._match(deadline_s)[0], deadline_s)
-        except InfeasibleDeadline:
-            raise
-        except PerseusError:
+        except PerseusError:  # the full relaxation's own, if the deadline is infeasible
             return self._full_relaxation().solve(deadline_s)
 
     def solve_at_slope(self, power_w: float) -> RelaxedSolution:
@@ -315,8 +313,6 @@ class Extension:
         try:
             small, at = self._match(deadline_s)
             return self._small.dive(at, small_times, fraction, rounds, small)[self._node]
-        except InfeasibleDeadline:
-            raise
         except PerseusError:
             return self._full_relaxation().dive(deadline_s, option_times, fraction, rounds)
 
@@ -334,7 +330,7 @@ class Extension:
         matched before (by any extension sharing this one's matches) is not solved again."""
         known = self._matched.get(deadline_s)
         if known is not None:
-            return known[1], known[0]
+            return known
         history = sorted(self._history, key=lambda pair: abs(pair[0] - deadline_s))[:2]
         start = None
         if len(history) == 1 or (len(history) == 2 and history[0][0] == history[1][0]):
@@ -346,7 +342,7 @@ class Extension:
             deadline_s, self._fast_s, finish=self._finish, start_s=start
         )
         self._history.append((deadline_s, at))
-        self._matched[deadline_s] = (at, small)
+        self._matched[deadline_s] = (small, at)
         return small, at
 
     def _finish(self, small: RelaxedSolution) -> float:

@@ -164,24 +164,15 @@ def dived_side_by_side(
     (see :func:`~perseus.solver.relaxation.side_by_side`; each dive starts from its
     ``firsts`` entry, so the model it runs on does not matter)."""
     times, fraction, rounds = _dive_settings(planner, fraction)
-    jobs = [
-        partial(_dive, deadline_s=d, option_times=times, fraction=fraction, rounds=rounds,
-                first=f)
-        for d, f in zip(deadlines, firsts, strict=True)
-    ]  # fmt: skip
-    on_hull = side_by_side(relaxations, jobs)
+
+    def dive(relaxation: Solver, deadline_s: float, first: RelaxedSolution | None) -> IntArray:
+        return relaxation.dive(deadline_s, times, fraction, rounds, first)
+
+    on_hull = side_by_side(
+        relaxations,
+        [partial(dive, deadline_s=d, first=f) for d, f in zip(deadlines, firsts, strict=True)],
+    )
     return [_hull_start(planner, h, d) for h, d in zip(on_hull, deadlines, strict=True)]
-
-
-def _dive(
-    relaxation: Solver,
-    deadline_s: float,
-    option_times: Sequence[FloatArray],
-    fraction: float,
-    rounds: int | None,
-    first: RelaxedSolution | None,
-) -> IntArray:
-    return relaxation.dive(deadline_s, option_times, fraction, rounds, first)
 
 
 def _dive_settings(planner: Planner, fraction: float) -> tuple[list[FloatArray], float, int | None]:

@@ -184,7 +184,7 @@ def test_two_models_solve_the_adaptive_knots_two_at_a_time(
     """With two models, every round of adaptive knots keeps both busy while the budget
     allows: where only one interval is still curved enough, it gets two cuts. The knots are
     distinct, ascending, and bound V from below as tangents (V is convex)."""
-    from perseus.solver import fast as fast_module
+    from perseus.solver import knots as knots_module
     from perseus.solver.programs import Relaxation
 
     profile = profile_from_rows(synthetic_profile(4, tuple(range(1980, 344, -15))[::11], 0))
@@ -196,18 +196,18 @@ def test_two_models_solve_the_adaptive_knots_two_at_a_time(
     free = models[0].solve(None)
     t_fast = planner.fastest_time_s
     rounds: list[int] = []
-    real = fast_module.side_by_side
+    real = knots_module.side_by_side
 
     def counted(relaxations, jobs):  # type: ignore[no-untyped-def]
         rounds.append(len(jobs))
         return real(relaxations, jobs)
 
-    monkeypatch.setattr(fast_module, "side_by_side", counted)
+    monkeypatch.setattr(knots_module, "side_by_side", counted)
     # anchors close together: of the chain's intervals only the last, up to the free
     # optimum, is curved enough for another knot
     anchors = [(1 + k / 1000) * t_fast for k in range(1, 5)]
-    knots = fast_module._knots(models, t_fast, free, 1e-4, lambda d, t: None, fine=False,
-                               at=anchors)  # fmt: skip
+    knots = knots_module.relaxed_knots(models, t_fast, free, 1e-4, lambda d, t: None,
+                                       fine=False, at=anchors)  # fmt: skip
     assert rounds == [2, 2]  # the two chains, then both adaptive knots at once
     assert len(knots) == 1 + len(anchors) + 1 + 2 + 1  # t_fast, the end, two more, free
     deadlines = [k.deadline_s for k in knots[:-1]]

@@ -18,10 +18,12 @@ from perseus.solver import (
     profile_from_rows,
 )
 from perseus.solver.dag import PipelineDag
+from perseus.solver.frontier import Frontier
 from perseus.solver.miniature import Extension, Miniature, _maps, _Router
 from perseus.solver.planner import Planner
+from perseus.solver.profiles import Profile
 from perseus.solver.relaxation import Relaxation
-from perseus.solver.schedules import SCHEDULE_NAMES, schedule_from_actions
+from perseus.solver.schedules import SCHEDULE_NAMES, Schedule, schedule_from_actions
 from perseus.solver.synthetic import synthetic_profile
 
 from .cases import RTOL
@@ -53,6 +55,20 @@ def row_places(dag: PipelineDag) -> tuple[list[int], list[int]]:
             nodes.append(j)
             preds.append(p)
     return nodes, preds
+
+
+def planned_twice_alike(profile: Profile, schedule: Schedule) -> Frontier:
+    """``schedule``'s frontier, checked to be the same on a second run and to replay (three
+    of its points) to what it states."""
+    first = compute_frontier(profile, schedule, p_block_w=100.0)
+    again = compute_frontier(profile, schedule, p_block_w=100.0)
+    assert np.array_equal(first.times_s, again.times_s)
+    assert np.array_equal(first.energies_j, again.energies_j)
+    for i in (0, len(first) // 2, -1):
+        replayed = first.replay_point(profile, i)
+        assert abs(replayed.time_s / float(first.times_s[i]) - 1) <= RTOL
+        assert abs(replayed.energy_j / float(first.energies_j[i]) - 1) <= RTOL
+    return first
 
 
 @pytest.mark.parametrize(
@@ -194,18 +210,11 @@ def test_a_large_dag_plans_from_the_miniature_the_same_frontier_every_run(
     monkeypatch.setattr(Miniature, "basis_at", counted_at)
     profile = profile_from_rows(synthetic_profile(4, CLOCKS, 0))
     schedule = make_schedule("1f1b", 4, 80)  # the miniature 4 x 25: under _MATCHED_SHARE
-    first = compute_frontier(profile, schedule, p_block_w=100.0)
+    first = planned_twice_alike(profile, schedule)
     # the free optimum and the all-fastest deadline, then 1.05 x default (where the upper
-    # chain starts on large DAGs) where the steady states match
-    assert calls == [None, 1.0]
-    assert len(matched) == 1 and matched[0] == pytest.approx(1.05, rel=0.01)
-    again = compute_frontier(profile, schedule, p_block_w=100.0)
-    assert np.array_equal(first.times_s, again.times_s)
-    assert np.array_equal(first.energies_j, again.energies_j)
-    for i in (0, len(first) // 2, -1):
-        replayed = first.replay_point(profile, i)
-        assert abs(replayed.time_s / float(first.times_s[i]) - 1) <= RTOL
-        assert abs(replayed.energy_j / float(first.energies_j[i]) - 1) <= RTOL
+    # chain starts on large DAGs) where the steady states match (in each of the two runs)
+    assert calls == [None, 1.0] * 2
+    assert len(matched) == 2 and matched[0] == pytest.approx(1.05, rel=0.01)
     # the large path's few knots and coarse dives on 10 clocks: 3.4 % (3.5 % without the
     # miniature)
     assert float(first.gaps.max()) <= 0.05
@@ -313,9 +322,10 @@ def test_an_extensions_dive_repeats_the_miniatures_plan() -> None:
 def extended_everywhere(monkeypatch: pytest.MonkeyPatch) -> list[float | None]:
     """The large-DAG path with extensions from 0 instructions; the deadlines they solved."""
     from perseus.solver import fast as fast_module
+    from perseus.solver import knots as knots_module
 
     monkeypatch.setattr(fast_module, "_FINE_KNOTS_UP_TO", 0)
-    monkeypatch.setattr(fast_module, "_EXTEND_FROM", 0)
+    monkeypatch.setattr(knots_module, "_EXTEND_FROM", 0)
     solved: list[float | None] = []
     real = Extension.solve
 
@@ -335,15 +345,8 @@ def test_the_extended_path_plans_the_same_frontier_every_run_and_it_replays(
     state a microbatch long) solves the full relaxation instead."""
     profile = profile_from_rows(synthetic_profile(4, CLOCKS, 0))
     schedule = make_schedule("1f1b", 4, 96)
-    first = compute_frontier(profile, schedule, p_block_w=100.0)
-    assert None in extended_everywhere and len(extended_everywhere) >= 4
-    again = compute_frontier(profile, schedule, p_block_w=100.0)
-    assert np.array_equal(first.times_s, again.times_s)
-    assert np.array_equal(first.energies_j, again.energies_j)
-    for i in (0, len(first) // 2, -1):
-        replayed = first.replay_point(profile, i)
-        assert abs(replayed.time_s / float(first.times_s[i]) - 1) <= RTOL
-        assert abs(replayed.energy_j / float(first.energies_j[i]) - 1) <= RTOL
+    first = planned_twice_alike(profile, schedule)
+    assert None in extended_everywhere and len(extended_everywhere) >= 8  # 4+ a run
     assert float(first.gaps.max()) <= 0.05
     extended_everywhere.clear()
     compute_frontier(profile, make_schedule("gpipe", 4, 96), p_block_w=100.0)
