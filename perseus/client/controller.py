@@ -34,7 +34,8 @@ at the higher ones, as the solver models it). ``L`` is measured: after a change 
 the controller polls the clock in effect (``GpuControl.applied_clock_mhz``, about 1 us
 through NVML) every ~0.75 ms until the new clock shows or 200 ms pass, and keeps a high
 quantile of the recent samples (:class:`LatencyEstimate`); every change until 16 samples are
-in, then one in :data:`PROBE_EVERY`.
+in, then one in :data:`PROBE_EVERY`, except one whose target an earlier change still on its
+way has (that one could show first; changes land in order).
 
 **What ran** (``ran_mhz`` in the clock log) is the SM clock in effect at the *middle* of each
 instruction's run. On a GPU the controller thread reads the clock once, at ``start_k +
@@ -61,7 +62,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import queue
 import threading
 import time
@@ -173,7 +173,8 @@ class ClockController(_Aiming):
             self._default_mhz = 1 << 30
         self._requested: int | None = None  # the clock last requested (None: the default)
         self._probes: collections.deque[_Probe] = collections.deque()  # changes on their way
-        self._last_issue_s = -math.inf  # when the last change was requested
+        # Changes requested lately, (when, target MHz): any may still be on its way.
+        self._on_way: collections.deque[tuple[float, int]] = collections.deque()
         self._waiting: _Started | _Mark | None = None  # its event is not reached yet
         self._iteration: _Iteration | None = None  # what the running iteration follows
         self._base = 0  # global index of its first instruction
@@ -264,7 +265,7 @@ class ClockController(_Aiming):
                 self._generation += 1
                 self._requested = None
                 self._probes.clear()
-                self._last_issue_s = self._clock()  # on its way: the next change waits
+                self._on_way.append((self._clock(), self._default_mhz))
                 self._gpu.reset_clock()
         except Exception as err:
             _log.error("perseus: could not reset GPU %d clocks: %s", self._gpu.index, err)
@@ -277,12 +278,23 @@ class ClockController(_Aiming):
         self._generation += 1
 
     def close(self, reason: str = "exit") -> None:
-        """Stop the controller thread and reset the GPU."""
+        """Stop the controller thread and reset the GPU; log what the changes were aimed
+        with (a latency never measured is the setting, assumed)."""
         thread = self._thread
         if thread is not None:
             self._queue.put(None)
             thread.join(timeout=5.0)
             self._thread = None
+        if self.applied:
+            samples = len(self.latency.samples)
+            _log.info(
+                "perseus: GPU %d: %d clock changes, %d requested late; latency %.1f ms (%s)",
+                self._gpu.index,
+                self.applied,
+                self.late,
+                1e3 * self.latency.value_s,
+                f"from the last {samples} measured" if samples else "assumed: never measured",
+            )
         self.reset(reason)
 
     # ------------------------------------------------------------------ controller thread
@@ -492,13 +504,17 @@ class ClockController(_Aiming):
                 )
                 target = gpu.default_clock_mhz() if frequency_mhz is None else frequency_mhz
                 before = self._read_clock() if probing and self._read_clock else None
-                # Measured only where every change before it has surely landed (issued more
-                # than twice the latency ago): one still on its way with the same target
-                # would end the measurement early.
+                # Measured only where no change still on its way (issued less than twice the
+                # latency ago) has the same target: that one would end the measurement early.
+                # Changes land in order, so one with another target cannot, and a plan that
+                # changes clocks every few milliseconds is measured too (waiting for a quiet
+                # stretch, it would aim with the initial guess all along).
                 now = self._clock()
-                quiet = now - self._last_issue_s > 2.0 * self.latency.value_s + 0.005
-                self._last_issue_s = now
-                probing = probing and quiet
+                on_way = self._on_way
+                while on_way and now - on_way[0][0] > 2.0 * self.latency.value_s + 0.005:
+                    on_way.popleft()
+                probing = probing and all(t != target for _, t in on_way)
+                on_way.append((now, target))
                 issued = self._clock()
                 if frequency_mhz is None:
                     gpu.reset_clock()

@@ -307,6 +307,40 @@ def test_the_latency_is_measured_on_the_fake(delay_s: float) -> None:
     pytest.fail("\n".join(problems))
 
 
+def test_the_latency_is_measured_where_clocks_change_faster_than_it() -> None:
+    """A plan whose clock changes follow each other closer than the latency is measured too:
+    a change is probed where no change on its way has its target (they land in order), and
+    never seen before it landed. Waiting for a quiet stretch instead, a dense plan was never
+    measured, and aimed with the initial 30 ms against the fake's 20 ms all along: every raise
+    landed 10 ms early (CI saw one instruction at the higher clock in every iteration).
+
+    Real time: up to three runs, as above; in each, no sample may precede the delay.
+    """
+    delay_s = 0.02
+    clocks = (1500, 1200, 900, 1380, 1020, 1260, 1620, 1140)  # a target repeats after 96 ms
+    problems: list[str] = []
+    for _ in range(3):
+        gpu = FakeGpu(FakeGpuModel(clock_change_delay_s=delay_s), {})
+        controller = ClockController(gpu, latency_s=0.03)
+        try:
+            for f in clocks * 3:
+                controller.apply(f)
+                time.sleep(0.012)
+            time.sleep(0.1)
+            settle(controller)
+            samples = controller.latency.samples
+        finally:
+            controller.close()
+        assert all(s >= delay_s for s in samples), samples
+        if len(samples) < 4:
+            problems.append(f"{len(samples)} samples of 24 changes: {samples}")
+        elif statistics.median(samples) > delay_s + 0.004:
+            problems.append(f"median over {delay_s} + 4 ms: {samples}")
+        else:
+            return
+    pytest.fail("\n".join(problems))
+
+
 def test_a_dry_run_keeps_the_configured_latency() -> None:
     gpu = SetterGpu()
     gpu.can_set_clocks = False  # type: ignore[misc]
