@@ -502,8 +502,7 @@ class ClockController(_Aiming):
                     and self._read_clock is not None
                     and (not self.latency.settled or self._changes % PROBE_EVERY == 0)
                 )
-                target = gpu.default_clock_mhz() if frequency_mhz is None else frequency_mhz
-                before = self._read_clock() if probing and self._read_clock else None
+                target = self._mhz(frequency_mhz)
                 # Measured only where no change still on its way (issued less than twice the
                 # latency ago) has the same target: that one would end the measurement early.
                 # Changes land in order, so one with another target cannot, and a plan that
@@ -515,6 +514,7 @@ class ClockController(_Aiming):
                     on_way.popleft()
                 probing = probing and all(t != target for _, t in on_way)
                 on_way.append((now, target))
+                before = self._read_clock() if probing and self._read_clock else None
                 issued = self._clock()
                 if frequency_mhz is None:
                     gpu.reset_clock()
