@@ -33,8 +33,9 @@ deadlines the policies name, 1, 1.01, 1.02 and 1.05 x the default plan's time (t
 energy against the relaxation's lower bound at that deadline), and the largest over all points.
 
 ``--versus DIR`` times the planning call (`compute_frontier` with default settings, in a fresh
-process each run, as a planner server's worker makes it: after importing the solver's compiled
-kernels, where that checkout has them, and planning the same profile at 8 microbatches) of this
+process each run, as a planner server's worker makes it: after that checkout's worker's
+``perseus.server.planning.warm_up`` (here, loading the solver's compiled kernels, with which
+every DAG is then planned) and planning the same profile at 8 microbatches) of this
 checkout against the perseus in DIR (an older commit, e.g. from
 `git worktree add /tmp/perseus-base <commit>`), on 8 x 12 and 8 x 96 1F1B (gpt3-175b+a40 and
 bloom+a100), the two alternating run by run so that both see the same load; it prints the
@@ -46,7 +47,6 @@ this checkout's largest excess over the older, "better" its largest saving).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -274,10 +274,11 @@ def _versus_child(case: Case, root: str) -> dict[str, Any]:
 
     file_name, p_block_w = PROFILES[case.profile]
     profile = load_profile(PROFILES_DIR / file_name)
-    # as a planner server's worker plans (perseus.server.planning.warm_up): the solver's
-    # compiled kernels imported ahead of jobs, where the checkout has them, and a job before
-    with contextlib.suppress(ImportError):
-        import perseus.solver.kernels  # noqa: F401
+    # as a planner server's worker plans: what that checkout's worker does ahead of its jobs
+    # (perseus.server.planning.warm_up: here, load the solver's compiled kernels), and a job
+    from perseus.server.planning import warm_up
+
+    warm_up()
     warm_up = make_schedule(case.schedule, case.stages, 8, case.virtual_stages)
     compute_frontier(profile, warm_up, p_block_w=p_block_w)
     schedule = make_schedule(case.schedule, case.stages, case.microbatches, case.virtual_stages)

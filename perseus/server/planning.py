@@ -251,6 +251,10 @@ def init_worker(niceness: int) -> None:
 
 
 def warm_up() -> None:
-    """Import the solver, and numba for its compiled refill (half a second; large jobs use
-    it), so the first real computation does not pay for them."""
-    import perseus.solver.kernels  # noqa: F401  (imports perseus.solver too)
+    """Import the solver and load its compiled kernels (numba; about 0.6 s from its cache, the
+    first time on an installation 6-15 s to compile), so that no job pays for them; from then
+    on this process plans every job with them, small ones too (see
+    :func:`perseus.solver.planner.warm_kernels`)."""
+    from perseus.solver.planner import warm_kernels
+
+    warm_kernels()

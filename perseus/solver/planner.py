@@ -29,6 +29,7 @@ __all__ = [
     "Planner",
     "Progress",
     "pareto",
+    "warm_kernels",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -41,14 +42,17 @@ FIT_BINS = 1024  # table bins per class's time range, at least (see Planner.__in
 FIT_BINS_MAX = 1 << 15
 # DAGs of this many instructions or more refill with the compiled loops (perseus.solver.kernels):
 # below, numba's import and first calls (about 0.8 s a process) cost more than they save
-# (8 x 12: 192 instructions), above they save seconds (8 x 96: the refill 2x faster). Even in a
-# process that has imported the kernels (a planner server's workers do, ahead of jobs), small
-# DAGs keep numpy's passes: compiled, 8 x 12's planning call took half the time, but on a fresh
-# installation its first call compiles every kernel (about 15 s), which the demo and every
-# small job's first plan would wait for.
+# (8 x 12: 192 instructions), above they save seconds (8 x 96: the refill 2x faster). A process
+# that plans job after job (a planner server's worker) compiles them ahead of its jobs instead
+# (warm_kernels) and plans every DAG with them: there 8 x 12's planning call took 0.50 s
+# against numpy's 0.79 s. A one-off command keeps numpy's passes on small DAGs: on a fresh
+# installation the first compiled call compiles every kernel (6-15 s), which the demo and every
+# small plan would wait for.
 COMPILED_FROM = 1024
 _FIT_MARGIN = 1e-6  # of a bin: a table entry fits this far below its bin (rounding's room)
 _CROSSOVER_SHARES = 31  # plans between two neighbouring anchors, per node order
+# Set by warm_kernels: this process's compiled kernels are loaded, so every DAG uses them.
+_kernel_state = {"warm": False}
 
 
 class Planner:
@@ -61,8 +65,9 @@ class Planner:
             below what a class needs, the fit steps until exact instead.
         compiled: Refill and take longest paths with the compiled loops of
             :mod:`perseus.solver.kernels` (True) or with numpy, a level at a time (False);
-            None: compiled from :data:`COMPILED_FROM` instructions. Both give the same plans,
-            times and energies.
+            None: compiled from :data:`COMPILED_FROM` instructions, or for every DAG once
+            :func:`warm_kernels` has run in this process. Both give the same plans, times
+            and energies.
     """
 
     def __init__(
@@ -152,7 +157,9 @@ class Planner:
         table_first = padded_start[table_class] + self._table
         self._table_time = self._padded[table_first]
         self._table_next = self._padded[table_first + 1]
-        self.compiled = dag.size >= COMPILED_FROM if compiled is None else compiled
+        if compiled is None:
+            compiled = dag.size >= COMPILED_FROM or _kernel_state["warm"]
+        self.compiled = compiled
         if self.compiled:
             self._compile(order, place)
         else:
@@ -445,6 +452,41 @@ class Planner:
             chosen_time = np.where(better, candidate_time, chosen_time)
             chosen_energy = np.where(better, energy, chosen_energy)
         return chosen, chosen_time, chosen_energy
+
+
+def warm_kernels() -> None:
+    """Load the compiled kernels now, and plan every DAG with them from then on, small ones too.
+
+    For a process that plans job after job, ahead of its jobs (a planner server's workers,
+    :func:`perseus.server.planning.warm_up`): it plans the shipped example profile at 4 x 4
+    with the kernels, clock-change transitions included, so that each is compiled (the first
+    time on an installation, 6-15 s) or loaded from numba's cache (about 0.3 s) before a job
+    needs it. The plans, times and energies are the same either way.
+    """
+    if _kernel_state["warm"]:
+        return
+    from importlib import resources
+
+    # imported here: the frontier's module imports this one
+    from perseus.solver.frontier import compute_frontier
+    from perseus.solver.profiles import load_profile
+    from perseus.solver.schedules import make_schedule
+    from perseus.solver.synthetic import EXAMPLE_P_BLOCK_W
+
+    shipped = resources.files("perseus") / "data" / "example_profile.csv"
+    with resources.as_file(shipped) as path:
+        profile = load_profile(path)
+    _kernel_state["warm"] = True
+    try:
+        compute_frontier(
+            profile,
+            make_schedule("1f1b", 4, 4),
+            p_block_w=EXAMPLE_P_BLOCK_W,
+            clock_change_margin_s=1e-3,
+        )
+    except BaseException:
+        _kernel_state["warm"] = False
+        raise
 
 
 def pareto(times: FloatArray, energies: FloatArray) -> IntArray:

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import bisect
+from importlib import resources
 
 import numpy as np
+import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from perseus.solver import build_costs, build_dag, kernels
-from perseus.solver.planner import FIT_BINS_MAX, Planner
+from perseus.solver import (
+    build_costs,
+    build_dag,
+    compute_frontier,
+    kernels,
+    load_profile,
+    make_schedule,
+)
+from perseus.solver import planner as planner_module
+from perseus.solver.planner import COMPILED_FROM, FIT_BINS_MAX, Planner
 from perseus.solver.transitions import with_transitions
 
 from .cases import Case, cases, examples
@@ -161,3 +171,28 @@ def test_transitions_compiled_equal_numpys(
     for a, b in zip(got, expected, strict=True):
         assert a.shape == shape
         np.testing.assert_array_equal(a, b)
+
+
+def test_after_warm_kernels_small_dags_plan_compiled_with_the_same_frontier(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A planner server's worker loads the kernels ahead of its jobs (warm_kernels) and then
+    plans small DAGs with them too: the same frontier, bit for bit, as numpy's passes."""
+    monkeypatch.setitem(planner_module._kernel_state, "warm", False)  # restored afterwards
+    shipped = resources.files("perseus") / "data" / "example_profile.csv"
+    with resources.as_file(shipped) as path:
+        profile = load_profile(path)
+    schedule = make_schedule("1f1b", 4, 6)
+    small = build_dag(schedule)
+    assert small.size < COMPILED_FROM
+    costs = build_costs(profile, schedule, 100.0)
+    assert not Planner(small, costs).compiled
+    before = compute_frontier(profile, schedule, p_block_w=100.0, clock_change_margin_s=2e-3)
+    planner_module.warm_kernels()
+    assert Planner(small, costs).compiled
+    assert not Planner(small, costs, compiled=False).compiled  # an explicit choice stands
+    after = compute_frontier(profile, schedule, p_block_w=100.0, clock_change_margin_s=2e-3)
+    for field in ("times_s", "energies_j", "gaps", "frequencies_mhz"):
+        np.testing.assert_array_equal(getattr(after, field), getattr(before, field))
+    planner_module.warm_kernels()  # once is enough: a second call returns at once
+    assert Planner(small, costs).compiled
