@@ -11,6 +11,7 @@ their names are re-exported here.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -45,6 +46,8 @@ from perseus.server.stage_profiles import (
 
 if TYPE_CHECKING:
     from perseus.solver import Frontier
+
+log = logging.getLogger("perseus.server")
 
 __all__ = [
     "DEFAULT_MAX_CELLS",
@@ -254,7 +257,15 @@ def warm_up() -> None:
     """Import the solver and load its compiled kernels (numba; about 0.6 s from its cache, the
     first time on an installation 6-15 s to compile), so that no job pays for them; from then
     on this process plans every job with them, small ones too (see
-    :func:`perseus.solver.planner.warm_kernels`)."""
-    from perseus.solver.planner import warm_kernels
+    :func:`perseus.solver.planner.warm_kernels`). Where that fails, the process still plans:
+    small jobs with numpy's passes, large ones compiling what they use."""
+    from perseus.solver import planner
 
-    warm_kernels()
+    try:
+        planner.warm_kernels()
+    except Exception:
+        log.warning(
+            "planning process: the solver's compiled kernels could not be loaded ahead of "
+            "jobs; small jobs plan with numpy's passes",
+            exc_info=True,
+        )

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
 from perseus.errors import PlanningTooLarge
 from perseus.files import frontier_from_json
-from perseus.server.planning import PlanningInput, StoredProfile, failure_reason, plan_frontier
+from perseus.server.planning import (
+    PlanningInput,
+    StoredProfile,
+    failure_reason,
+    plan_frontier,
+    warm_up,
+)
+from perseus.solver import planner as solver_planner
 
 from .conftest import ProfileRows, synthetic_rows
 
@@ -73,3 +81,20 @@ def test_a_memory_error_reads_as_the_limit_not_numpy() -> None:
     assert not failure.internal
     internal = failure_reason(ValueError("boom"), None)
     assert internal.internal and "ValueError: boom" in internal.details
+
+
+def test_a_warm_up_that_fails_leaves_the_worker_planning_with_numpy(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker whose kernels cannot be loaded ahead of its jobs still starts and plans."""
+
+    def broken() -> None:
+        raise OSError("numba's cache is not writable")
+
+    monkeypatch.setattr(solver_planner, "warm_kernels", broken)
+    monkeypatch.setitem(solver_planner._kernel_state, "warm", False)
+    with caplog.at_level(logging.WARNING, logger="perseus.server"):
+        warm_up()
+    assert "could not be loaded ahead of jobs" in caplog.text
+    assert "not writable" in caplog.text
+    assert not solver_planner._kernel_state["warm"]
