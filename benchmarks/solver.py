@@ -279,8 +279,8 @@ def _versus_child(case: Case, root: str) -> dict[str, Any]:
     from perseus.server.planning import warm_up
 
     warm_up()
-    warm_up = make_schedule(case.schedule, case.stages, 8, case.virtual_stages)
-    compute_frontier(profile, warm_up, p_block_w=p_block_w)
+    first_job = make_schedule(case.schedule, case.stages, 8, case.virtual_stages)
+    compute_frontier(profile, first_job, p_block_w=p_block_w)
     schedule = make_schedule(case.schedule, case.stages, case.microbatches, case.virtual_stages)
     started = time.perf_counter()
     frontier = compute_frontier(profile, schedule, p_block_w=p_block_w)

@@ -48,8 +48,8 @@ def run(argv: list[str]) -> int:
     with ProgressBar(sys.stderr, enabled=not asks_help(argv)) as progress:
         args = build_parser().parse_args(argv)
         progress.phase("loading the solver")
-        from perseus.solver import Policy, load_profile
-        from perseus.solver.synthetic import EXAMPLE_P_BLOCK_W
+        from perseus.solver import Policy
+        from perseus.solver.synthetic import EXAMPLE_P_BLOCK_W, EXAMPLE_PROFILE, example_profile
 
         outdir = Path(args.outdir)
         if outdir.exists() and not outdir.is_dir():
@@ -59,9 +59,7 @@ def run(argv: list[str]) -> int:
         def at(name: str) -> str:
             return name if args.outdir == "." else str(outdir / name)
 
-        shipped = resources.files("perseus") / "data" / "example_profile.csv"
-        with resources.as_file(shipped) as shipped_path:
-            profile = load_profile(shipped_path)
+        profile = example_profile()
         request = PlanRequest(
             profile=dataclasses.replace(profile, source=at("example_profile.csv")),
             microbatches=DEMO_MICROBATCHES,
@@ -75,7 +73,11 @@ def run(argv: list[str]) -> int:
             plan_output=at("plan.json"),
             plot=at("frontier.png"),
             timeline=at("timeline.png"),
-            extra_files={at("example_profile.csv"): shipped.read_bytes()},
+            extra_files={
+                at("example_profile.csv"): (
+                    resources.files("perseus") / EXAMPLE_PROFILE
+                ).read_bytes()
+            },
         )
         outputs = Outputs(
             [request.output, request.plan_output, request.plot, request.timeline],

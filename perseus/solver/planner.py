@@ -465,17 +465,12 @@ def warm_kernels() -> None:
     """
     if _kernel_state["warm"]:
         return
-    from importlib import resources
-
     # imported here: the frontier's module imports this one
     from perseus.solver.frontier import compute_frontier
-    from perseus.solver.profiles import load_profile
     from perseus.solver.schedules import make_schedule
-    from perseus.solver.synthetic import EXAMPLE_P_BLOCK_W
+    from perseus.solver.synthetic import EXAMPLE_P_BLOCK_W, example_profile
 
-    shipped = resources.files("perseus") / "data" / "example_profile.csv"
-    with resources.as_file(shipped) as path:
-        profile = load_profile(path)
+    profile = example_profile()
     _kernel_state["warm"] = True
     try:
         compute_frontier(

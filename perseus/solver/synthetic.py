@@ -60,10 +60,12 @@ from perseus.solver.schedules import (
 )
 
 __all__ = [
+    "EXAMPLE_PROFILE",
     "EXAMPLE_P_BLOCK_W",
     "H200_CLOCKS_MHZ",
     "INPUT_SHARE",
     "StageWork",
+    "example_profile",
     "split_backward",
     "stage_work",
     "synthetic_profile",
@@ -87,6 +89,18 @@ INPUT_SHARE = 0.55
 
 #: Blocking power (W) to plan the example profile with: a GPU waiting on a peer draws this much.
 EXAMPLE_P_BLOCK_W = 100.0
+EXAMPLE_PROFILE = "data/example_profile.csv"  # the shipped file, inside the perseus package
+
+
+def example_profile() -> Profile:
+    """The shipped example profile (``perseus/data/example_profile.csv``), as loaded from it."""
+    from importlib import resources
+
+    from perseus.solver.profiles import load_profile
+
+    with resources.as_file(resources.files("perseus") / EXAMPLE_PROFILE) as path:
+        return load_profile(path)
+
 
 Row = tuple[int, str, int, float, float]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-from importlib import resources
 
 import numpy as np
 import pytest
@@ -15,11 +14,11 @@ from perseus.solver import (
     build_dag,
     compute_frontier,
     kernels,
-    load_profile,
     make_schedule,
 )
 from perseus.solver import planner as planner_module
 from perseus.solver.planner import COMPILED_FROM, FIT_BINS_MAX, Planner
+from perseus.solver.synthetic import example_profile
 from perseus.solver.transitions import with_transitions
 
 from .cases import Case, cases, examples
@@ -179,9 +178,7 @@ def test_after_warm_kernels_small_dags_plan_compiled_with_the_same_frontier(
     """A planner server's worker loads the kernels ahead of its jobs (warm_kernels) and then
     plans small DAGs with them too: the same frontier, bit for bit, as numpy's passes."""
     monkeypatch.setitem(planner_module._kernel_state, "warm", False)  # restored afterwards
-    shipped = resources.files("perseus") / "data" / "example_profile.csv"
-    with resources.as_file(shipped) as path:
-        profile = load_profile(path)
+    profile = example_profile()
     schedule = make_schedule("1f1b", 4, 6)
     small = build_dag(schedule)
     assert small.size < COMPILED_FROM
