@@ -216,3 +216,31 @@ def test_two_models_solve_the_adaptive_knots_two_at_a_time(
         for other in knots[:-1]:
             tangent = k.value_j + k.slope_j_per_s * (other.deadline_s - k.deadline_s)
             assert tangent <= other.value_j * (1 + 1e-9)
+
+
+def test_a_fine_dag_whose_solves_share_two_threads_plans_the_same_frontier(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From 1,024 instructions, where the process has two cores, a fine DAG's relaxation
+    shares each dual simplex iteration among two threads (HiGHS's tasks): the same pivots,
+    so the same frontier bit for bit as one thread's. Here on 4 x 24 (192), the threshold
+    lowered to it."""
+    from perseus.solver import fast as fast_module
+    from perseus.solver.programs import Relaxation
+
+    threads: list[int] = []
+
+    class Counted(Relaxation):
+        def __init__(self, dag, costs, threads_=1):  # type: ignore[no-untyped-def]
+            threads.append(threads_)
+            super().__init__(dag, costs, threads_)
+
+    monkeypatch.setattr(fast_module, "Relaxation", Counted)
+    rows = tuple(synthetic_profile(4, tuple(range(1980, 344, -15))[::4], 0))
+    case = Case(rows, stages=4, microbatches=24, p_block_w=100.0)
+    one = fast(case)
+    monkeypatch.setattr(fast_module, "_SHARED_SIMPLEX_FROM", 0)
+    two = fast(case)
+    assert threads[0] == 1 and threads[-1] == (2 if fast_module._cores() >= 2 else 1)
+    for a, b in zip(one[1:], two[1:], strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -16,6 +16,7 @@ from perseus.errors import InfeasibleDeadline
 from perseus.solver import build_costs, build_dag, make_schedule, profile_from_rows
 from perseus.solver.planner import Planner
 from perseus.solver.relaxation import Relaxation, side_by_side
+from perseus.solver.synthetic import EXAMPLE_P_BLOCK_W, example_profile
 
 from . import reference as ref
 from .cases import RTOL, Case, cases, examples
@@ -250,3 +251,33 @@ def test_an_error_in_one_model_reaches_the_caller() -> None:
     models = [Relaxation(dag, build_costs(profile, schedule, 20.0)) for _ in range(2)]
     with pytest.raises(InfeasibleDeadline):
         side_by_side(models, [lambda r: r.solve(None), lambda r: r.solve(0.01)])
+
+
+def test_a_model_sharing_its_iterations_among_threads_solves_bit_for_bit_as_one() -> None:
+    """HiGHS's dual simplex with tasks (``threads=2``) takes the serial one's pivots: the
+    same knots, slopes, bases and dive, bit for bit. It solves on a thread of its own, so a
+    single-threaded model still solves on this one afterwards (HiGHS sizes one pool of
+    threads per calling thread, and refuses a model that asks for another size there)."""
+    profile = example_profile()
+    schedule = make_schedule("1f1b", 4, 24)
+    dag = build_dag(schedule)
+    costs = build_costs(profile, schedule, EXAMPLE_P_BLOCK_W)
+    planner = Planner(dag, costs)
+    options = [planner.class_times[int(c)][planner.hull[int(c)]] for c in dag.cost_class]
+    got = []
+    for threads in (1, 2):
+        relaxation = Relaxation(dag, costs, threads=threads)
+        free = relaxation.solve(None)
+        points = np.linspace(planner.fastest_time_s, free.iteration_time_s, 6)
+        knots = [relaxation.solve(float(d)) for d in points]
+        dive = relaxation.dive(float(points[2]), options, 0.1)
+        got.append((free, knots, dive))
+    (free_1, knots_1, dive_1), (free_2, knots_2, dive_2) = got
+    for a, b in zip([free_1, *knots_1], [free_2, *knots_2], strict=True):
+        assert (a.value_j, a.slope_j_per_s, a.iteration_time_s) == (
+            b.value_j, b.slope_j_per_s, b.iteration_time_s)  # fmt: skip
+        np.testing.assert_array_equal(a.durations_s, b.durations_s)
+        assert list(a.basis.col_status) == list(b.basis.col_status)
+    np.testing.assert_array_equal(dive_1, dive_2)
+    # and a single-threaded model still solves on this thread
+    assert Relaxation(dag, costs).solve(None).value_j == free_1.value_j
