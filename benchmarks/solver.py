@@ -326,9 +326,11 @@ def run_versus(base: str, repeat: int) -> None:
         old, new = runs["base"][0], runs["new"][0]
         deadlines = np.union1d(old["time_s"], new["time_s"])
         deadlines = deadlines[deadlines >= max(old["time_s"][0], new["time_s"][0])]
-        excess = _least_energy_within(new["time_s"], new["energy_j"], deadlines) / (
-            _least_energy_within(old["time_s"], old["energy_j"], deadlines)
-        ) - 1.0
+        excess = (
+            _least_energy_within(new["time_s"], new["energy_j"], deadlines)
+            / (_least_energy_within(old["time_s"], old["energy_j"], deadlines))
+            - 1.0
+        )
         base_s = statistics.median(r["seconds"] for r in runs["base"])
         new_s = statistics.median(r["seconds"] for r in runs["new"])
         rows.append((case.profile, f"{case.stages}x{case.microbatches}",
@@ -549,8 +551,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small grid")
     parser.add_argument("--no-lowtime", action="store_true", help="perseus only")
     parser.add_argument("--scale", action="store_true", help="doubling series up to 32 x 256")
-    parser.add_argument("--gaps", action="store_true",
-                        help="--scale: also the gaps at 1-1.05 x (plans each case twice)")
+    parser.add_argument(
+        "--gaps",
+        action="store_true",
+        help="--scale: also the gaps at 1-1.05 x (plans each case twice)",
+    )
     parser.add_argument("--only", nargs="+", metavar="SxM[vV]",
                         help="--scale: only these cases (e.g. 16x128v2 32x256)")  # fmt: skip
     parser.add_argument("--repeat", type=int, default=1,
