@@ -353,14 +353,15 @@ def test_sweep_stops_after_rising_clocks() -> None:
     meter = EnergyMeter(gpu)
     meter.start()
     try:
-        # Energy per microbatch rises by about 11 % and then 26 % at these clocks, far above
-        # the noise of a 0.1 s window of 10 ms ticks.
-        budget = replace(FAST_BUDGET, window_s=0.1, clocks="1980,1005,510,345", rising_stop=2)
+        # Energy per microbatch rises by about 25 % and then 28 % at these clocks, far above
+        # the noise of a 0.1 s window of 10 ms ticks. (A step of 11 %, 1980 -> 1005 MHz, was
+        # not: in a CI run on a loaded 2-core host one of its rises went unseen.)
+        budget = replace(FAST_BUDGET, window_s=0.1, clocks="1980,705,405,345", rising_stop=2)
         profile = ClockSweep(gpu, meter, IdleWork(), budget, bracket(gpu)).run()
     finally:
         meter.stop()
-    assert [m.frequency_mhz for m in profile.measurements] == [1980, 1005, 510]
-    assert profile.stopped == "energy rose at 2 clocks in a row (down to 510 MHz)"
+    assert [m.frequency_mhz for m in profile.measurements] == [1980, 705, 405]
+    assert profile.stopped == "energy rose at 2 clocks in a row (down to 405 MHz)"
     assert ("lock", 345) not in gpu.calls
     energies = [m.microbatch_energy_j for m in profile.measurements]
     assert energies == sorted(energies)
