@@ -228,12 +228,12 @@ def test_a_fine_dag_whose_solves_share_two_threads_plans_the_same_frontier(
     from perseus.solver import fast as fast_module
     from perseus.solver.programs import Relaxation
 
-    threads: list[int] = []
+    asked: list[int] = []  # each relaxation's threads
 
     class Counted(Relaxation):
-        def __init__(self, dag, costs, threads_=1):  # type: ignore[no-untyped-def]
-            threads.append(threads_)
-            super().__init__(dag, costs, threads_)
+        def __init__(self, dag, costs, threads=1):  # type: ignore[no-untyped-def]
+            asked.append(threads)
+            super().__init__(dag, costs, threads)
 
     monkeypatch.setattr(fast_module, "Relaxation", Counted)
     rows = tuple(synthetic_profile(4, tuple(range(1980, 344, -15))[::4], 0))
@@ -241,6 +241,6 @@ def test_a_fine_dag_whose_solves_share_two_threads_plans_the_same_frontier(
     one = fast(case)
     monkeypatch.setattr(fast_module, "_SHARED_SIMPLEX_FROM", 0)
     two = fast(case)
-    assert threads[0] == 1 and threads[-1] == (2 if fast_module._cores() >= 2 else 1)
+    assert asked[0] == 1 and asked[-1] == (2 if fast_module._cores() >= 2 else 1)
     for a, b in zip(one[1:], two[1:], strict=True):
         np.testing.assert_array_equal(a, b)
