@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import perseus.client.torch_pipelining as tp
+import torch
 
 _events: list[tuple[str, int, Any, Any]] = []
 _wrap = tp._wrap

@@ -42,7 +42,7 @@ from typing import Any
 
 import httpx
 
-from perseus.client.planner import PlannerClient
+from perseus.client.api.client import PlannerClient
 from perseus.client.rank import Rank
 from perseus.client.settings import ClientSettings
 from perseus.schemas import (

@@ -24,7 +24,7 @@ from importlib import resources
 
 import numpy as np
 
-from perseus.errors import SolverTimeout
+from perseus.core.errors import SolverTimeout
 from perseus.solver import (
     build_costs,
     build_dag,

@@ -49,9 +49,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from perseus.client.gpu import GpuControl, open_gpu  # noqa: E402
-from perseus.client.meter import EnergyMeter  # noqa: E402
-from perseus.client.profiler import ClockSweep, device_work, measure_idle_power  # noqa: E402
+from perseus.client.gpu.control import GpuControl, open_gpu  # noqa: E402
+from perseus.client.gpu.meter import EnergyMeter  # noqa: E402
+from perseus.client.profiling.profiler import ClockSweep, device_work, measure_idle_power  # noqa: E402
 from perseus.client.settings import ProfileBudget  # noqa: E402
 
 
@@ -185,7 +185,7 @@ def truth_loop(
 
 
 def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
-    from perseus.client.standalone import SyntheticStage
+    from perseus.client.profiling.standalone import SyntheticStage
 
     fake = args.gpu == "fake"
     gpu = open_gpu(args.gpu, 0)
@@ -296,10 +296,10 @@ def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
 def run_overhead(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from perseus.client.online import ProfilingState
+    from perseus.client.profiling.online import ProfilingState
+    from perseus.client.profiling.standalone import SyntheticStage
     from perseus.client.rank import ActivePlan, Rank
     from perseus.client.settings import ClientSettings
-    from perseus.client.standalone import SyntheticStage
 
     fake = args.gpu == "fake"
     logging.getLogger("perseus.client").setLevel(logging.WARNING)
@@ -432,7 +432,7 @@ def run_overhead(args: argparse.Namespace) -> dict[str, Any]:
 def run_pipeline(args: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
-    from perseus.client.planner import create_job
+    from perseus.client.api.client import create_job
     from perseus.schemas import JobCreate
 
     fake = args.gpu == "fake"

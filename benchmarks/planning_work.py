@@ -1,4 +1,4 @@
-"""Planning work: the server's estimate (perseus.server.planning) against a measured run.
+"""Planning work: the server's estimate (perseus.server.planning.worker) against a measured run.
 
     python benchmarks/planning_work.py            # default grid (a few minutes on 2 cores)
     python benchmarks/planning_work.py --quick    # small cases only
@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from perseus.server.planning import (
+from perseus.server.planning.worker import (
     PlanningInput,
     StoredProfile,
     estimate_planning_work,

@@ -24,9 +24,9 @@ import random
 import time
 from dataclasses import replace
 
-from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork, SweepProbe
-from perseus.client.meter import EnergyMeter
-from perseus.client.profiler import ClockMeasurement, ClockSweep, measure_idle_power
+from perseus.client.gpu.fake import FakeGpu, FakeGpuModel, FakeWork, SweepProbe
+from perseus.client.gpu.meter import EnergyMeter
+from perseus.client.profiling.profiler import ClockMeasurement, ClockSweep, measure_idle_power
 from perseus.client.settings import ProfileBudget
 
 SEED = 0

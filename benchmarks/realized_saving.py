@@ -20,7 +20,7 @@ job status --json``. Printed per case:
 - what ran, in time: from the fake's record of every unit of work (``PERSEUS_FAKE_TRACE``:
   the clocks each ran at, and when), the time instructions under the plan (after its first
   three iterations) lost to running below their planned clock (a raise landing late, a
-  lowering early; :func:`perseus.client.fake.time_lost_s`), in ms per iteration on the rank
+  lowering early; :func:`perseus.client.gpu.fake.time_lost_s`), in ms per iteration on the rank
   that lost the most, and how many instructions lost more than 0.1 ms.
 
 The profiler is shortened as in the e2e tests (every 8th clock, 0.3 s windows). The host's
@@ -43,8 +43,8 @@ from pathlib import Path
 
 import httpx
 
-from perseus.client.fake import FakeGpuModel, FakeRun, time_lost_s
-from perseus.client.fake_model import default_throttled_clocks_mhz
+from perseus.client.gpu.fake import FakeGpuModel, FakeRun, time_lost_s
+from perseus.client.gpu.fake_model import default_throttled_clocks_mhz
 
 REPO = Path(__file__).resolve().parents[1]
 PERSEUS = [sys.executable, "-m", "perseus.cli"]  # no installed script needed

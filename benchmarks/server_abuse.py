@@ -563,8 +563,8 @@ if attack == "nonvml":
         tb = sum(r.exc_info is not None for r in errors)
         print(f"training goes on: {len(errors)} error line, {tb} tracebacks")
     raise SystemExit(0)
-from perseus.client.fake import FakeGpu
-from perseus.client.planner import PlannerClient
+from perseus.client.gpu.fake import FakeGpu
+from perseus.client.api.client import PlannerClient
 from perseus.client.rank import Rank
 from perseus.client.settings import load_settings
 from perseus.schemas import JobView
@@ -655,8 +655,8 @@ elif attack == "badplan":
 SERVER_RANK_SCRIPT = r"""
 import logging, sys, time
 attack, url, job, token = sys.argv[1:5]
-from perseus.client.fake import FakeGpu
-from perseus.client.planner import PlannerClient
+from perseus.client.gpu.fake import FakeGpu
+from perseus.client.api.client import PlannerClient
 from perseus.client.rank import Rank
 from perseus.client.settings import ClientSettings
 def make():

@@ -34,7 +34,7 @@ energy against the relaxation's lower bound at that deadline), and the largest o
 
 ``--versus DIR`` times the planning call (`compute_frontier` with default settings, in a fresh
 process each run, as a planner server's worker makes it: after that checkout's worker's
-``perseus.server.planning.warm_up`` (here, loading the solver's compiled kernels, with which
+``perseus.server.planning.worker.warm_up`` (here, loading the solver's compiled kernels, with which
 every DAG is then planned) and planning the same profile at 8 microbatches) of this
 checkout against the perseus in DIR (an older commit, e.g. from
 `git worktree add /tmp/perseus-base <commit>`), on 8 x 12 and 8 x 96 1F1B (gpt3-175b+a40 and
@@ -152,8 +152,8 @@ SCALE_GAP_FACTORS = (1.0, 1.01, 1.02, 1.05)
 
 def _scale_gaps(case: Case, profile_path: Path) -> list[float]:
     """The gaps the frontier reports at SCALE_GAP_FACTORS x the default plan's time."""
-    from perseus.baselines import BaselineKey
-    from perseus.defaults import CLOCK_CHANGE_MARGIN_S
+    from perseus.core.baselines import BaselineKey
+    from perseus.core.defaults import CLOCK_CHANGE_MARGIN_S
     from perseus.solver import compute_frontier, load_profile, make_schedule
 
     profile = load_profile(profile_path)
@@ -275,8 +275,8 @@ def _versus_child(case: Case, root: str) -> dict[str, Any]:
     file_name, p_block_w = PROFILES[case.profile]
     profile = load_profile(PROFILES_DIR / file_name)
     # as a planner server's worker plans: what that checkout's worker does ahead of its jobs
-    # (perseus.server.planning.warm_up: here, load the solver's compiled kernels), and a job
-    from perseus.server.planning import warm_up
+    # (perseus.server.planning.worker.warm_up: here, load the solver's compiled kernels), and a job
+    from perseus.server.planning.worker import warm_up
 
     warm_up()
     first_job = make_schedule(case.schedule, case.stages, 8, case.virtual_stages)

@@ -6,6 +6,10 @@ Data flows profile -> :mod:`perseus.solver` -> :mod:`perseus.server` -> :mod:`pe
 
 from __future__ import annotations
 
+from perseus import _moved
+
 __all__ = ["__version__"]
 
 __version__ = "0.1.0"
+
+_moved.install()

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from perseus.baselines import BaselineKey, baseline_label, reference_key, saving_text
+from perseus.core.baselines import BaselineKey, baseline_label, reference_key, saving_text
 from perseus.solver import Baseline, Frontier, InstructionKind, Replay, Schedule, build_dag
 
 __all__ = ["frontier_png", "timeline_png"]
@@ -59,7 +59,7 @@ def frontier_png(
     """Plot energy against iteration time: the frontier, the baselines and the chosen point.
 
     Savings are stated as the ``perseus plan`` table states them, against the reference
-    baseline (:func:`perseus.baselines.reference_key`).
+    baseline (:func:`perseus.core.baselines.reference_key`).
 
     Args:
         frontier: The computed frontier.

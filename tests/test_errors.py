@@ -1,4 +1,4 @@
-"""The one exception tree: the tree drawn in ``perseus.errors``' docstring is the classes' own,
+"""The one exception tree: the tree drawn in ``perseus.core.errors``' docstring is the classes' own,
 and the errors that carry more than a message keep it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-import perseus.errors as errors
-from perseus.errors import (
+import perseus.core.errors as errors
+from perseus.core.errors import (
     AuthError,
     PerseusError,
     PlanningTooLarge,
@@ -74,7 +74,7 @@ CARRYING: dict[str, PerseusError] = {
 
 
 def every_error() -> list[PerseusError]:
-    """One instance of every class in ``perseus.errors``."""
+    """One instance of every class in ``perseus.core.errors``."""
     return [
         CARRYING.get(name) or getattr(errors, name)(f"{name}: what went wrong")
         for name in errors.__all__

@@ -1,4 +1,5 @@
-"""``perseus.files``: plan and frontier files render and parse through one model each."""
+"""``perseus.formats.plan_files``: plan and frontier files render and parse through one model
+each."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from perseus.errors import PlanError
-from perseus.files import (
+from perseus.core.errors import PlanError
+from perseus.formats.plan_files import (
     FrontierFile,
     PlanFile,
     profile_fingerprint,
@@ -137,7 +138,7 @@ def test_other_files_say_what_is_expected(tmp_path: Path) -> None:
 def test_points_and_baselines_are_rendered_from_the_solvers(frontier: Frontier) -> None:
     """FilePoint and FileBaseline are the solver's Point and Baseline in a file: rendered
     from them, and read back to the same values."""
-    from perseus.files import FileBaseline, FilePoint
+    from perseus.formats.plan_files import FileBaseline, FilePoint
 
     for i in (0, len(frontier) - 1):
         point = frontier.point(i)
@@ -162,7 +163,7 @@ def timed(profile: Profile) -> Frontier:
 def test_the_clock_change_margin_travels_with_frontier_and_plan_files(
     profile: Profile, timed: Frontier, tmp_path: Path
 ) -> None:
-    from perseus.files import frontier_from_json, frontier_to_json
+    from perseus.formats.plan_files import frontier_from_json, frontier_to_json
 
     fingerprint = profile_fingerprint(profile)
     document = FrontierFile.of_run(
@@ -210,7 +211,7 @@ def test_a_bad_margin_names_the_field(timed: Frontier, tmp_path: Path, margin: o
 def test_the_grid_spacing_travels_with_frontier_files(timed: Frontier, tmp_path: Path) -> None:
     """A frontier file records the deadline spacing it was planned on; older files, without
     it, still read (spacing unknown)."""
-    from perseus.files import frontier_from_json, frontier_to_json
+    from perseus.formats.plan_files import frontier_from_json, frontier_to_json
 
     assert timed.resolution_s == 1e-3  # a small job keeps the 1 ms grid
     data = json.loads(frontier_to_json(timed))

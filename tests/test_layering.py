@@ -90,7 +90,12 @@ def test_the_solver_is_a_pure_core() -> None:
     modules (errors, defaults, baselines): no files' formats, HTTP, plotting or GPU; numba only
     in its compiled kernels, which nothing imports at module level (numba takes half a second
     to import, and every process that reads a profile imports perseus.solver)."""
-    allowed_perseus = ("perseus.solver", "perseus.errors", "perseus.defaults", "perseus.baselines")
+    allowed_perseus = (
+        "perseus.solver",
+        "perseus.core.errors",
+        "perseus.core.defaults",
+        "perseus.core.baselines",
+    )
     offenders = []
     for path in sorted((PACKAGE / "solver").rglob("*.py")):
         for name in _top_level_imports(path):
@@ -109,7 +114,11 @@ def test_the_solver_is_a_pure_core() -> None:
 
 
 #: The fake GPU: the GpuControl (fake), its model (fake_model) and its profiling probe (fake_probe).
-_FAKE_MODULES = ("perseus.client.fake", "perseus.client.fake_model", "perseus.client.fake_probe")
+_FAKE_MODULES = (
+    "perseus.client.gpu.fake",
+    "perseus.client.gpu.fake_model",
+    "perseus.client.gpu.fake_probe",
+)
 
 
 def test_rank_side_code_knows_neither_the_server_nor_the_fake() -> None:
@@ -119,7 +128,7 @@ def test_rank_side_code_knows_neither_the_server_nor_the_fake() -> None:
     offenders = []
     for path in sorted((PACKAGE / "client").rglob("*.py")):
         module = _module_name(path)
-        if module in (*_FAKE_MODULES, "perseus.client.standalone"):
+        if module in (*_FAKE_MODULES, "perseus.client.profiling.standalone"):
             continue
         for name in _top_level_imports(path):
             if _within(name, "perseus.server", "perseus.cli", *_FAKE_MODULES):

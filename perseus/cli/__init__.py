@@ -26,7 +26,7 @@ from typing import Protocol, cast
 
 from perseus import __version__
 from perseus.cli.arguments import DISTRIBUTION, Parser, UsageError
-from perseus.errors import PerseusError
+from perseus.core.errors import PerseusError
 
 __all__ = ["COMMANDS", "command_parser", "main"]
 

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from perseus.errors import PolicyError
+from perseus.core.errors import PolicyError
 
 if TYPE_CHECKING:
     from perseus.solver import Policy

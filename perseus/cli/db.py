@@ -3,7 +3,7 @@
 ``perseus serve`` upgrades the database when it starts; these are for operators who migrate
 before a rollout, or check where a database stands. The database defaults to the one
 ``perseus serve`` uses (``$PERSEUS_DATABASE``, else ``sqlite:///./perseus.db``). The
-migrations (:mod:`perseus.server.migrations`, the server extra) are imported when a command
+migrations (:mod:`perseus.server.store.migrations`, the server extra) are imported when a command
 runs.
 """
 
@@ -78,7 +78,7 @@ def run_db(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     """
     stream = sys.stdout if out is None else out
     url = database_url(args.database)
-    from perseus.server.migrations import current_revision, upgrade_database
+    from perseus.server.store.migrations import current_revision, upgrade_database
 
     if args.db_command == "upgrade":
         stream.write(f"database at revision {upgrade_database(url)}\n")

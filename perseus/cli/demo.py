@@ -11,7 +11,7 @@ from perseus.cli.arguments import Parser, UsageError, asks_help
 from perseus.cli.outputs import Outputs
 from perseus.cli.plan import PlanRequest, plan, print_result
 from perseus.cli.progress import ProgressBar
-from perseus.defaults import RESOLUTION_S
+from perseus.core.defaults import RESOLUTION_S
 
 __all__ = ["DEMO_MICROBATCHES", "build_parser", "run"]
 

@@ -7,7 +7,7 @@ ranks) that follow; every other job command reads them unless told otherwise.
 This module is imported only when ``perseus job`` runs, and imports the HTTP client (httpx,
 pydantic) only when a command talks to the planner, so ``perseus job --help`` works without
 the client extra. Command errors are :class:`CommandError` (a bad command line or environment)
-or :class:`~perseus.errors.PerseusError`; both print as one ``perseus: error:`` line.
+or :class:`~perseus.core.errors.PerseusError`; both print as one ``perseus: error:`` line.
 """
 
 from __future__ import annotations
@@ -47,7 +47,13 @@ from perseus.cli.job_views import (
     version_text,
 )
 from perseus.cli.outputs import check_writable, write_files
-from perseus.errors import AuthError, JobNotFound, PerseusError, PlannerUnavailable, PlanNotReady
+from perseus.core.errors import (
+    AuthError,
+    JobNotFound,
+    PerseusError,
+    PlannerUnavailable,
+    PlanNotReady,
+)
 
 if TYPE_CHECKING:
     from perseus.schemas import FrontierView, JobSummary
@@ -345,7 +351,7 @@ def _create(args: argparse.Namespace, ctx: JobContext) -> None:
     import httpx
     from pydantic import ValidationError
 
-    from perseus.client.planner import DEFAULT_TIMEOUT, create_job
+    from perseus.client.api.client import DEFAULT_TIMEOUT, create_job
     from perseus.schemas import JobCreate
 
     fields: dict[str, object] = {
@@ -479,7 +485,7 @@ def _write_frontier_files(
 
 
 def _frontier_plot(view: FrontierView, document: bytes) -> bytes:
-    from perseus.files import frontier_from_json
+    from perseus.formats.plan_files import frontier_from_json
     from perseus.plots import frontier_png
 
     frontier = frontier_from_json(document)

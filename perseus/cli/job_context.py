@@ -11,12 +11,18 @@ import argparse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, TextIO
 
-from perseus.errors import AuthError, JobNotFound, PerseusError, PlannerUnavailable, PlanNotReady
+from perseus.core.errors import (
+    AuthError,
+    JobNotFound,
+    PerseusError,
+    PlannerUnavailable,
+    PlanNotReady,
+)
 
 if TYPE_CHECKING:
     import httpx
 
-    from perseus.client.planner import PlannerClient
+    from perseus.client.api.client import PlannerClient
 
 __all__ = [
     "ADMIN_TOKEN_ENV",
@@ -85,7 +91,7 @@ def open_client(
     """A planner client for the job the command names, with its token."""
     import httpx
 
-    from perseus.client.planner import PlannerClient
+    from perseus.client.api.client import PlannerClient
 
     job_id = job_id_of(args, ctx.env)
     token = token_of(args, ctx.env, admin_first=admin_first)
@@ -99,7 +105,7 @@ def get_answer(
     """``GET path`` on the planner; a failed answer becomes the error it stands for."""
     import httpx
 
-    from perseus.client.planner import DEFAULT_TIMEOUT
+    from perseus.client.api.client import DEFAULT_TIMEOUT
 
     timeout = DEFAULT_TIMEOUT if args.timeout is None else httpx.Timeout(args.timeout)
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}

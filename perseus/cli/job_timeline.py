@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from perseus.errors import JobStateError, PlanError
+from perseus.core.errors import JobStateError, PlanError
 
 if TYPE_CHECKING:
     from perseus.schemas import FrontierView
@@ -41,7 +41,7 @@ def timeline_png_of(
     """
     from pydantic import ValidationError
 
-    from perseus.files import FrontierFile, profile_fingerprint, validation_message
+    from perseus.formats.plan_files import FrontierFile, profile_fingerprint, validation_message
     from perseus.solver.profiles import profile_from_json
 
     try:

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from perseus.baselines import baseline_label, reference_key, saving_text, shown_baselines
 from perseus.cli.tables import format_table
-from perseus.errors import PolicyError
+from perseus.core.baselines import baseline_label, reference_key, saving_text, shown_baselines
+from perseus.core.errors import PolicyError
 
 if TYPE_CHECKING:
     from pydantic import ValidationError

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perseus.baselines import reference_key
 from perseus.cli.arguments import asks_help
 from perseus.cli.outputs import Outputs
 from perseus.cli.plan_request import (
@@ -43,7 +42,8 @@ from perseus.cli.plan_views import (
 )
 from perseus.cli.progress import ProgressBar
 from perseus.cli.tables import schedule_text
-from perseus.errors import InfeasibleDeadline, PlanError, SolverTimeout
+from perseus.core.baselines import reference_key
+from perseus.core.errors import InfeasibleDeadline, PlanError, SolverTimeout
 
 if TYPE_CHECKING:
     from perseus.solver import Frontier, Policy, Profile, Schedule
@@ -110,7 +110,7 @@ def plan(request: PlanRequest, outputs: Outputs, progress: ProgressBar) -> PlanR
         PerseusError: A bad profile or schedule, an infeasible deadline, a solver limit.
         UsageError: A file could not be written (none was).
     """
-    from perseus.files import FrontierFile, PlanFile, profile_fingerprint
+    from perseus.formats.plan_files import FrontierFile, PlanFile, profile_fingerprint
     from perseus.solver import baselines_at, choose_point, compute_frontier
     from perseus.solver.exact import recorded_sweeps
 

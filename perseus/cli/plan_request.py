@@ -24,8 +24,8 @@ from perseus.cli.arguments import (
 )
 from perseus.cli.arguments import policy as policy_argument
 from perseus.cli.outputs import Outputs
-from perseus.defaults import CLOCK_CHANGE_MARGIN_S, EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
-from perseus.errors import PerseusError, ProfileError
+from perseus.core.defaults import CLOCK_CHANGE_MARGIN_S, EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
+from perseus.core.errors import PerseusError, ProfileError
 
 if TYPE_CHECKING:
     from perseus.solver import Policy, Profile, Schedule
@@ -311,7 +311,7 @@ def request_schedule(request: PlanRequest, name: str) -> Schedule:
         if request.microbatches is None:
             raise UsageError("--microbatches: required (unless --schedule-file says how many)")
         return make_schedule(name, stages, request.microbatches, virtual_stages)
-    from perseus.files import read_torch_schedule
+    from perseus.formats.plan_files import read_torch_schedule
 
     actions = read_torch_schedule(request.schedule_file)
     schedule = schedule_from_actions(Path(request.schedule_file).name, actions)

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from perseus.baselines import baseline_label, reference_key, saving_text, shown_baselines
 from perseus.cli.tables import format_table, schedule_text
-from perseus.errors import PlanError
+from perseus.core.baselines import baseline_label, reference_key, saving_text, shown_baselines
+from perseus.core.errors import PlanError
 
 if TYPE_CHECKING:
     from perseus.solver import Baseline, Frontier, Policy, Profile, Schedule

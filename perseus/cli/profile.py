@@ -1,9 +1,9 @@
 """``perseus profile``: profile a synthetic transformer stage on one GPU, outside training.
 
-The same measurement as online profiling (:mod:`perseus.client.profiler`): loops of the
+The same measurement as online profiling (:mod:`perseus.client.profiling.profiler`): loops of the
 stage's forward and forward+backward at each clock, energy from the counter updates inside
 each loop's window, early stop once energy rises at several clocks in a row. The stage is
-:class:`perseus.client.standalone.SyntheticStage`, sized by the arguments. The result is a
+:class:`perseus.client.profiling.standalone.SyntheticStage`, sized by the arguments. The result is a
 Zeus-compatible CSV (``.json``: ``perseus.profile/1`` with the measured idle power) that
 ``perseus plan`` reads.
 
@@ -24,14 +24,14 @@ from typing import Any
 
 from perseus.cli.arguments import Parser, install_hint, needs
 from perseus.cli.outputs import check_writable, write_files
-from perseus.client.gpu import GpuControl, open_gpu
-from perseus.client.measurements import StageProfile
-from perseus.client.meter import EnergyMeter
-from perseus.client.profiler import ClockSweep, device_work
+from perseus.client.gpu.control import GpuControl, open_gpu
+from perseus.client.gpu.meter import EnergyMeter
+from perseus.client.profiling.measurements import StageProfile
+from perseus.client.profiling.profiler import ClockSweep, device_work
+from perseus.client.profiling.standalone import SyntheticStage
+from perseus.client.profiling.wait_power import measure_idle_power
 from perseus.client.settings import GPU_MODES, ProfileBudget, SettingsError
-from perseus.client.standalone import SyntheticStage
-from perseus.client.wait_power import measure_idle_power
-from perseus.errors import NvmlPermissionError, PerseusError
+from perseus.core.errors import NvmlPermissionError, PerseusError
 
 __all__ = ["add_profile_arguments", "build_parser", "run", "run_profile"]
 

@@ -76,7 +76,7 @@ def run_reset_clocks(args: argparse.Namespace, *, out: TextIO | None = None) -> 
         GpuControlError: NVML failed, or the process may not change clocks.
     """
     # Imported here: NVML is the client extra, and tests put a fake module in its place.
-    from perseus.client.gpu import reset_clocks
+    from perseus.client.gpu.control import reset_clocks
 
     stream = sys.stdout if out is None else out
     for line in reset_clocks(args.gpu):

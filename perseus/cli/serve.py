@@ -187,9 +187,9 @@ def check_database(url: str) -> None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-    from perseus.errors import StoreError
-    from perseus.server.storage import StorageFault
-    from perseus.server.store import Store
+    from perseus.core.errors import StoreError
+    from perseus.server.store.job_store import Store
+    from perseus.server.store.storage import StorageFault
 
     try:
         parsed = make_url(url)
@@ -270,8 +270,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from uvicorn.supervisors import Multiprocess
 
+    from perseus.server.api.edge import (
+        EdgeConfig,
+        connection_cap,
+        log_config,
+        raise_open_file_limit,
+    )
     from perseus.server.app import create_app
-    from perseus.server.edge import EdgeConfig, connection_cap, log_config, raise_open_file_limit
 
     overrides = _overrides(args)
     try:

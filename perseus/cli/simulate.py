@@ -14,7 +14,7 @@ from perseus.cli.arguments import Parser, UsageError, index, positive_float
 from perseus.cli.arguments import policy as policy_argument
 from perseus.cli.plan_views import margin_text
 from perseus.cli.tables import format_table, schedule_text
-from perseus.errors import PlanError
+from perseus.core.errors import PlanError
 
 __all__ = ["build_parser", "run"]
 
@@ -49,7 +49,7 @@ def run(argv: list[str]) -> int:
         PerseusError: A bad profile or plan file, or a plan that does not fit the profile.
     """
     args = build_parser().parse_args(argv)
-    from perseus.files import FrontierFile, profile_fingerprint, read_plan_or_frontier
+    from perseus.formats.plan_files import FrontierFile, profile_fingerprint, read_plan_or_frontier
     from perseus.solver import Policy, choose_point, load_profile, replay
 
     profile = load_profile(args.profile)

@@ -13,10 +13,11 @@
 Framework integrations live in :mod:`perseus.client.integrations` (``torch_pipelining`` needs
 torch, ``megatron`` megatron-core, ``deepspeed`` DeepSpeed; the old paths
 ``perseus.client.torch_pipelining`` etc. still work, with a DeprecationWarning). GPU control:
-:mod:`perseus.client.gpu` (NVML, dry-run; ``open_gpu`` also makes the modelled GPU of
-:mod:`perseus.client.fake`). The rank's own pieces: :mod:`~perseus.client.rank` (the training
+:mod:`perseus.client.gpu.control` (NVML, dry-run; ``open_gpu`` also makes the modelled GPU of
+:mod:`perseus.client.gpu.fake`). The rank's own pieces: :mod:`~perseus.client.rank` (the training
 thread's hooks), :mod:`~perseus.client.lifecycle` (``connect``, exit and signal hooks),
-:mod:`~perseus.client.session`, :mod:`~perseus.client.reporter`, :mod:`~perseus.client.online`.
+:mod:`~perseus.client.session`, :mod:`~perseus.client.reporter`,
+:mod:`~perseus.client.profiling.online`.
 Importing this package imports neither torch nor any training framework.
 """
 

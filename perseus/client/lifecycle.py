@@ -18,9 +18,9 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from perseus.client.gpu import GpuControl, GpuMode
-from perseus.client.online import WorkloadSource
-from perseus.client.planner import PlannerClient
+from perseus.client.api.client import PlannerClient
+from perseus.client.gpu.control import GpuControl, GpuMode
+from perseus.client.profiling.online import WorkloadSource
 from perseus.client.rank import Rank
 from perseus.client.settings import load_settings
 from perseus.client.torch_env import cuda_events, distributed

@@ -10,14 +10,15 @@ slow runs elsewhere, one small class per thread or concern:
 
 - :class:`Rank` (this module), **training thread**: the iteration and instruction hooks,
   following the plan, handing each instruction's clock to the controller;
-- :class:`~perseus.client.online.OnlineProfiling`, **training thread, between iterations**:
-  the clock sweep, a state machine (:class:`~perseus.client.online.ProfilingState`);
+- :class:`~perseus.client.profiling.online.OnlineProfiling`, **training thread, between
+iterations**:
+  the clock sweep, a state machine (:class:`~perseus.client.profiling.online.ProfilingState`);
 - :class:`~perseus.client.session.Session`, thread ``perseus-session``: register, upload the
   profile, long-poll plans;
 - :class:`~perseus.client.reporter.Reporter`, thread ``perseus-report``: iteration telemetry
   and the clock log;
-- :class:`~perseus.client.meter.EnergyMeter`, its own thread: reads the energy counter;
-- :class:`~perseus.client.controller.ClockController`, thread ``perseus-clocks``: requests
+- :class:`~perseus.client.gpu.meter.EnergyMeter`, its own thread: reads the energy counter;
+- :class:`~perseus.client.clocks.controller.ClockController`, thread ``perseus-clocks``: requests
   each clock change ahead, a raise to land the margin before its boundary, a lowering the
   margin after it, so that no instruction runs slower than planned; reads the clock each
   instruction ran at its middle (on a simulated GPU, the simulation says).
@@ -46,17 +47,22 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
 
-from perseus.client.controller import BoundaryEvent, ClockController, LogEntry, Stamp
-from perseus.client.gpu import GpuControl, open_gpu, work_observer
-from perseus.client.meter import EnergyMeter
-from perseus.client.online import OnlineProfiling, ProfilingState, StreamSampler, WorkloadSource
-from perseus.client.planner import PlannerClient
-from perseus.client.profiler import StageProfile
+from perseus.client.api.client import PlannerClient
+from perseus.client.clocks.controller import BoundaryEvent, ClockController, LogEntry, Stamp
+from perseus.client.gpu.control import GpuControl, open_gpu, work_observer
+from perseus.client.gpu.meter import EnergyMeter
+from perseus.client.profiling.online import (
+    OnlineProfiling,
+    ProfilingState,
+    StreamSampler,
+    WorkloadSource,
+)
+from perseus.client.profiling.profiler import StageProfile
 from perseus.client.reporter import Reporter
 from perseus.client.session import Session, read_saved_profile
 from perseus.client.settings import ClientSettings
 from perseus.client.state import ActivePlan, Expectation, RankState
-from perseus.errors import GpuControlError, PerseusError
+from perseus.core.errors import GpuControlError, PerseusError
 from perseus.schemas import IterationPhase
 from perseus.solver import InstructionKind
 

@@ -31,13 +31,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO
 
-from perseus.client.controller import LogEntry, Stamp
-from perseus.client.meter import EnergyMeter
-from perseus.client.planner import PlannerClient
-from perseus.client.retry import Backoff
+from perseus.client.api.client import PlannerClient
+from perseus.client.api.retry import Backoff
+from perseus.client.clocks.controller import LogEntry, Stamp
+from perseus.client.gpu.meter import EnergyMeter
 from perseus.client.session import Outage
 from perseus.client.settings import ClientSettings
-from perseus.errors import PerseusError, PlannerUnavailable
+from perseus.core.errors import PerseusError, PlannerUnavailable
 from perseus.schemas import IterationPhase, IterationReport
 
 __all__ = ["Reporter"]

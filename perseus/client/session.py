@@ -18,12 +18,12 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from perseus.client.gpu import GpuControl, WorkObserver
-from perseus.client.planner import PlannerClient, PlanTooLarge
-from perseus.client.retry import Backoff, retry_call
+from perseus.client.api.client import PlannerClient, PlanTooLarge
+from perseus.client.api.retry import Backoff, retry_call
+from perseus.client.gpu.control import GpuControl, WorkObserver
 from perseus.client.settings import ClientSettings, SettingsError
 from perseus.client.state import ActivePlan, RankState
-from perseus.errors import (
+from perseus.core.errors import (
     AuthError,
     JobNotFound,
     PerseusError,

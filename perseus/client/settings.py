@@ -42,9 +42,9 @@ from dataclasses import dataclass, field, replace
 from typing import get_args
 from urllib.parse import urlsplit
 
-from perseus.client.gpu import GpuMode
-from perseus.defaults import BASELINE_ITERATIONS
-from perseus.errors import PerseusError
+from perseus.client.gpu.control import GpuMode
+from perseus.core.defaults import BASELINE_ITERATIONS
+from perseus.core.errors import PerseusError
 
 __all__ = ["GPU_MODES", "ClientSettings", "ProfileBudget", "SettingsError", "load_settings"]
 

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 
 from perseus.client.settings import ClientSettings
-from perseus.defaults import CLOCK_CHANGE_MARGIN_S
+from perseus.core.defaults import CLOCK_CHANGE_MARGIN_S
 from perseus.schemas import JobCreate, JobView, PlanResponse
 from perseus.solver import InstructionKind
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from perseus.client.controller import BoundaryEvent
+from perseus.client.clocks.controller import BoundaryEvent
 from perseus.client.settings import ClientSettings
 
 __all__ = ["cuda_events", "distributed"]

@@ -28,20 +28,20 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from perseus import __version__
-from perseus.errors import PerseusError
+from perseus.core.errors import PerseusError
 from perseus.schemas import JOBS_PATH, OVERVIEW_PATH, ErrorBody, ValidationErrorBody
-from perseus.server.auth import hash_token
-from perseus.server.edge import AuthBeforeBody, bounded_accept_errors
-from perseus.server.jobs import RequestFieldError
-from perseus.server.metrics import BodyLimitMiddleware, Metrics, MetricsMiddleware
-from perseus.server.quotas import Quotas
-from perseus.server.routes import PlanFastPath, ServerState, error_response, router
-from perseus.server.runner import PlanningRunner
+from perseus.server.api.auth import hash_token
+from perseus.server.api.edge import AuthBeforeBody, bounded_accept_errors
+from perseus.server.api.metrics import BodyLimitMiddleware, Metrics, MetricsMiddleware
+from perseus.server.api.routes import PlanFastPath, ServerState, error_response, router
+from perseus.server.api.ui import add_ui_routes
+from perseus.server.lifecycle.jobs import RequestFieldError
+from perseus.server.lifecycle.quotas import Quotas
+from perseus.server.planning.runner import PlanningRunner
 from perseus.server.runtime import JobHeads, TelemetryBuffer
 from perseus.server.service import JobService
 from perseus.server.settings import Settings
-from perseus.server.store import Store
-from perseus.server.ui import add_ui_routes
+from perseus.server.store.job_store import Store
 
 __all__ = ["create_app", "create_app_from_env"]
 

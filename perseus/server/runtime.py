@@ -8,7 +8,7 @@ a cached row is older than ``cache_ttl_s``.
 :class:`TelemetryBuffer` writes iteration reports in batches.
 
 Planning runs (worker processes, their limits and fairness) are
-:class:`perseus.server.runner.PlanningRunner`.
+:class:`perseus.server.planning.runner.PlanningRunner`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
-from perseus.errors import JobNotFound, JobStateError, PerseusError
+from perseus.core.errors import JobNotFound, JobStateError, PerseusError
 from perseus.schemas import IterationReport
-from perseus.server.choices import PlanChoices
-from perseus.server.jobs import Jobs
-from perseus.server.store import JobRow
-from perseus.server.telemetry import IterationLog
+from perseus.server.lifecycle.choices import PlanChoices
+from perseus.server.lifecycle.jobs import Jobs
+from perseus.server.lifecycle.telemetry import IterationLog
+from perseus.server.store.job_store import JobRow
 
 __all__ = ["Coalescer", "JobHeads", "RankPlace", "TelemetryBuffer"]
 
@@ -64,7 +64,7 @@ class JobHeads:
     A cached row never goes back to an older version. While ranks wait for a job's next
     version, changes made by other server processes are watched for: every ``poll_s`` one
     query reads the versions of every waited-for job, and on PostgreSQL a notification
-    (:meth:`perseus.server.store.Store.listen`) wakes the wait at once.
+    (:meth:`perseus.server.store.job_store.Store.listen`) wakes the wait at once.
 
     Args:
         jobs: the jobs (their methods run in the thread pool).

@@ -9,7 +9,7 @@
 =========================  ============================================================
 
 Pure rules (choosing a point, detecting a straggler) are functions in
-:mod:`~perseus.server.decisions`.
+:mod:`~perseus.server.lifecycle.decisions`.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from perseus.server.choices import PlanChoices
-from perseus.server.jobs import Jobs
-from perseus.server.lease import PlanningLease
-from perseus.server.plans import FrontierCache, Plans
-from perseus.server.quotas import Quotas
-from perseus.server.store import Store
-from perseus.server.telemetry import IterationLog
+from perseus.server.lifecycle.choices import PlanChoices
+from perseus.server.lifecycle.jobs import Jobs
+from perseus.server.lifecycle.lease import PlanningLease
+from perseus.server.lifecycle.quotas import Quotas
+from perseus.server.lifecycle.telemetry import IterationLog
+from perseus.server.planning.plans import FrontierCache, Plans
+from perseus.server.store.job_store import Store
 
 __all__ = ["JobService"]
 

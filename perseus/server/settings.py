@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from perseus.defaults import POLISH_S
+from perseus.core.defaults import POLISH_S
 from perseus.solver.deadlines import MAX_CELLS
 
 __all__ = ["DEFAULT_DATABASE", "Settings"]

@@ -5,7 +5,7 @@ Imports only the standard library, numpy and highspy (HiGHS). See ``docs/solver-
 
 from __future__ import annotations
 
-from perseus.baselines import BaselineKey
+from perseus.core.baselines import BaselineKey
 from perseus.solver.baselines import Baseline, baselines_at, default_time
 from perseus.solver.costs import CostTable, build_costs
 from perseus.solver.dag import PipelineDag, build_dag

@@ -1,7 +1,7 @@
 """Reference plans that today's tools reach (see :func:`baselines_at`), and the default
 plan's iteration time: the no-slowdown reference.
 
-The keys are :class:`perseus.baselines.BaselineKey` (defined beside their labels in a module of
+The keys are :class:`perseus.core.baselines.BaselineKey` (defined beside their labels in a module of
 the standard library only, so the command line names them before importing the solver).
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from perseus.baselines import BaselineKey
+from perseus.core.baselines import BaselineKey
 from perseus.solver.dag import PipelineDag, build_dag
 from perseus.solver.profiles import Profile
 from perseus.solver.schedules import Schedule, per_gpu

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from perseus.errors import ProfileError
+from perseus.core.errors import ProfileError
 from perseus.solver.profiles import Profile, effective_options
 from perseus.solver.schedules import Schedule
 

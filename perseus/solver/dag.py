@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from perseus.errors import ScheduleError
+from perseus.core.errors import ScheduleError
 from perseus.solver.schedules import (
     BACKWARD,
     BACKWARD_INPUT,

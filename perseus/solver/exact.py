@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perseus.errors import InfeasibleDeadline, SolverTimeout
+from perseus.core.errors import InfeasibleDeadline, SolverTimeout
 from perseus.solver.planner import FloatArray, IntArray, Planner, Progress, pareto
 from perseus.solver.programs import ExactProgram
 

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from perseus.errors import InfeasibleDeadline
+from perseus.core.errors import InfeasibleDeadline
 from perseus.solver.deadlines import deadline_grid, served_deadline
 from perseus.solver.knots import first_solves, relaxed_knots
 from perseus.solver.planner import FloatArray, IntArray, Planner, Progress, pareto

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from perseus.baselines import BaselineKey
-from perseus.defaults import EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
-from perseus.errors import InfeasibleDeadline, PlanError, ProfileError
+from perseus.core.baselines import BaselineKey
+from perseus.core.defaults import EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
+from perseus.core.errors import InfeasibleDeadline, PlanError, ProfileError
 from perseus.solver.baselines import Baseline, baselines_at, default_time
 from perseus.solver.costs import build_costs
 from perseus.solver.dag import PipelineDag, build_dag
@@ -114,7 +114,7 @@ class Frontier:
         energies_j: Energy of every point.
         gaps: Gap of every point to the lower bound.
         frequencies_mhz: ``(points, instructions)`` clocks, instructions GPU by GPU in order.
-        baselines: By :class:`~perseus.baselines.BaselineKey` (typed ``str`` keys, so plain
+        baselines: By :class:`~perseus.core.baselines.BaselineKey` (typed ``str`` keys, so plain
             strings index it too): ``default`` (every instruction at the highest clock: the
             reference), ``all_fastest``, ``global_clock`` and ``per_stage_clock`` at no
             slowdown.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from perseus.errors import PerseusError
+from perseus.core.errors import PerseusError
 from perseus.solver.miniature import Extension, Miniature
 from perseus.solver.planner import Progress
 from perseus.solver.relaxation import Relaxation, RelaxedSolution, Solver, side_by_side

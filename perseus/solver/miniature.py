@@ -26,7 +26,7 @@ from typing import Any
 import highspy
 import numpy as np
 
-from perseus.errors import PerseusError, ScheduleError
+from perseus.core.errors import PerseusError, ScheduleError
 from perseus.solver.dag import PipelineDag, build_dag
 from perseus.solver.lp_model import MODEL_STATUS, FloatArray, IntArray, SparseRows, highs_model
 from perseus.solver.relaxation import Relaxation, RelaxedSolution

@@ -458,7 +458,7 @@ def warm_kernels() -> None:
     """Load the compiled kernels now, and plan every DAG with them from then on, small ones too.
 
     For a process that plans job after job, ahead of its jobs (a planner server's workers,
-    :func:`perseus.server.planning.warm_up`): it plans the shipped example profile at 4 x 4
+    :func:`perseus.server.planning.worker.warm_up`): it plans the shipped example profile at 4 x 4
     with the kernels, clock-change transitions included, so that each is compiled (the first
     time on an installation, 6-15 s) or loaded from numba's cache (about 0.3 s) before a job
     needs it. The plans, times and energies are the same either way.

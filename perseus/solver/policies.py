@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perseus.errors import InfeasibleDeadline, PolicyError
+from perseus.core.errors import InfeasibleDeadline, PolicyError
 from perseus.solver.frontier import Frontier
 
 __all__ = ["POLICY_KINDS", "Policy", "choose_point", "straggler_point"]

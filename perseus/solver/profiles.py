@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perseus.errors import ProfileError
+from perseus.core.errors import ProfileError
 from perseus.solver.schedules import InstructionKind
 
 __all__ = [

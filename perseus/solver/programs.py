@@ -29,7 +29,7 @@ import highspy
 import numpy as np
 import numpy.typing as npt
 
-from perseus.errors import InfeasibleDeadline, PerseusError, SolverTimeout
+from perseus.core.errors import InfeasibleDeadline, PerseusError, SolverTimeout
 from perseus.solver.costs import CostTable
 from perseus.solver.dag import PipelineDag
 from perseus.solver.lp_model import (

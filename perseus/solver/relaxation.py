@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 import highspy
 import numpy as np
 
-from perseus.errors import InfeasibleDeadline, PerseusError
+from perseus.core.errors import InfeasibleDeadline, PerseusError
 from perseus.solver.costs import CostTable
 from perseus.solver.dag import PipelineDag
 from perseus.solver.lp_model import (

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from perseus.errors import ScheduleError
+from perseus.core.errors import ScheduleError
 
 __all__ = [
     "BACKWARD",

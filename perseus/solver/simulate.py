@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perseus.errors import PlanError
+from perseus.core.errors import PlanError
 from perseus.solver.dag import build_dag
 from perseus.solver.profiles import Profile
 from perseus.solver.schedules import Schedule

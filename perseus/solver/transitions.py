@@ -11,7 +11,7 @@ iteration) with different clocks:
   after it, so the first ``margin`` seconds of ``n`` run at ``k``'s clock (a *head*).
 
 Either way the instruction with the lower clock of the pair runs ``margin`` seconds next to
-the boundary at the higher clock (see :data:`perseus.defaults.CLOCK_CHANGE_MARGIN_S`); an
+the boundary at the higher clock (see :data:`perseus.core.defaults.CLOCK_CHANGE_MARGIN_S`); an
 instruction between two higher-clocked neighbours gets both a head and a tail.
 
 The model, per instruction ``x`` (its own stage and kind throughout): ``t``, ``e`` are ``x``'s
@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from perseus.errors import PlanError
+from perseus.core.errors import PlanError
 from perseus.solver.dag import PipelineDag
 from perseus.solver.profiles import Option, Profile
 from perseus.solver.schedules import Schedule

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from perseus.errors import ScheduleError
+from perseus.core.errors import ScheduleError
 from perseus.solver.schedules import (
     BACKWARD,
     BACKWARD_INPUT,

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from perseus.defaults import RESOLUTION_S
+from perseus.core.defaults import RESOLUTION_S
 from perseus.solver.schedules import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES
 from perseus.wire.common import (
     MAX_INSTRUCTIONS,

@@ -6,8 +6,8 @@ import json
 import re
 from pathlib import Path
 
-from perseus.baselines import baseline_label, reference_key
-from perseus.files import FrontierFile
+from perseus.core.baselines import baseline_label, reference_key
+from perseus.formats.plan_files import FrontierFile
 from perseus.solver import Frontier
 
 MICROBATCHES = "4"

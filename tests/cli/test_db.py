@@ -11,8 +11,8 @@ from perseus.cli import main
 
 needs_migrations = pytest.mark.skipif(
     importlib.util.find_spec("sqlalchemy") is None
-    or importlib.util.find_spec("perseus.server.migrations") is None,
-    reason="perseus.server.migrations (and the server extra) not available",
+    or importlib.util.find_spec("perseus.server.store.migrations") is None,
+    reason="perseus.server.store.migrations (and the server extra) not available",
 )
 
 

@@ -20,7 +20,7 @@ import uvicorn
 from pydantic import SecretStr
 
 from perseus.cli import main
-from perseus.client.planner import PlannerClient
+from perseus.client.api.client import PlannerClient
 from perseus.schemas import ProfileReport, ProfileRow, RankRegistration
 from perseus.server.app import create_app
 from perseus.server.settings import Settings

@@ -29,7 +29,13 @@ from perseus.cli.job_context import (
     server_url,
     token_of,
 )
-from perseus.errors import AuthError, JobNotFound, PerseusError, PlannerUnavailable, PlanNotReady
+from perseus.core.errors import (
+    AuthError,
+    JobNotFound,
+    PerseusError,
+    PlannerUnavailable,
+    PlanNotReady,
+)
 
 
 def args(**given: object) -> argparse.Namespace:

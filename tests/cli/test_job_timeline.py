@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from perseus.cli.job_timeline import timeline_png_of
-from perseus.errors import JobStateError, PlanError, ProfileError
+from perseus.core.errors import JobStateError, PlanError, ProfileError
 from perseus.schemas import Baseline, FrontierPoint, FrontierView
 from perseus.solver import load_profile, profile_to_json
 

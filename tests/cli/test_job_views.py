@@ -25,8 +25,8 @@ from perseus.cli.job_views import (
     printable,
     validation_text,
 )
-from perseus.errors import PolicyError
-from perseus.files import frontier_from_json
+from perseus.core.errors import PolicyError
+from perseus.formats.plan_files import frontier_from_json
 from perseus.schemas import (
     Baseline,
     FrontierPoint,
@@ -37,7 +37,7 @@ from perseus.schemas import (
     SavingsView,
     StragglerView,
 )
-from perseus.server.decisions import choose, expected
+from perseus.server.lifecycle.decisions import choose, expected
 from perseus.solver import Policy
 
 # ----------------------------------------------------------------------------- text and policies
@@ -280,7 +280,7 @@ def _server_views(
 ) -> tuple[object, tuple[float, float]]:
     """What the planner shows of ``frontier_json`` under a straggler of ``imposed_s``: its
     FrontierView and the (time, energy) ``perseus job status`` expects, by the server's own
-    choice (as perseus.server.plans builds them)."""
+    choice (as perseus.server.planning.plans builds them)."""
 
     frontier = frontier_from_json(frontier_json)
     policy = policy_spec(Policy.parse(policy_text))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from perseus.baselines import baseline_label, reference_key
 from perseus.cli import main
+from perseus.core.baselines import baseline_label, reference_key
 
 from .plans import MICROBATCHES, frontier_of, number_after, reference_label
 
@@ -393,7 +393,7 @@ def test_the_clock_change_margin_is_planned_with_shown_and_recorded(
     shown: str | None,
     margin: float,
 ) -> None:
-    """The default margin is perseus.defaults'; the summary says it, both files record it, and
+    """The default margin is perseus.core.defaults'; the summary says it, both files record it, and
     the stated times and energies are the replay with it."""
     from perseus.solver import load_profile, replay
 

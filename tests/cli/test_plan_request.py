@@ -21,8 +21,8 @@ from perseus.cli.plan_request import (
     request_of,
     request_schedule,
 )
-from perseus.defaults import CLOCK_CHANGE_MARGIN_S, EXACT_TIME_LIMIT_S, POLISH_S
-from perseus.errors import ProfileError, ScheduleError
+from perseus.core.defaults import CLOCK_CHANGE_MARGIN_S, EXACT_TIME_LIMIT_S, POLISH_S
+from perseus.core.errors import ProfileError, ScheduleError
 from perseus.solver import Policy, load_profile, make_schedule
 
 LETTER = {"forward": "F", "backward": "B", "backward_input": "I", "backward_weight": "W"}

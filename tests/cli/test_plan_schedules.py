@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from perseus.cli import main
-from perseus.errors import ScheduleError
-from perseus.files import read_torch_schedule
+from perseus.core.errors import ScheduleError
+from perseus.formats.plan_files import read_torch_schedule
 from perseus.solver import make_schedule, profile_from_rows
 from perseus.solver.profiles import profile_to_csv
 

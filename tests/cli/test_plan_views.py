@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from perseus.baselines import shown_baselines
 from perseus.cli.plan_views import (
     ScheduleOutcome,
     cut_text,
@@ -24,7 +23,8 @@ from perseus.cli.plan_views import (
     stretched,
     whatif_table,
 )
-from perseus.errors import PlanError
+from perseus.core.baselines import shown_baselines
+from perseus.core.errors import PlanError
 from perseus.solver import Baseline, Frontier, Policy, load_profile, make_schedule
 from perseus.solver.exact import ExactSweep
 

@@ -34,9 +34,9 @@ def test_reset_clocks_prints_each_gpu(
         calls.append(given)
         return [f"GPU {i}: SM clock lock removed" for i in given or [0, 1]]
 
-    fake = types.ModuleType("perseus.client.gpu")
+    fake = types.ModuleType("perseus.client.gpu.control")
     fake.reset_clocks = reset_clocks  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "perseus.client.gpu", fake)
+    monkeypatch.setitem(sys.modules, "perseus.client.gpu.control", fake)
     status, out, _ = run(capsys, "reset-clocks", *argv)
     assert status == 0
     assert calls == [indices]

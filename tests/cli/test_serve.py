@@ -14,7 +14,7 @@ import pytest
 
 from perseus.cli import main
 from perseus.cli.serve import add_serve_arguments, bind_socket, run_serve, serve_settings
-from perseus.defaults import POLISH_S
+from perseus.core.defaults import POLISH_S
 from perseus.server.settings import DEFAULT_DATABASE, Settings
 
 
@@ -182,7 +182,7 @@ def test_a_database_from_a_newer_perseus_is_one_line(
 ) -> None:
     import sqlite3
 
-    from perseus.server.migrations import upgrade_database
+    from perseus.server.store.migrations import upgrade_database
 
     url = f"sqlite:///{tmp_path / 'newer.db'}"
     upgrade_database(url)

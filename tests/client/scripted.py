@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from perseus.client.planner import PlannerClient
+from perseus.client.api.client import PlannerClient
 from perseus.schemas import (
     IterationAccepted,
     IterationReport,

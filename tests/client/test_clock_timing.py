@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from perseus.client.fake import FakeGpu, FakeGpuModel, FakeRun, FakeWork, time_lost_s
+from perseus.client.gpu.fake import FakeGpu, FakeGpuModel, FakeRun, FakeWork, time_lost_s
 from perseus.client.rank import Rank
 from perseus.client.settings import load_settings
 from perseus.schemas import PlanInstruction, PlanResponse

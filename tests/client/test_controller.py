@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from perseus.client.controller import ClockController, LatencyEstimate, LogEntry
-from perseus.client.fake import FakeGpu, FakeGpuModel, FakeWork
+from perseus.client.clocks.controller import ClockController, LatencyEstimate, LogEntry
+from perseus.client.gpu.fake import FakeGpu, FakeGpuModel, FakeWork
 from perseus.client.state import ActivePlan
-from perseus.errors import GpuControlError, NvmlPermissionError
+from perseus.core.errors import GpuControlError, NvmlPermissionError
 
 # Helpers ----------------------------------------------------------------------------------------
 

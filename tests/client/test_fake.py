@@ -19,10 +19,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perseus.client.fake import FakeGpu, FakeGpuModel, FakeRun, FakeWork, default_work, time_lost_s
-from perseus.client.fake_model import BACKWARD_INPUT_SHARE, default_throttled_clocks_mhz
-from perseus.client.gpu import GpuControl
-from perseus.errors import GpuControlError
+from perseus.client.gpu.control import GpuControl
+from perseus.client.gpu.fake import (
+    FakeGpu,
+    FakeGpuModel,
+    FakeRun,
+    FakeWork,
+    default_work,
+    time_lost_s,
+)
+from perseus.client.gpu.fake_model import BACKWARD_INPUT_SHARE, default_throttled_clocks_mhz
+from perseus.core.errors import GpuControlError
 
 MODEL = FakeGpuModel()
 FORWARD = FakeWork(time_at_max_s=0.020, power_at_max_w=620.0)
@@ -634,7 +641,7 @@ def test_the_trace_file_from_the_environment(
 
 _SIGNAL_SCRIPT = """
 import signal, time
-from perseus.client.fake import FakeGpu, default_work
+from perseus.client.gpu.fake import FakeGpu, default_work
 gpu = FakeGpu(work=default_work(0, 1), sleep=lambda s: None)
 resets = []
 def handler(signum, frame):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from perseus.client.fake_probe import SweepProbe
+from perseus.client.gpu.fake_probe import SweepProbe
 
 
 class Gpu:

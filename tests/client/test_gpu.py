@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from perseus.client.fake import FakeGpu
-from perseus.client.gpu import DryRunGpu, GpuControl, NvmlGpu, WorkObserver, open_gpu, work_observer
-from perseus.errors import GpuControlError
+from perseus.client.gpu.control import (
+    DryRunGpu,
+    GpuControl,
+    NvmlGpu,
+    WorkObserver,
+    open_gpu,
+    work_observer,
+)
+from perseus.client.gpu.fake import FakeGpu
+from perseus.core.errors import GpuControlError
 
 from .fake_nvml import FakeNvml
 

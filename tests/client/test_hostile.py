@@ -18,15 +18,15 @@ from pydantic import ValidationError
 
 import perseus.client
 from perseus.cli.job_views import format_job
-from perseus.client.fake import FakeGpu, default_work
-from perseus.client.gpu import NvmlGpu
-from perseus.client.planner import PlannerClient, PlanTooLarge
+from perseus.client.api.client import PlannerClient, PlanTooLarge
+from perseus.client.api.retry import Backoff
+from perseus.client.gpu.control import NvmlGpu
+from perseus.client.gpu.fake import FakeGpu, default_work
 from perseus.client.rank import Rank
-from perseus.client.retry import Backoff
 from perseus.client.session import POLL_FLOOR_S, Outage, Session
 from perseus.client.settings import ClientSettings, load_settings
 from perseus.client.state import RankState
-from perseus.errors import GpuControlError
+from perseus.core.errors import GpuControlError
 from perseus.schemas import (
     IterationAccepted,
     IterationReport,

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from perseus.client.fake import FakeGpu
+from perseus.client.api.client import PlannerClient
+from perseus.client.gpu.fake import FakeGpu
 from perseus.client.lifecycle import close_all, connect
-from perseus.client.planner import PlannerClient
 
 from .scripted import EXAMPLE_PROFILE
 

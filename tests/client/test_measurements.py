@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from perseus.client.measurements import (
+from perseus.client.profiling.measurements import (
     MIN_HALF_SHARE,
     ClockMeasurement,
     StageProfile,
@@ -19,7 +19,7 @@ from perseus.client.measurements import (
     profile_csv,
     split_backward,
 )
-from perseus.errors import ProfileError
+from perseus.core.errors import ProfileError
 from perseus.solver import load_profile
 
 

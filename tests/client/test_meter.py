@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from perseus.client.meter import EnergyMeter
-from perseus.errors import GpuControlError
+from perseus.client.gpu.meter import EnergyMeter
+from perseus.core.errors import GpuControlError
 
 # Helpers ----------------------------------------------------------------------------------------
 from .clocks import ManualClock

@@ -11,8 +11,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from perseus.client.nvml import DryRunGpu, NvmlGpu, reset_clocks, validate_clock_mhz
-from perseus.errors import GpuControlError, NvmlNotSupported, NvmlPermissionError
+from perseus.client.gpu.nvml import DryRunGpu, NvmlGpu, reset_clocks, validate_clock_mhz
+from perseus.core.errors import GpuControlError, NvmlNotSupported, NvmlPermissionError
 
 from .fake_nvml import ERROR_CODES, H200_SM_MHZ, SETTERS, FakeNvml, FakeNvmlError
 

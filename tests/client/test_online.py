@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from perseus.client.controller import Stamp
-from perseus.client.fake import FakeGpu, FakeWork
-from perseus.client.meter import EnergyMeter
-from perseus.client.online import (
+from perseus.client.clocks.controller import Stamp
+from perseus.client.gpu.fake import FakeGpu, FakeWork
+from perseus.client.gpu.meter import EnergyMeter
+from perseus.client.profiling.online import (
     CALIBRATION_S,
     OnlineProfiling,
     ProfilingState,

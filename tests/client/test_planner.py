@@ -13,14 +13,14 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from perseus.client.planner import (
+from perseus.client.api.client import (
     DEFAULT_TIMEOUT,
     LONG_POLL_MARGIN_S,
     PlannerClient,
     create_job,
 )
-from perseus.client.retry import retryable
-from perseus.errors import (
+from perseus.client.api.retry import retryable
+from perseus.core.errors import (
     AuthError,
     InfeasibleDeadline,
     JobNotFound,

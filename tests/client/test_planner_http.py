@@ -15,15 +15,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from perseus.client.planner_http import (
+from perseus.client.api.http import (
     PlanTooLarge,
     call_planner,
     garbage_error,
     parse_reply,
     shown_body,
 )
-from perseus.client.retry import retryable
-from perseus.errors import (
+from perseus.client.api.retry import retryable
+from perseus.core.errors import (
     AuthError,
     JobNotFound,
     JobStateError,
@@ -34,9 +34,9 @@ from perseus.errors import (
     SolverTimeout,
 )
 from perseus.schemas import JobView
-from perseus.server.jobs import RequestFieldError
-from perseus.server.routes import error_response, error_status
-from perseus.server.storage import StorageFault
+from perseus.server.api.routes import error_response, error_status
+from perseus.server.lifecycle.jobs import RequestFieldError
+from perseus.server.store.storage import StorageFault
 
 BASE = "http://planner:7787"
 PATH = "/v1/jobs/j"

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import pytest
 
-from perseus.client.fake import (
+from perseus.client.gpu.fake import (
     FakeGpu,
     FakeGpuModel,
     FakeRun,
@@ -34,8 +34,8 @@ from perseus.client.fake import (
     SweepProbe,
     default_work,
 )
-from perseus.client.meter import CounterEdge, EnergyMeter
-from perseus.client.profiler import (
+from perseus.client.gpu.meter import CounterEdge, EnergyMeter
+from perseus.client.profiling.profiler import (
     MAX_WINDOW_FACTOR,
     MIN_WINDOW_INSTRUCTIONS,
     ClockMeasurement,
@@ -44,7 +44,7 @@ from perseus.client.profiler import (
     measure_idle_power,
 )
 from perseus.client.settings import ProfileBudget, SettingsError
-from perseus.errors import GpuControlError, ProfileError
+from perseus.core.errors import GpuControlError, ProfileError
 
 # Helpers ----------------------------------------------------------------------------------------
 from .clocks import ManualClock

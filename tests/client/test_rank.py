@@ -25,12 +25,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 import perseus.client
-from perseus.client.fake import FakeGpu, default_work
-from perseus.client.online import ProfilingState
-from perseus.client.planner import PlannerClient
+from perseus.client.api.client import PlannerClient
+from perseus.client.gpu.fake import FakeGpu, default_work
+from perseus.client.profiling.online import ProfilingState
 from perseus.client.rank import Rank
 from perseus.client.settings import ClientSettings, ProfileBudget, SettingsError
-from perseus.defaults import BASELINE_ITERATIONS
+from perseus.core.defaults import BASELINE_ITERATIONS
 from perseus.server.app import create_app
 from perseus.server.settings import Settings
 
@@ -308,7 +308,7 @@ SIGTERM_SCRIPT = """
 import os, signal, sys, threading, time
 import httpx
 import perseus.client
-from perseus.client.planner import PlannerClient
+from perseus.client.api.client import PlannerClient
 
 class SlowGpu:
     # Sets clocks inline (no CUDA events); a lock is an NVML call that takes a while.
@@ -347,7 +347,7 @@ FORK_SCRIPT = """
 import multiprocessing, sys
 import httpx
 import perseus.client
-from perseus.client.planner import PlannerClient
+from perseus.client.api.client import PlannerClient
 
 class Gpu:
     index, can_set_clocks = 0, True

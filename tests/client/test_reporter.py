@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from perseus.client.boundary import LogEntry, Stamp
+from perseus.client.clocks.boundary import LogEntry, Stamp
 from perseus.client.reporter import Reporter
 from perseus.client.settings import ClientSettings
-from perseus.errors import JobStateError, PlannerUnavailable
+from perseus.core.errors import JobStateError, PlannerUnavailable
 from perseus.schemas import IterationReport
 
 from .clocks import ManualClock

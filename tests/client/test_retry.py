@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from perseus.client.retry import Backoff, retry_call, retryable
-from perseus.errors import (
+from perseus.client.api.retry import Backoff, retry_call, retryable
+from perseus.core.errors import (
     AuthError,
     JobNotFound,
     JobStateError,

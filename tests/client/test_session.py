@@ -9,7 +9,7 @@ import pytest
 
 from perseus.client.session import read_saved_profile, saved_profile_rows
 from perseus.client.settings import ClientSettings, SettingsError
-from perseus.errors import ProfileError
+from perseus.core.errors import ProfileError
 
 EXAMPLE_PROFILE = Path(str(resources.files("perseus") / "data" / "example_profile.csv"))
 

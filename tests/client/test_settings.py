@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from perseus.client.fake import FakeGpu
-from perseus.client.gpu import open_gpu
+from perseus.client.gpu.control import open_gpu
+from perseus.client.gpu.fake import FakeGpu
 from perseus.client.settings import (
     GPU_MODES,
     ClientSettings,
@@ -13,7 +13,7 @@ from perseus.client.settings import (
     SettingsError,
     load_settings,
 )
-from perseus.defaults import BASELINE_ITERATIONS
+from perseus.core.defaults import BASELINE_ITERATIONS
 
 SERVER = {"PERSEUS_SERVER": "http://planner:7787", "PERSEUS_JOB": "j", "PERSEUS_TOKEN": "t"}
 

@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
+from perseus.client.profiling.standalone import SyntheticStage
 from perseus.client.settings import SettingsError
-from perseus.client.standalone import SyntheticStage
 
 torch = pytest.importorskip("torch")
 

@@ -8,7 +8,7 @@ import pytest
 
 from perseus.client.settings import ClientSettings
 from perseus.client.state import ActivePlan, Expectation, RankState, job_mismatches
-from perseus.defaults import CLOCK_CHANGE_MARGIN_S
+from perseus.core.defaults import CLOCK_CHANGE_MARGIN_S
 from perseus.schemas import JobCreate, PlanInstruction, PlanResponse
 from perseus.solver import InstructionKind
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from perseus.client.boundary import Stamp
-from perseus.client.stream_sampling import (
+from perseus.client.clocks.boundary import Stamp
+from perseus.client.profiling.stream_sampling import (
     MAX_CALIBRATION_SPANS,
     MAX_STREAM_SAMPLES,
     IterationSpan,
     StreamEnergy,
     StreamSampler,
 )
-from perseus.client.wait_power import StreamWindow
+from perseus.client.profiling.wait_power import StreamWindow
 
 from .clocks import ManualClock
 

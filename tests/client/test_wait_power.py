@@ -9,15 +9,15 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from perseus.client.measurements import ClockMeasurement, split_backward
-from perseus.client.wait_power import (
+from perseus.client.profiling.measurements import ClockMeasurement, split_backward
+from perseus.client.profiling.wait_power import (
     MIN_WAIT_S,
     MIN_WAIT_SHARE,
     StreamWindow,
     in_pipeline_wait_power,
     measure_idle_power,
 )
-from perseus.errors import ProfileError
+from perseus.core.errors import ProfileError
 
 from .clocks import ManualClock
 

@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
-from perseus.client.fake_model import default_throttled_clocks_mhz
-from perseus.defaults import CLOCK_CHANGE_MARGIN_S
+from perseus.client.gpu.fake_model import default_throttled_clocks_mhz
+from perseus.core.defaults import CLOCK_CHANGE_MARGIN_S
 
 from .conftest import REPO, LiveServer, free_port
 

@@ -28,7 +28,7 @@ from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: E402
 from perseus.client.integrations.deepspeed import MicrobatchCounter, instruction_map, instrument  # noqa: E402
 from perseus.client.rank import Rank  # noqa: E402
 from perseus.client.settings import load_settings  # noqa: E402
-from perseus.errors import ScheduleError  # noqa: E402
+from perseus.core.errors import ScheduleError  # noqa: E402
 from perseus.solver.schedules import make_schedule  # noqa: E402
 
 # ---------------------------------------------------------------------- without processes

@@ -34,7 +34,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func, schedules
 from megatron.core.transformer import TransformerConfig  # noqa: E402
 
 from perseus.client.integrations import megatron as pm  # noqa: E402
-from perseus.errors import ScheduleError  # noqa: E402
+from perseus.core.errors import ScheduleError  # noqa: E402
 
 EXAMPLE = "megatron_pipeline.py"
 QUIET = {"PYTHONWARNINGS": "ignore"}

@@ -223,7 +223,7 @@ def test_simulated_ranks_follow_policy_and_straggler(
     not os.environ.get("PERSEUS_TEST_POSTGRES_URL"), reason="PERSEUS_TEST_POSTGRES_URL is not set"
 )
 def test_two_workers_share_postgresql(live_server: Callable[..., LiveServer]) -> None:
-    from perseus.server.store import Store
+    from perseus.server.store.job_store import Store
 
     url = os.environ["PERSEUS_TEST_POSTGRES_URL"]
     store = Store(url)

@@ -25,7 +25,7 @@ from perseus.schemas import JobCreate, ProfileReport, ProfileRow, RankRegistrati
 from perseus.server.app import create_app
 from perseus.server.service import JobService
 from perseus.server.settings import Settings
-from perseus.server.store import Store
+from perseus.server.store.job_store import Store
 from perseus.solver import load_profile, profile_to_json
 from perseus.solver.synthetic import synthetic_profile
 

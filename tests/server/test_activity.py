@@ -1,11 +1,11 @@
-"""What the web page shows live (perseus.server.activity): each rank's last report, the
+"""What the web page shows live (perseus.server.lifecycle.activity): each rank's last report, the
 job's recent iterations, who follows the current plan."""
 
 from __future__ import annotations
 
 from perseus.schemas import IterationReport
-from perseus.server.activity import ITERATIONS_KEPT, Activity
-from perseus.server.tables import RankRow
+from perseus.server.lifecycle.activity import ITERATIONS_KEPT, Activity
+from perseus.server.store.tables import RankRow
 
 from .conftest import Clock
 

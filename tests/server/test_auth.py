@@ -1,4 +1,4 @@
-"""Tokens (perseus.server.auth): the admin token and each job's own."""
+"""Tokens (perseus.server.api.auth): the admin token and each job's own."""
 
 from __future__ import annotations
 
@@ -10,8 +10,14 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from perseus.errors import AuthError
-from perseus.server.auth import bearer_token, check_admin, check_job_token, hash_token, new_token
+from perseus.core.errors import AuthError
+from perseus.server.api.auth import (
+    bearer_token,
+    check_admin,
+    check_job_token,
+    hash_token,
+    new_token,
+)
 from perseus.server.settings import Settings
 
 from .conftest import create_job

@@ -1,4 +1,4 @@
-"""Policies and stragglers (perseus.server.choices): which point the plans follow."""
+"""Policies and stragglers (perseus.server.lifecycle.choices): which point the plans follow."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Engines and URLs (perseus.server.database). (PostgreSQL's change notifications are tested
+"""Engines and URLs (perseus.server.store.database). (PostgreSQL's change notifications are tested
 across two server processes in test_versions.)"""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from perseus.server.database import normalize_database_url, sqlite_engine
+from perseus.server.store.database import normalize_database_url, sqlite_engine
 
 
 @pytest.mark.parametrize(

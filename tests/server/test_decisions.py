@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perseus.errors import InfeasibleDeadline
+from perseus.core.errors import InfeasibleDeadline
 from perseus.schemas import (
     DeadlinePolicy,
     MaxSlowdownPolicy,
@@ -13,7 +13,7 @@ from perseus.schemas import (
     NoSlowdownPolicy,
     StragglerView,
 )
-from perseus.server.decisions import (
+from perseus.server.lifecycle.decisions import (
     Choice,
     Replica,
     StragglerChange,
@@ -24,7 +24,7 @@ from perseus.server.decisions import (
     replica_measurements,
     robust_time_s,
 )
-from perseus.server.store import RankWindow
+from perseus.server.store.job_store import RankWindow
 from perseus.solver import Frontier, make_schedule
 
 TIMES_S = (1.0, 1.1, 1.25, 1.5, 2.0)

@@ -1,4 +1,4 @@
-"""The connection and request edge (perseus.server.edge): head timeout, connection cap, token
+"""The connection and request edge (perseus.server.api.edge): head timeout, connection cap, token
 before body, log redaction. Real uvicorn on loopback where sockets matter. (The documented
 error shape of router and parsing errors is the app's: test_app.)"""
 
@@ -20,9 +20,9 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-from perseus.client.planner import KEEPALIVE_EXPIRY_S
+from perseus.client.api.client import KEEPALIVE_EXPIRY_S
+from perseus.server.api.edge import AccessLogFilter, EdgeConfig, EdgeProtocol, redact_query
 from perseus.server.app import create_app
-from perseus.server.edge import AccessLogFilter, EdgeConfig, EdgeProtocol, redact_query
 from perseus.server.settings import Settings
 
 from .conftest import loopback_socket
@@ -416,7 +416,7 @@ def test_uvicorn_still_has_what_edge_protocol_relies_on() -> None:
     def require(present: bool, what: str) -> None:
         if not present:
             pytest.fail(
-                f"uvicorn {uvicorn.__version__}: {what} is gone; perseus/server/edge.py "
+                f"uvicorn {uvicorn.__version__}: {what} is gone; perseus/server/api/edge.py "
                 "(EdgeProtocol, log_config) relies on it: adapt edge.py before moving the pin"
             )
 

@@ -1,4 +1,4 @@
-"""Our errors as HTTP answers (perseus.server.http_errors): one status table, one body shape,
+"""Our errors as HTTP answers (perseus.server.api.http_errors): one status table, one body shape,
 the headers a client acts on, never a traceback."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from perseus.errors import (
+from perseus.core.errors import (
     AuthError,
     GpuControlError,
     InfeasibleDeadline,
@@ -24,9 +24,9 @@ from perseus.errors import (
     SolverTimeout,
 )
 from perseus.schemas import ErrorBody, ValidationErrorBody
-from perseus.server.http_errors import error_response, error_status
-from perseus.server.jobs import RequestFieldError
-from perseus.server.storage import StorageFault
+from perseus.server.api.http_errors import error_response, error_status
+from perseus.server.lifecycle.jobs import RequestFieldError
+from perseus.server.store.storage import StorageFault
 
 
 @pytest.mark.parametrize(

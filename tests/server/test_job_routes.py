@@ -1,4 +1,4 @@
-"""The job routes (perseus.server.job_routes): create, list, delete; what creation refuses."""
+"""The job routes (perseus.server.api.job_routes): create, list, delete; what creation refuses."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Jobs and ranks (perseus.server.jobs): the life cycle's states, registration's checks."""
+"""Jobs and ranks (perseus.server.lifecycle.jobs): the life cycle's states, registration's
+checks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from perseus.schemas import RankRegistration
 from perseus.server.service import JobService
-from perseus.server.store import Store
+from perseus.server.store.job_store import Store
 
 from .conftest import Clock, ProfileRows, clocks_of, create_job, job_spec, rank_body, snapshot
 
@@ -114,7 +115,7 @@ def test_one_rank_from_two_live_processes_is_409_naming_it(
     # the first process's clock list stands
     assert job.view()["counts"]["ranks_registered"] == 1
     # once the first has been quiet long enough, a new process is a restart
-    monkeypatch.setattr("perseus.server.jobs.RANK_LIVE_S", 0.0)
+    monkeypatch.setattr("perseus.server.lifecycle.jobs.RANK_LIVE_S", 0.0)
     restart = client.post(job.url("/ranks"), json=rank_body(0, instance="b2"), headers=job.auth)
     assert restart.status_code == 200
     assert (

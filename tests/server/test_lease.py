@@ -1,4 +1,5 @@
-"""Profiles and the planning lease (perseus.server.lease): checks, claims, failing, replanning."""
+"""Profiles and the planning lease (perseus.server.lifecycle.lease): checks, claims, failing,
+replanning."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from perseus.errors import JobStateError
+from perseus.core.errors import JobStateError
 from perseus.schemas import MinEnergyPolicy, ProfileReport, ProfileRow
-from perseus.server.jobs import RequestFieldError
-from perseus.server.lease import check_stage_clocks
-from perseus.server.planning import plan_frontier
+from perseus.server.lifecycle.jobs import RequestFieldError
+from perseus.server.lifecycle.lease import check_stage_clocks
+from perseus.server.planning.worker import plan_frontier
 from perseus.server.service import JobService
-from perseus.server.store import Store
+from perseus.server.store.job_store import Store
 
 from .conftest import (
     Clock,

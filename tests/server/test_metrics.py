@@ -1,4 +1,4 @@
-"""Prometheus metrics and the middlewares (perseus.server.metrics)."""
+"""Prometheus metrics and the middlewares (perseus.server.api.metrics)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from perseus.schemas import JOB_STATES
-from perseus.server.metrics import JobGauges, Metrics, method_label
+from perseus.server.api.metrics import JobGauges, Metrics, method_label
 from perseus.server.settings import Settings
 
 from .conftest import Job, create_job, small_profile_rows

@@ -14,11 +14,11 @@ from alembic.runtime.migration import MigrationContext
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, inspect
 
-from perseus.errors import StoreError
-from perseus.server.alembic import VERSION_TABLE
-from perseus.server.migrations import current_revision, head_revision, upgrade_database
+from perseus.core.errors import StoreError
 from perseus.server.settings import Settings
-from perseus.server.store import Store, metadata, normalize_database_url
+from perseus.server.store.alembic import VERSION_TABLE
+from perseus.server.store.job_store import Store, metadata, normalize_database_url
+from perseus.server.store.migrations import current_revision, head_revision, upgrade_database
 
 DATA = Path(__file__).parent / "data"
 ROWS = DATA / "pre_alembic_rows.sql"
@@ -151,7 +151,7 @@ def test_a_database_at_0001_with_data_upgrades_to_the_head(
 ) -> None:
     from alembic import command
 
-    from perseus.server.alembic import config
+    from perseus.server.store.alembic import config
 
     _make_pre_migration_database(sqlite_url)
     engine = create_engine(sqlite_url)

@@ -1,4 +1,4 @@
-"""The plan fetch (perseus.server.plan_fetch): ETags, long polls, the query's memo."""
+"""The plan fetch (perseus.server.api.plan_fetch): ETags, long polls, the query's memo."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from starlette.types import Message, Receive, Scope, Send
 
 from perseus.schemas import PLAN_PATH
-from perseus.server.plan_fetch import PlanFastPath
+from perseus.server.api.plan_fetch import PlanFastPath
 
 from .conftest import Job
 

@@ -1,4 +1,5 @@
-"""Running the planner (perseus.server.planning): the worker function, its limit, its failures."""
+"""Running the planner (perseus.server.planning.worker): the worker function, its limit, its
+failures."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import logging
 
 import pytest
 
-from perseus.errors import PlanningTooLarge
-from perseus.files import frontier_from_json
-from perseus.server.planning import (
+from perseus.core.errors import PlanningTooLarge
+from perseus.formats.plan_files import frontier_from_json
+from perseus.server.planning.worker import (
     PlanningInput,
     StoredProfile,
     failure_reason,

@@ -1,4 +1,4 @@
-"""The planning-work estimate and its limit (perseus.server.planning_work)."""
+"""The planning-work estimate and its limit (perseus.server.planning.work)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from perseus.errors import PlanningTooLarge
-from perseus.server.planning_work import (
+from perseus.core.errors import PlanningTooLarge
+from perseus.server.planning.work import (
     DEFAULT_MAX_CELLS,
     InstructionTimes,
     PlanningWork,

@@ -1,4 +1,4 @@
-"""Plans rendered from the chosen point (perseus.server.plans), as ranks fetch them."""
+"""Plans rendered from the chosen point (perseus.server.planning.plans), as ranks fetch them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Quotas (perseus.server.quotas): each limit answers with a clear 4xx."""
+"""Quotas (perseus.server.lifecycle.quotas): each limit answers with a clear 4xx."""
 
 from __future__ import annotations
 

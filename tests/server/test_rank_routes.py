@@ -1,4 +1,4 @@
-"""The rank routes (perseus.server.rank_routes): answers before a plan, strict numbers, the
+"""The rank routes (perseus.server.api.rank_routes): answers before a plan, strict numbers, the
 job's files (profile.csv, profile.json, frontier.json), ranks that gave up.
 
 Their logic is tested with the module that holds it: registration in test_jobs, profiles
@@ -14,9 +14,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from perseus.cli import main
-from perseus.files import FrontierFile
+from perseus.formats.plan_files import FrontierFile
 from perseus.schemas import FRONTIER_FILE_PATH, GAVE_UP_PATH, PROFILE_CSV_PATH, PROFILE_JSON_PATH
-from perseus.server.planning import merged_profile
+from perseus.server.planning.worker import merged_profile
 from perseus.solver import Profile, load_profile
 from perseus.solver.profiles import profile_from_json
 

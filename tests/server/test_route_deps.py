@@ -1,4 +1,4 @@
-"""What every route depends on (perseus.server.route_deps): the job, the rank's host."""
+"""What every route depends on (perseus.server.api.deps): the job, the rank's host."""
 
 from __future__ import annotations
 

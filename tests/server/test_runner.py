@@ -1,4 +1,5 @@
-"""Planning runs (perseus.server.runner): each run's time and memory limits, killed workers,
+"""Planning runs (perseus.server.planning.runner): each run's time and memory limits, killed
+workers,
 deleted jobs; through the HTTP API on real planning processes, small limits in each test's
 settings."""
 
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from perseus.server.runner import PlanningProcess, PlanningRunner
+from perseus.server.planning.runner import PlanningProcess, PlanningRunner
 from perseus.server.settings import Settings
 
 from .conftest import Job, clocks_of, create_job, synthetic_rows

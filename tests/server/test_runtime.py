@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from fastapi.testclient import TestClient
 
-from perseus.errors import JobNotFound
+from perseus.core.errors import JobNotFound
 from perseus.server.runtime import Coalescer
 from perseus.server.settings import Settings
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from perseus.defaults import CLOCK_CHANGE_MARGIN_S
+from perseus.core.defaults import CLOCK_CHANGE_MARGIN_S
 from perseus.schemas import PlanResponse
-from perseus.server.savings import SAMPLE_WINDOW
+from perseus.server.lifecycle.savings import SAMPLE_WINDOW
 
 from .conftest import Job, ProfileRows
 

@@ -1,12 +1,12 @@
-"""Combining a stage's rank profiles (perseus.server.stage_profiles), blocking power."""
+"""Combining a stage's rank profiles (perseus.server.planning.stage_profiles), blocking power."""
 
 from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
 
-from perseus.errors import ProfileError
-from perseus.server.stage_profiles import RankProfile, combine_profiles, stage_p_block_w
+from perseus.core.errors import ProfileError
+from perseus.server.planning.stage_profiles import RankProfile, combine_profiles, stage_p_block_w
 
 from .conftest import ProfileRows, clocks_of, create_job
 

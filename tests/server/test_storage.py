@@ -20,8 +20,8 @@ from fastapi.testclient import TestClient
 
 from perseus.server.app import create_app
 from perseus.server.settings import Settings
-from perseus.server.storage import StorageFault, StorageProblem, storage_problem
-from perseus.server.store import Store
+from perseus.server.store.job_store import Store
+from perseus.server.store.storage import StorageFault, StorageProblem, storage_problem
 
 BODY = {
     "schedule": "1f1b",

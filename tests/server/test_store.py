@@ -1,4 +1,5 @@
-"""The store (perseus.server.store): its schema, upgrades of older databases, write locks."""
+"""The store (perseus.server.store.job_store): its schema, upgrades of older databases, write
+locks."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import threading
 import pytest
 from sqlalchemy import create_engine
 
-from perseus.errors import JobNotFound
+from perseus.core.errors import JobNotFound
 from perseus.schemas import IterationReport, RankRegistration
-from perseus.server.alembic import VERSION_TABLE
-from perseus.server.database import normalize_database_url
-from perseus.server.migrations import head_revision
 from perseus.server.service import JobService
-from perseus.server.store import Store
+from perseus.server.store.alembic import VERSION_TABLE
+from perseus.server.store.database import normalize_database_url
+from perseus.server.store.job_store import Store
+from perseus.server.store.migrations import head_revision
 
 from .conftest import job_spec, register_ranks
 

@@ -1,4 +1,4 @@
-"""Ranks' measured iterations (perseus.server.telemetry) against the prediction."""
+"""Ranks' measured iterations (perseus.server.lifecycle.telemetry) against the prediction."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from perseus.schemas import IterationReport
 from perseus.server.service import JobService
-from perseus.server.store import Store
+from perseus.server.store.job_store import Store
 
 from .conftest import Job, job_spec, register_ranks, report_iterations
 

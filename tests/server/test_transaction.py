@@ -1,4 +1,5 @@
-"""Typed reads and writes (perseus.server.transaction), on SQLite and (when set) PostgreSQL."""
+"""Typed reads and writes (perseus.server.store.transaction), on SQLite and (when set)
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from sqlalchemy.exc import IntegrityError
 
 from perseus.schemas import StragglerView
 from perseus.server.service import JobService
-from perseus.server.store import FrontierRow, ProfileRecord, RankRow, Store
+from perseus.server.store.job_store import FrontierRow, ProfileRecord, RankRow, Store
 
 from .conftest import Clock, job_spec
 

@@ -1,4 +1,4 @@
-"""Routes that show the server and its jobs (perseus.server.view_routes): every job's view,
+"""Routes that show the server and its jobs (perseus.server.api.view_routes): every job's view,
 a job's live activity. (/healthz: test_app, its 503 test_storage; /metrics: test_metrics;
 /timeline: test_timeline.)"""
 

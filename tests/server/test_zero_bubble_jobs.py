@@ -53,7 +53,7 @@ def test_every_schedule_name_is_accepted(client: TestClient) -> None:
 def test_planning_work_counts_the_split_backward() -> None:
     """A zero-bubble job plans 3 instructions per (stage, microbatch, chunk); the halves
     widen the span only as far as the whole backward would."""
-    from perseus.server.planning import InstructionTimes, estimate_planning_work
+    from perseus.server.planning.worker import InstructionTimes, estimate_planning_work
 
     whole = [
         InstructionTimes(0, "forward", 1.0, 2.0, 3),

@@ -122,7 +122,7 @@ def test_per_stage_clock_no_single_stage_change_improves(case: Case, slack: floa
 def test_baseline_keys_are_the_one_enum() -> None:
     """Every key baselines_at gives is a BaselineKey member, in the enum's order, and plain
     strings still index them (and every label is defined for them)."""
-    from perseus.baselines import BASELINE_LABELS, BaselineKey
+    from perseus.core.baselines import BASELINE_LABELS, BaselineKey
     from perseus.solver import make_schedule, profile_from_rows
 
     rows = [(g, kind, f, t * (2 if kind == "backward" else 1), e)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, note
 
-from perseus.errors import ProfileError
+from perseus.core.errors import ProfileError
 from perseus.solver import build_costs, build_dag, make_schedule, profile_from_rows
 
 from .cases import Case, cases, examples, split_rows

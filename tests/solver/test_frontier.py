@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, note
 
-from perseus.errors import PlanError, ProfileError
+from perseus.core.errors import PlanError, ProfileError
 from perseus.solver import (
     compute_frontier,
     load_profile,

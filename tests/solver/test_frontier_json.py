@@ -1,4 +1,5 @@
-"""frontier.json (``perseus.files``, the one model of the format): shape, round trip, strictness."""
+"""frontier.json (``perseus.formats.plan_files``, the one model of the format): shape, round trip,
+strictness."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, note
 
-from perseus.errors import PlanError
-from perseus.files import frontier_from_json, frontier_to_json
+from perseus.core.errors import PlanError
+from perseus.formats.plan_files import frontier_from_json, frontier_to_json
 from perseus.solver import Frontier, compute_frontier, make_schedule, profile_from_rows
 
 from .cases import Case, cases, examples

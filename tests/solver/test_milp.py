@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given, note
 
 import perseus
-from perseus.errors import PlanError, SolverTimeout
+from perseus.core.errors import PlanError, SolverTimeout
 from perseus.solver import compute_frontier, load_profile, make_schedule
 
 from . import reference as ref

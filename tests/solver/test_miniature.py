@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from perseus.errors import InfeasibleDeadline, PerseusError
+from perseus.core.errors import InfeasibleDeadline, PerseusError
 from perseus.solver import (
     build_costs,
     build_dag,

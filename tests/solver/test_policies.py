@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from perseus.errors import InfeasibleDeadline, PolicyError
+from perseus.core.errors import InfeasibleDeadline, PolicyError
 from perseus.solver import POLICY_KINDS, Policy, choose_point, compute_frontier, straggler_point
 
 from .cases import RTOL, Case, cases, examples, frequencies, rel

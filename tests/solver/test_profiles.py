@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 
-from perseus.errors import ProfileError
+from perseus.core.errors import ProfileError
 from perseus.solver import (
     INSTRUCTIONS,
     Option,

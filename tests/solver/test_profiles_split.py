@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from perseus.errors import ProfileError
+from perseus.core.errors import ProfileError
 from perseus.solver import load_profile, profile_from_rows
 from perseus.solver.profiles import profile_to_csv, profile_to_json
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, note
 
-from perseus.errors import SolverTimeout
+from perseus.core.errors import SolverTimeout
 from perseus.solver import build_costs, build_dag
 from perseus.solver.planner import Planner
 from perseus.solver.programs import ExactProgram

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from perseus.errors import InfeasibleDeadline
+from perseus.core.errors import InfeasibleDeadline
 from perseus.solver import build_costs, build_dag, make_schedule, profile_from_rows
 from perseus.solver.planner import Planner
 from perseus.solver.relaxation import Relaxation, side_by_side

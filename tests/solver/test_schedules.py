@@ -9,7 +9,7 @@ from collections import Counter
 import networkx as nx
 import pytest
 
-from perseus.errors import ScheduleError
+from perseus.core.errors import ScheduleError
 from perseus.solver import SCHEDULE_NAMES, Instruction, make_schedule
 
 from . import reference as ref

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from perseus.errors import ScheduleError
+from perseus.core.errors import ScheduleError
 from perseus.solver import build_dag, make_schedule, schedule_from_actions
 
 F, B, BI, BW = "forward", "backward", "backward_input", "backward_weight"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from perseus.errors import ScheduleError
+from perseus.core.errors import ScheduleError
 from perseus.solver import build_dag, make_schedule
 
 pipelining = pytest.importorskip("torch.distributed.pipelining.schedules")

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from perseus.errors import PlanError
+from perseus.core.errors import PlanError
 from perseus.solver import (
     Policy,
     baselines_at,

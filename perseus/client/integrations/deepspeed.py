@@ -25,7 +25,7 @@ loop in ``tests/e2e/test_deepspeed.py``, up to 6 stages and 10 microbatches; by 
 and 16, deepspeed 0.19.8). The counts restart at every ``train_batch``.
 
 What is supported. Only DeepSpeed's synchronous 1F1B ``TrainSchedule``: :func:`instrument`
-builds the schedule the engine trains with and raises :class:`~perseus.errors.ScheduleError`
+builds the schedule the engine trains with and raises :class:`~perseus.core.errors.ScheduleError`
 for anything else (a subclass whose ``_train_schedule`` returns another schedule, such as
 ``DualPipeVSchedule``), and for an engine that is not a ``PipelineEngine``. The stage, the
 number of stages and the microbatches (``gradient_accumulation_steps``) are bound to the rank,
@@ -62,7 +62,7 @@ from deepspeed.runtime.pipe.schedule import BackwardPass, ForwardPass, TrainSche
 
 from perseus.client.integrations.tensors import StateHook, detached, flatten_tensors, preserved
 from perseus.client.rank import Rank
-from perseus.errors import ProfileError, ScheduleError
+from perseus.core.errors import ProfileError, ScheduleError
 from perseus.solver import InstructionKind
 
 __all__ = ["EngineWorkload", "MicrobatchCounter", "instrument"]

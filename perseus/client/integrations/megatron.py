@@ -31,7 +31,7 @@ replaces those five module attributes with wrappers (a forward-backward function
   (:meth:`perseus.client.Rank.bind`), so a mismatch is reported at the start.
 - Calls with ``forward_only=True`` (evaluation) pass through unplanned and are no iteration.
 
-Not planned, refused with :class:`~perseus.errors.ScheduleError` (at :func:`instrument` when
+Not planned, refused with :class:`~perseus.core.errors.ScheduleError` (at :func:`instrument` when
 the config is given or the parallel state shows it, else at the first call of the
 forward-backward function, before it runs anything): the combined 1F1B schedule
 (``overlap_moe_expert_parallel_comm``, also behind ``delay_wgrad_compute``), which fuses the
@@ -69,7 +69,7 @@ from megatron.core.utils import get_model_config
 from perseus.client.integrations.megatron_outputs import ForwardOutputs
 from perseus.client.integrations.megatron_workload import ChunkWorkload
 from perseus.client.rank import Rank
-from perseus.errors import ScheduleError
+from perseus.core.errors import ScheduleError
 from perseus.solver import InstructionKind
 
 __all__ = [

@@ -33,7 +33,7 @@ with the random-number state and the module's buffers restored afterwards: train
 profiling computes exactly what it would have without it. When the schedule splits the
 backward, the profiler also runs the input half alone (the gradient of the stage's inputs
 only, which autograd computes without the weight gradients); the weight half is the rest of
-the backward (:mod:`perseus.client.profiler`).
+the backward (:mod:`perseus.client.profiling.profiler`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from torch.distributed.pipelining.schedules import (
 
 from perseus.client.integrations.tensors import detached, flatten_tensors, preserved, with_grad
 from perseus.client.rank import Rank
-from perseus.errors import ScheduleError
+from perseus.core.errors import ScheduleError
 from perseus.solver import InstructionKind
 from perseus.solver.schedules import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES
 
@@ -193,7 +193,7 @@ class StageWorkload:
 
     A forward runs every local stage's module (an interleaved rank's instruction cost is
     the whole stage divided by its chunks, as the planner models it). A
-    :class:`~perseus.client.profiler.SplitWorkload`: with ``splits_backward`` the profiler
+    :class:`~perseus.client.profiling.profiler.SplitWorkload`: with ``splits_backward`` the profiler
     also runs :meth:`backward_input`.
     """
 

@@ -22,7 +22,7 @@ from perseus.client.integrations.torch_pipelining import (  # noqa: E402
     instrument,
     schedule_name,
 )
-from perseus.errors import ScheduleError  # noqa: E402
+from perseus.core.errors import ScheduleError  # noqa: E402
 
 from ..gloo import one_rank_group  # noqa: E402
 

@@ -1,0 +1,1 @@
+"""The rank's side of the planner's HTTP API: one request, its retries, and the planner client."""

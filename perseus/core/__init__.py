@@ -1,0 +1,1 @@
+"""The ground floor: the vocabulary every side shares (standard library only)."""

@@ -1,0 +1,1 @@
+"""Files: profiles, frontiers and plans on disk."""

@@ -1,0 +1,2 @@
+"""Planning: the work a job's frontier takes, the worker processes that compute it, plans as ranks
+fetch them."""

@@ -1,0 +1,1 @@
+"""The job store: SQLAlchemy tables, typed transactions, storage faults, schema migrations."""
