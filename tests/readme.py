@@ -59,7 +59,6 @@ PROFILES = Path(
 PROFILE_NAMES = ("bloom+a100_sxm_bf16.csv", "bloom+a40_bf16.csv", "gpt3-175b+a40_bf16.csv")
 
 
-
 def documents() -> list[Path]:
     """Every document whose blocks are checked: the README, the docs pages, the benchmarks'."""
     found = [README, *sorted(DOCS.rglob("*.md"))]

@@ -32,7 +32,9 @@ def outcome_of(block: readme.Block) -> readme.Outcome:
     return _checked[block.document][block.start]
 
 
-@pytest.mark.parametrize("block", CHECKED, ids=[f"{b.where}-{b.marker or b.language}" for b in CHECKED])
+@pytest.mark.parametrize(
+    "block", CHECKED, ids=[f"{b.where}-{b.marker or b.language}" for b in CHECKED]
+)
 def test_readme_block(block: readme.Block) -> None:
     outcome = outcome_of(block)
     if outcome.skipped:
