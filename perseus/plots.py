@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -23,7 +23,10 @@ from matplotlib.patches import Patch, Rectangle
 from perseus.core.baselines import BaselineKey, baseline_label, reference_key, saving_text
 from perseus.solver import Baseline, Frontier, InstructionKind, Replay, Schedule, build_dag
 
-__all__ = ["frontier_png", "timeline_png"]
+if TYPE_CHECKING:
+    from perseus.cli.cluster_simulate import Curve
+
+__all__ = ["cluster_png", "frontier_png", "timeline_png"]
 
 # Box labels: torch's letters (I and W: the input and weight halves of a split backward).
 _LETTER = {
@@ -397,6 +400,29 @@ def _draw_critical_path(ax: Any, schedule: Schedule, replayed: Replay, height: f
             y0 = row(a) - height / 2 if down else row(a) + height / 2
             y1 = row(b) + height / 2 if down else row(b) - height / 2
             ax.plot([finish[a], finish[a]], [y0, y1], color="black", linewidth=1.8, zorder=3)
+
+
+def cluster_png(curves: Sequence[Curve]) -> bytes:
+    """Plot the throughput each way keeps against the cluster's power budget."""
+    fig = Figure(figsize=(7.0, 4.2), dpi=_DPI, layout="constrained")
+    ax = fig.add_subplot()
+    budgets_kw = [c.budget_w / 1e3 for c in curves]
+    ways = (
+        ("frontiers (this choice)", "frontiers_kept", "#2ca02c", "o"),
+        ("one power limit on every GPU", "limit_kept", "#d62728", "s"),
+        ("per-job, one common slowdown", "per_job_kept", "#1f77b4", "^"),
+    )
+    for label, field, colour, marker in ways:
+        kept = [getattr(c, field) for c in curves]
+        xs = [b for b, k in zip(budgets_kw, kept, strict=True) if k is not None]
+        ys = [100 * k for k in kept if k is not None]
+        ax.plot(xs, ys, marker=marker, color=colour, label=label, markersize=4)
+    ax.set_xlabel("cluster power budget (kW)")
+    ax.set_ylabel("throughput kept (% of default clocks)")
+    ax.set_title("Throughput kept under a power budget")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    return _png(fig)
 
 
 def _is_dark(rgba: Sequence[float]) -> bool:

@@ -1,4 +1,4 @@
-"""The ``perseus`` command: plan, simulate, demo, serve, db, job, profile, reset-clocks.
+"""The ``perseus`` command: plan, simulate, demo, serve, db, job, profile, reset-clocks, cluster.
 
 Each command is a module of this package (``reset-clocks`` is :mod:`perseus.cli.reset_clocks`)
 with ``build_parser()`` and ``run(argv)``; :func:`main` only picks the module and turns errors
@@ -41,6 +41,7 @@ COMMANDS = {
     "job": "create, inspect and steer jobs on a planner server",
     "profile": "profile this machine's GPU without a server",
     "reset-clocks": "restore default SM clocks, e.g. after a training process was killed",
+    "cluster": "a power budget for the whole cluster: simulate it offline on saved jobs",
 }
 """Each command and its one-line help; its module is ``perseus.cli.<name with _ for ->``."""
 
