@@ -154,14 +154,10 @@ def _host_port(text: str) -> tuple[str, int]:
     """``host:port`` or ``host`` (port 4938), as Zeus reads ``ZEUSD_HOST_PORT``."""
     host, sep, port_text = text.rpartition(":")
     if not sep or "]" in port_text:  # no port, or a bare bracketed IPv6 address
-        host, port_text = text, ""
+        host, port_text = text, str(DEFAULT_TCP_PORT)
     host = host.strip().removeprefix("[").removesuffix("]")
-    if not port_text:
-        port = DEFAULT_TCP_PORT
-    elif port_text.isascii() and port_text.isdigit() and 0 < int(port_text) < 65536:
-        port = int(port_text)
-    else:
-        port = 0
+    valid = port_text.isascii() and port_text.isdigit() and 0 < int(port_text) < 65536
+    port = int(port_text) if valid else 0
     if not host or port == 0 or any(c.isspace() or c in "/?#@" for c in host):
         raise GpuControlError(
             f"ZEUSD_HOST_PORT: expected host:port (or host, port {DEFAULT_TCP_PORT}), got {text!r}"
