@@ -70,6 +70,7 @@ CARRYING: dict[str, PerseusError] = {
     "AuthError": AuthError("wrong", 403),
     "RequestRejected": RequestRejected("bad", 413),
     "PlanNotReady": PlanNotReady("wait", "profiling", retry_after_s=2.5),
+    "ZeusdRefused": errors.ZeusdRefused("no", 403),
 }
 
 

@@ -16,7 +16,12 @@ variable                      meaning                             default
 ``PERSEUS_DATA_PARALLEL_RANK``   data-parallel replica             from the layout
 ``PERSEUS_TENSOR_PARALLEL_RANK`` rank within the tensor group      from the layout
 ``PERSEUS_GPU_INDEX``         NVML index of this rank's GPU        ``LOCAL_RANK``, else 0
-``PERSEUS_GPU``               ``nvml``, ``dry-run`` or ``fake``    ``nvml``
+``PERSEUS_GPU``               ``nvml``, ``dry-run``, ``fake`` or   ``zeusd`` where
+                              ``zeusd`` (clocks through zeusd)     ``ZEUSD_*`` is set,
+                                                                   else ``nvml``
+``ZEUSD_SOCK_PATH``           zeusd's Unix socket (Zeus's own)     ``/run/zeusd/zeusd.sock``
+``ZEUSD_HOST_PORT``           zeusd's ``host:port`` in TCP mode    unset
+``ZEUSD_TOKEN``               token from ``zeusd token issue``     unset
 ``PERSEUS_STRICT``            ``1``: a GPU that cannot be opened   ``0`` (go on at
                               fails ``connect()``                  default clocks)
 ``PERSEUS_PROFILE``           a saved profile to upload instead    unset (profile online)
@@ -46,7 +51,14 @@ from perseus.client.gpu.control import GpuMode
 from perseus.core.defaults import BASELINE_ITERATIONS
 from perseus.core.errors import PerseusError
 
-__all__ = ["GPU_MODES", "ClientSettings", "ProfileBudget", "SettingsError", "load_settings"]
+__all__ = [
+    "GPU_MODES",
+    "ClientSettings",
+    "ProfileBudget",
+    "SettingsError",
+    "default_gpu_mode",
+    "load_settings",
+]
 
 GPU_MODES: tuple[GpuMode, ...] = get_args(GpuMode)
 
@@ -257,7 +269,7 @@ def load_settings(environ: Mapping[str, str] | None = None, **arguments: object)
                 f"{' and '.join(missing)} not set: create the job with `perseus job create` "
                 "and export the lines it prints"
             )
-    gpu = pick("gpu", "PERSEUS_GPU") or "nvml"
+    gpu = pick("gpu", "PERSEUS_GPU") or default_gpu_mode(env)
     if gpu not in GPU_MODES:
         raise SettingsError(f"PERSEUS_GPU: expected one of {', '.join(GPU_MODES)}, got {gpu!r}")
     given_budget = arguments.get("budget")
@@ -301,6 +313,16 @@ def load_settings(environ: Mapping[str, str] | None = None, **arguments: object)
         ),
         strict=_flag(arguments.get("strict"), env.get("PERSEUS_STRICT", ""), "PERSEUS_STRICT"),
     )
+
+
+def default_gpu_mode(environ: Mapping[str, str]) -> str:
+    """``PERSEUS_GPU``; where it is unset, ``zeusd`` if Zeus's ``ZEUSD_SOCK_PATH`` or
+    ``ZEUSD_HOST_PORT`` is set (zeusd is there to set clocks), else ``nvml``."""
+    given = environ.get("PERSEUS_GPU", "").strip()
+    if given:
+        return given
+    zeusd = any(environ.get(v, "").strip() for v in ("ZEUSD_SOCK_PATH", "ZEUSD_HOST_PORT"))
+    return "zeusd" if zeusd else "nvml"
 
 
 def _flag(given: object, text: str, variable: str) -> bool:

@@ -12,7 +12,9 @@
     ├── PolicyError             a policy name or parameter is invalid
     ├── GpuControlError         reading or setting GPU clocks failed
     │   ├── NvmlPermissionError     the process may not change clocks
-    │   └── NvmlNotSupported        the GPU or driver lacks the call
+    │   ├── NvmlNotSupported        the GPU or driver lacks the call
+    │   ├── ZeusdUnavailable        zeusd (the clock daemon) cannot be reached
+    │   └── ZeusdRefused            zeusd answered a request with an error
     ├── PlannerUnavailable      the planner server cannot be reached
     ├── RequestRejected         the planner refused a request as malformed (400, 413, 422)
     ├── JobNotFound             no job with that id
@@ -47,6 +49,8 @@ __all__ = [
     "ScheduleError",
     "SolverTimeout",
     "StoreError",
+    "ZeusdRefused",
+    "ZeusdUnavailable",
 ]
 
 
@@ -180,3 +184,26 @@ class StoreError(PerseusError):
 
     The message names the database (its password hidden) and what to do.
     """
+
+
+class ZeusdUnavailable(GpuControlError):
+    """zeusd, the privileged daemon that sets clocks for unprivileged ranks, cannot be reached.
+
+    The message names the socket or address and what to check (is the daemon running, is the
+    socket mounted into the container).
+    """
+
+
+class ZeusdRefused(GpuControlError):
+    """zeusd answered a request with an error status.
+
+    The message names the request, the status and zeusd's own words, and for a refusal the
+    user can fix (a missing or wrong token, the ``gpu-control`` group not enabled) what to do.
+
+    Attributes:
+        status_code: the HTTP status zeusd answered (400, 401, 403, 404, 500, ...).
+    """
+
+    def __init__(self, message: str, status_code: int = 500) -> None:
+        super().__init__(message)
+        self.status_code = status_code
