@@ -24,8 +24,16 @@ import numpy as np
 
 from perseus.core.errors import PolicyError
 from perseus.solver.lp_model import MODEL_STATUS, SparseRows, highs_model
+from perseus.solver.profiles import Profile
+from perseus.solver.schedules import Schedule
 
-__all__ = ["BudgetChoice", "JobPoints", "choose_under_budget", "point_powers_w"]
+__all__ = [
+    "BudgetChoice",
+    "JobPoints",
+    "choose_under_budget",
+    "clocks_under_power_limit",
+    "point_powers_w",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,3 +199,30 @@ def _solve(jobs: Sequence[JobPoints], fronts: list[list[int]], budget_w: float) 
         # HiGHS holds rows to a feasibility tolerance; never hand out a choice over budget.
         return tuple(job.least_power_index() for job in jobs)
     return indices
+
+
+def clocks_under_power_limit(
+    profile: Profile, schedule: Schedule, cap_w: float
+) -> tuple[tuple[int, ...], ...]:
+    """Each instruction's clock where every GPU has the power limit ``cap_w``: the highest
+    measured clock whose power (the instruction's energy over its time there) fits under the
+    cap, the lowest clock where none does. A model of what a uniformly lowered power limit
+    does, the way operators shed load today: the GPU's own governor lowers the clock until
+    the power fits, instruction by instruction.
+
+    Returns:
+        ``clocks[g][k]``: the clock of ``schedule.order[g][k]``, as a plan's clocks are.
+    """
+    chosen: dict[tuple[int, str], int] = {}
+    clocks: list[tuple[int, ...]] = []
+    for g, sequence in enumerate(schedule.order):
+        row = []
+        for instruction in sequence:
+            key = (g, str(instruction.kind))  # a profile's stages are the schedule's GPUs
+            if key not in chosen:
+                options = profile.options(g, instruction.kind)  # frequency descending
+                fits = [o for o in options if o.energy_j / o.time_s <= cap_w]
+                chosen[key] = (fits[0] if fits else options[-1]).frequency_mhz
+            row.append(chosen[key])
+        clocks.append(tuple(row))
+    return tuple(clocks)
