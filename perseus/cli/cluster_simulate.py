@@ -33,7 +33,16 @@ from perseus.core.errors import PerseusError, PlanError
 if TYPE_CHECKING:
     from perseus.solver import Frontier, Profile, Schedule
 
-__all__ = ["ClusterJob", "Curve", "load_jobs", "simulate"]
+__all__ = [
+    "ClusterJob",
+    "Curve",
+    "default_budgets",
+    "load_jobs",
+    "plan_jobs",
+    "power_text",
+    "simulate",
+    "table",
+]
 
 _FIELDS = {
     "profile",

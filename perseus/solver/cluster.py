@@ -130,7 +130,8 @@ def choose_under_budget(
     if not (math.isfinite(fixed_power_w) and fixed_power_w >= 0):
         raise PolicyError(f"fixed power must be finite and >= 0 W, got {fixed_power_w}")
     policy = tuple(job.policy_index for job in jobs)
-    if _power(jobs, policy) + fixed_power_w <= budget_w:
+    if _power(jobs, policy) + fixed_power_w <= budget_w * (1 + 1e-12):
+        # within rounding of the budget: sums of the same powers in another order differ
         return _choice(jobs, policy, fixed_power_w, budget_w)
     least = tuple(job.least_power_index() for job in jobs)
     if _power(jobs, least) + fixed_power_w > budget_w:
@@ -150,7 +151,9 @@ def _choice(
     slowdown = math.fsum(
         job.priority * job.slowdown(k) for job, k in zip(jobs, indices, strict=True)
     )
-    over = max(power - budget_w, 0.0)
+    over = power - budget_w
+    if over <= 1e-12 * budget_w:  # rounding: the same powers summed in another order
+        over = 0.0
     return BudgetChoice(indices, power, slowdown, over == 0.0, over)
 
 
@@ -177,28 +180,32 @@ def _solve(jobs: Sequence[JobPoints], fronts: list[list[int]], budget_w: float) 
         cols += [c, c]
         vals += [1.0, jobs[j].powers_w[k]]
     matrix = SparseRows.from_entries(rows, cols, vals, (len(jobs) + 1, n))
-    lower = np.concatenate([np.ones(len(jobs)), [-np.inf]])
-    # HiGHS holds rows to an absolute feasibility tolerance (1e-7): aim that far inside.
-    upper = np.concatenate([np.ones(len(jobs)), [budget_w - 1e-6]])
     cost = np.array([jobs[j].priority * jobs[j].slowdown(k) for j, k in columns])
-    highs = highs_model(matrix, lower, upper, cost, np.ones(n), np.ones(n, dtype=bool))
-    highs.setOptionValue("mip_rel_gap", 0.0)
-    highs.setOptionValue("mip_abs_gap", 0.0)
-    highs.run()
-    if highs.getModelStatus() != MODEL_STATUS.kOptimal:
-        # Feasible by the check before the call: any other status is HiGHS failing, and the
-        # least-power choice is the one that surely fits.
-        return tuple(job.least_power_index() for job in jobs)
-    x = np.asarray(highs.getSolution().col_value)
-    chosen = [fronts[j][0] for j in range(len(jobs))]
-    for c, (j, k) in enumerate(columns):
-        if x[c] > 0.5:
-            chosen[j] = k
-    indices = tuple(chosen)
-    if _power(jobs, indices) > budget_w:
-        # HiGHS holds rows to a feasibility tolerance; never hand out a choice over budget.
-        return tuple(job.least_power_index() for job in jobs)
-    return indices
+    # HiGHS holds rows to an absolute feasibility tolerance (1e-7): aim inside the budget by
+    # more than that, and further where a solution still lands over it (rounding in the sum).
+    inside = max(1e-6, 1e-12 * budget_w)
+    for _ in range(4):
+        lower = np.concatenate([np.ones(len(jobs)), [-np.inf]])
+        upper = np.concatenate([np.ones(len(jobs)), [budget_w - inside]])
+        highs = highs_model(matrix, lower, upper, cost, np.ones(n), np.ones(n, dtype=bool))
+        highs.setOptionValue("mip_rel_gap", 0.0)
+        highs.setOptionValue("mip_abs_gap", 0.0)
+        highs.run()
+        if highs.getModelStatus() != MODEL_STATUS.kOptimal:
+            break
+        x = np.asarray(highs.getSolution().col_value)
+        chosen = [fronts[j][0] for j in range(len(jobs))]
+        for c, (j, k) in enumerate(columns):
+            if x[c] > 0.5:
+                chosen[j] = k
+        indices = tuple(chosen)
+        over = _power(jobs, indices) - budget_w
+        if over <= 0:
+            return indices
+        inside += 2 * over
+    # Feasible by the check before the call, so this is HiGHS failing (or its tolerance
+    # beating the margin): the least-power choice is the one that surely fits.
+    return tuple(job.least_power_index() for job in jobs)
 
 
 def clocks_under_power_limit(
