@@ -106,7 +106,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 
     Each subcommand sets ``args.job_command``; run it with :func:`run_job`.
     """
-    from perseus.solver import SCHEDULE_NAMES
+    from perseus.core.pipeline import SCHEDULE_NAMES
 
     connection = argparse.ArgumentParser(add_help=False)
     connection.add_argument(
@@ -363,7 +363,7 @@ def _create(args: argparse.Namespace, ctx: JobContext) -> None:
         "auto_straggler": args.auto_straggler,
     }
     virtual_stages = args.virtual_stages
-    from perseus.solver.schedules import CHUNKED_SCHEDULES
+    from perseus.core.pipeline import CHUNKED_SCHEDULES
 
     if virtual_stages is None and args.schedule in CHUNKED_SCHEDULES:
         virtual_stages = 2  # as `perseus plan` does
