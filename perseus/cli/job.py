@@ -466,14 +466,16 @@ def _write_frontier_files(
             ctx.out.write(document.decode())
         else:
             files[args.output] = document
-    if args.plot is not None:
-        files[args.plot] = _frontier_plot(view, document)
-    if args.timeline is not None and profile_document is not None:
-        from perseus.cli.job_timeline import timeline_png_of
+    # the plots draw with matplotlib and replay with the solver: the planner extra
+    with needs("job frontier --plot/--timeline", "planner", "the planner"):
+        if args.plot is not None:
+            files[args.plot] = _frontier_plot(view, document)
+        if args.timeline is not None and profile_document is not None:
+            from perseus.cli.job_timeline import timeline_png_of
 
-        files[args.timeline] = timeline_png_of(
-            view, document, profile_document, job_id=job_id_of(args, ctx.env)
-        )
+            files[args.timeline] = timeline_png_of(
+                view, document, profile_document, job_id=job_id_of(args, ctx.env)
+            )
     if not files:
         return
     try:
