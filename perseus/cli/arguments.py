@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NoReturn
 from perseus.core.errors import PolicyError
 
 if TYPE_CHECKING:
-    from perseus.solver import Policy
+    from perseus.core.policies import Policy
 
 __all__ = [
     "DISTRIBUTION",
@@ -128,7 +128,7 @@ nonnegative_float = finite_number(0, inclusive=True)
 
 def policy(text: str) -> Policy:
     """A policy such as ``no-slowdown`` or ``max-slowdown:1.05``."""
-    from perseus.solver import Policy
+    from perseus.core.policies import Policy
 
     try:
         return Policy.parse(text)

@@ -14,6 +14,7 @@ from perseus.core.errors import PolicyError
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
+    from perseus.core.policies import Policy
     from perseus.schemas import (
         FrontierPoint,
         FrontierView,
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
         PolicySpec,
         SavingsView,
     )
-    from perseus.solver import Policy
 
 __all__ = [
     "format_frontier",

@@ -221,7 +221,8 @@ def _table(profile: StageProfile) -> str:
 
 
 def _write(path: str, stage: int, profile: StageProfile, idle_w: float) -> None:
-    from perseus.solver.profiles import profile_from_rows, profile_to_csv, profile_to_json
+    from perseus.core.profiles import profile_from_rows
+    from perseus.formats.profiles import profile_to_csv, profile_to_json
 
     rows = [(stage, r.instruction, r.frequency_mhz, r.time_s, r.energy_j) for r in profile.rows()]
     # Stages before this one are not measured; the profile names only this stage's rows,

@@ -63,8 +63,8 @@ from perseus.client.session import Session, read_saved_profile
 from perseus.client.settings import ClientSettings
 from perseus.client.state import ActivePlan, Expectation, RankState
 from perseus.core.errors import GpuControlError, PerseusError
+from perseus.core.pipeline import InstructionKind
 from perseus.schemas import IterationPhase
-from perseus.solver import InstructionKind
 
 __all__ = ["ActivePlan", "Expectation", "Rank"]
 
@@ -325,8 +325,8 @@ class Rank:
     ) -> AbstractContextManager[None]:
         """Bracket one forward or backward of one microbatch (and model chunk).
 
-        ``kind`` is an :class:`~perseus.solver.InstructionKind` (or its value); ``chunk`` None
-        means chunk 0 (a schedule without model chunks).
+        ``kind`` is an :class:`~perseus.core.pipeline.InstructionKind` (or its value);
+        ``chunk`` None means chunk 0 (a schedule without model chunks).
         """
         if not self.active:
             return _NOTHING

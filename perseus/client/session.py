@@ -35,7 +35,7 @@ from perseus.core.errors import (
 from perseus.schemas import JobView, PlanResponse, ProfileReport, ProfileRow, RankRegistration
 
 if TYPE_CHECKING:
-    from perseus.solver.profiles import Profile
+    from perseus.core.profiles import Profile
 
 __all__ = ["Outage", "Session", "read_saved_profile", "saved_profile_rows"]
 
@@ -90,7 +90,7 @@ def read_saved_profile(settings: ClientSettings) -> Profile | None:
     """
     if settings.profile_path is None:
         return None
-    from perseus.solver.profiles import load_profile
+    from perseus.formats.profiles import load_profile
 
     try:
         profile = load_profile(settings.profile_path)

@@ -9,7 +9,8 @@ within the job's stages, a rank within its world size) are done by the server's 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from enum import Enum
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -46,7 +47,7 @@ ScheduleName = Literal[
     "1f1b", "gpipe", "interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev", "looped-bfs"
 ]
 InstructionName = Literal["forward", "backward", "backward_input", "backward_weight"]
-"""The values of :class:`perseus.solver.InstructionKind` as a type (kept for old imports; the
+"""The values of :class:`perseus.core.pipeline.InstructionKind` as a type (kept for old imports; the
 models use the enum, so the OpenAPI document names it)."""
 JobState = Literal["registering", "profiling", "planning", "ready", "failed"]
 JOB_STATES: tuple[JobState, ...] = get_args(JobState)
@@ -85,6 +86,17 @@ class WireModel(BaseModel):
     """Base: unknown fields are errors, so a typo never passes silently."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def core_fields(model: type[BaseModel], value: object) -> dict[str, Any]:
+    """The values of ``model``'s fields, read by name from ``value`` (a :mod:`perseus.core`
+    dataclass the model renders; an enum as its value).
+
+    A wire model that renders a core type lists its fields once, in the model: each is one of
+    the core type's (``tests/wire/test_core_renderings.py`` checks it).
+    """
+    values = {name: getattr(value, name) for name in model.model_fields}
+    return {name: v.value if isinstance(v, Enum) else v for name, v in values.items()}
 
 
 # ----------------------------------------------------------------------------- errors and health

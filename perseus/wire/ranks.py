@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from perseus.solver.profiles import ProfileRow as MeasuredRow
-from perseus.solver.schedules import InstructionKind
+from perseus.core.pipeline import InstructionKind
+from perseus.core.profiles import ProfileRow as MeasuredRow
 from perseus.wire.common import (
     MAX_CLOCKS,
     MAX_PROFILE_ROWS,
@@ -25,6 +25,7 @@ from perseus.wire.common import (
     StrictFloat,
     StrictInt,
     WireModel,
+    core_fields,
 )
 
 # ----------------------------------------------------------------------------- ranks
@@ -70,7 +71,7 @@ class GaveUpAccepted(WireModel):
 
 
 class ProfileRow(WireModel):
-    # One measurement on the wire: the solver's perseus.solver.ProfileRow without its stage,
+    # One measurement on the wire: perseus.core.profiles.ProfileRow without its stage,
     # which the ProfileReport carries once. (No docstring: it would change the OpenAPI text.)
     # `instruction` stays the Literal of InstructionKind's values while ranks still build rows
     # from plain strings (a typed __init__ would refuse them); to_row() gives the enum.
@@ -82,21 +83,14 @@ class ProfileRow(WireModel):
 
     @classmethod
     def from_row(cls, row: MeasuredRow) -> ProfileRow:
-        """The wire form of the solver's row (validated: out-of-range values raise
-        pydantic's ValidationError)."""
-        return cls.model_validate(
-            {
-                "instruction": row.instruction.value,
-                "frequency_mhz": row.frequency_mhz,
-                "time_s": row.time_s,
-                "energy_j": row.energy_j,
-            }
-        )
+        """The wire form of the core row (validated: out-of-range values raise pydantic's
+        ValidationError)."""
+        return cls.model_validate(core_fields(cls, row))
 
     def to_row(self, stage: int) -> MeasuredRow:
-        """The solver's row of this measurement on ``stage``."""
-        kind = InstructionKind(self.instruction)
-        return MeasuredRow(stage, kind, self.frequency_mhz, self.time_s, self.energy_j)
+        """The core row of this measurement on ``stage``."""
+        values = {**self.model_dump(), "instruction": InstructionKind(self.instruction)}
+        return MeasuredRow(stage=stage, **values)
 
 
 class ProfileReport(WireModel):

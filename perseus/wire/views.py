@@ -3,17 +3,13 @@ savings), the frontier, and the ranks' recent activity."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import Field
 
-from perseus.wire.common import JobState, WireModel
+from perseus.core.baselines import Baseline as CoreBaseline
+from perseus.core.points import Point
+from perseus.wire.common import JobState, WireModel, core_fields
 from perseus.wire.jobs import ChosenPoint, JobCounts, JobCreate, PolicySpec, StragglerView
 from perseus.wire.ranks import IterationPhase, PlanInstruction
-
-if TYPE_CHECKING:
-    from perseus.solver import Baseline as SolverBaseline
-    from perseus.solver import Point
 
 
 class ReplicaTelemetry(WireModel):
@@ -140,7 +136,7 @@ class JobViews(WireModel):
 
 
 class FrontierPoint(WireModel):
-    # A perseus.solver.Point on the wire, without its clocks.
+    # A perseus.core.points.Point on the wire, without its clocks.
 
     time_s: float
     energy_j: float
@@ -148,18 +144,18 @@ class FrontierPoint(WireModel):
 
     @classmethod
     def from_point(cls, point: Point) -> FrontierPoint:
-        return cls(time_s=point.time_s, energy_j=point.energy_j, gap=point.gap)
+        return cls.model_validate(core_fields(cls, point))
 
 
 class Baseline(WireModel):
-    # A perseus.solver.Baseline on the wire, without its clocks.
+    # A perseus.core.baselines.Baseline on the wire, without its clocks.
 
     time_s: float
     energy_j: float
 
     @classmethod
-    def from_baseline(cls, baseline: SolverBaseline) -> Baseline:
-        return cls(time_s=baseline.time_s, energy_j=baseline.energy_j)
+    def from_baseline(cls, baseline: CoreBaseline) -> Baseline:
+        return cls.model_validate(core_fields(cls, baseline))
 
 
 class FrontierView(WireModel):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from perseus.core.errors import PlanError, PlanNotReady, ProfileError
 from perseus.formats.plan_files import frontier_from_json
+from perseus.formats.profiles import profile_from_json
 from perseus.schemas import (
     Baseline,
     ChosenPoint,
@@ -28,7 +29,6 @@ from perseus.schemas import (
 from perseus.server.lifecycle.decisions import Choice, expected
 from perseus.server.store.job_store import JobRow, Store
 from perseus.solver import Frontier, Profile, instruction_times_s
-from perseus.solver.profiles import profile_from_json
 
 # Points whose instruction times are kept (each: every instruction of the schedule).
 _POINT_TIMES = 64
