@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -22,9 +22,6 @@ from matplotlib.patches import Patch, Rectangle
 
 from perseus.core.baselines import BaselineKey, baseline_label, reference_key, saving_text
 from perseus.solver import Baseline, Frontier, InstructionKind, Replay, Schedule, build_dag
-
-if TYPE_CHECKING:
-    from perseus.cli.cluster_simulate import Curve
 
 __all__ = ["cluster_png", "frontier_png", "timeline_png"]
 
@@ -402,20 +399,21 @@ def _draw_critical_path(ax: Any, schedule: Schedule, replayed: Replay, height: f
             ax.plot([finish[a], finish[a]], [y0, y1], color="black", linewidth=1.8, zorder=3)
 
 
-def cluster_png(curves: Sequence[Curve]) -> bytes:
-    """Plot the throughput each way keeps against the cluster's power budget."""
+def cluster_png(budgets_w: Sequence[float], kept: Mapping[str, Sequence[float | None]]) -> bytes:
+    """Plot the throughput each way of shedding power keeps against the cluster's budget.
+
+    Args:
+        budgets_w: The budgets, ascending.
+        kept: Per way (its legend label), the share of throughput kept at each budget; None
+            where the way cannot meet the budget (not drawn).
+    """
     fig = Figure(figsize=(7.0, 4.2), dpi=_DPI, layout="constrained")
     ax = fig.add_subplot()
-    budgets_kw = [c.budget_w / 1e3 for c in curves]
-    ways = (
-        ("frontiers (this choice)", "frontiers_kept", "#2ca02c", "o"),
-        ("one power limit on every GPU", "limit_kept", "#d62728", "s"),
-        ("per-job, one common slowdown", "per_job_kept", "#1f77b4", "^"),
-    )
-    for label, field, colour, marker in ways:
-        kept = [getattr(c, field) for c in curves]
-        xs = [b for b, k in zip(budgets_kw, kept, strict=True) if k is not None]
-        ys = [100 * k for k in kept if k is not None]
+    budgets_kw = [b / 1e3 for b in budgets_w]
+    styles = itertools.cycle((("#2ca02c", "o"), ("#d62728", "s"), ("#1f77b4", "^")))
+    for (label, shares), (colour, marker) in zip(kept.items(), styles, strict=False):
+        xs = [b for b, k in zip(budgets_kw, shares, strict=True) if k is not None]
+        ys = [100 * k for k in shares if k is not None]
         ax.plot(xs, ys, marker=marker, color=colour, label=label, markersize=4)
     ax.set_xlabel("cluster power budget (kW)")
     ax.set_ylabel("throughput kept (% of default clocks)")

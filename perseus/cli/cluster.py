@@ -85,6 +85,11 @@ def run(argv: list[str]) -> int:
         if args.plot is not None:
             from perseus import plots
 
-            args.plot.write_bytes(plots.cluster_png(curves))
+            kept = {
+                "frontiers (this choice)": [c.frontiers_kept for c in curves],
+                "one power limit on every GPU": [c.limit_kept for c in curves],
+                "per-job, one common slowdown": [c.per_job_kept for c in curves],
+            }
+            args.plot.write_bytes(plots.cluster_png([c.budget_w for c in curves], kept))
             print(f"plot: {args.plot}")
     return 0

@@ -191,6 +191,7 @@ def simulate(jobs: Sequence[ClusterJob], budgets_w: Sequence[float]) -> list[Cur
         )
         for job in jobs
     ]
+    limits = _PowerLimits(jobs)
     curves = []
     for budget in budgets_w:
         choice = choose_under_budget(points, budget)
@@ -201,7 +202,7 @@ def simulate(jobs: Sequence[ClusterJob], budgets_w: Sequence[float]) -> list[Cur
                 budget,
                 kept if choice.meetable else None,
                 choice.power_w,
-                _power_limit_kept(jobs, budget),
+                _power_limit_kept(limits, budget),
                 _per_job_kept(jobs, budget),
             )
         )
@@ -255,25 +256,56 @@ def _kept(jobs: Sequence[ClusterJob], times_s: Sequence[float]) -> float:
     )
 
 
-def _power_limit_kept(jobs: Sequence[ClusterJob], budget_w: float) -> float | None:
-    """The highest common power limit whose cluster power fits, bisected."""
+class _PowerLimits:
+    """Each job's (iteration time, power) under a common power limit, replayed once per
+    distinct set of clocks (many limits leave a job's clocks alike)."""
 
-    def outcome(cap: float) -> tuple[list[float], float]:
-        runs = [job.at_power_limit(cap) for job in jobs]
-        return [t for t, _ in runs], math.fsum(p for _, p in runs)
+    def __init__(self, jobs: Sequence[ClusterJob]) -> None:
+        from perseus.solver.cluster import clocks_under_power_limit
 
-    low, high = 1.0, 1.0
-    while outcome(high)[1] <= budget_w and high < 1e5:
-        high *= 2
-    if outcome(low)[1] > budget_w:
+        self.jobs = jobs
+        self._clocks = clocks_under_power_limit
+        self._runs: dict[tuple[int, tuple[tuple[int, ...], ...]], tuple[float, float]] = {}
+        # the limits at which some instruction's clock changes, ascending
+        self.caps = sorted(
+            {
+                o.energy_j / o.time_s
+                for job in jobs
+                for stage in job.profile.stages
+                for options in stage.values()
+                for o in options
+            }
+        )
+
+    def outcome(self, cap_w: float) -> tuple[list[float], float]:
+        """Every job's iteration time, and the cluster's power, under ``cap_w``."""
+        times, powers = [], []
+        for j, job in enumerate(self.jobs):
+            key = (j, self._clocks(job.profile, job.schedule, cap_w))
+            if key not in self._runs:
+                self._runs[key] = job.at_power_limit(cap_w)
+            time_s, power_w = self._runs[key]
+            times.append(time_s)
+            powers.append(power_w)
+        return times, math.fsum(powers)
+
+
+def _power_limit_kept(limits: _PowerLimits, budget_w: float) -> float | None:
+    """The highest power limit (of those where a clock changes) whose cluster power fits:
+    power rises with the limit, so bisected."""
+    caps = limits.caps
+    if limits.outcome(caps[0])[1] > budget_w:
         return None
-    for _ in range(_STEPS):
-        mid = (low + high) / 2
-        if outcome(mid)[1] <= budget_w:
+    low, high = 0, len(caps) - 1  # caps[low] fits; find the last that does
+    if limits.outcome(caps[high])[1] <= budget_w:
+        low = high
+    while high - low > 1:
+        mid = (low + high) // 2
+        if limits.outcome(caps[mid])[1] <= budget_w:
             low = mid
         else:
             high = mid
-    return _kept(jobs, outcome(low)[0])
+    return _kept(limits.jobs, limits.outcome(caps[low])[0])
 
 
 def _per_job_kept(jobs: Sequence[ClusterJob], budget_w: float) -> float | None:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from perseus.core.errors import PolicyError
+from perseus.core.profiles import Profile
 from perseus.solver.lp_model import MODEL_STATUS, SparseRows, highs_model
-from perseus.solver.profiles import Profile
 from perseus.solver.schedules import Schedule
 
 __all__ = [
