@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from perseus.core.errors import (
     AuthError,
+    CommandError,
     JobNotFound,
     PerseusError,
     PlannerUnavailable,
@@ -43,10 +44,6 @@ SERVER_ENV = "PERSEUS_SERVER"
 JOB_ENV = "PERSEUS_JOB"
 TOKEN_ENV = "PERSEUS_TOKEN"
 ADMIN_TOKEN_ENV = "PERSEUS_ADMIN_TOKEN"
-
-
-class CommandError(Exception):
-    """A job command cannot run as given (a missing server, job or token, a bad file)."""
 
 
 class JobContext:

@@ -44,15 +44,11 @@ from urllib.parse import urlsplit
 
 from perseus.client.gpu.control import GpuMode
 from perseus.core.defaults import BASELINE_ITERATIONS
-from perseus.core.errors import PerseusError
+from perseus.core.errors import SettingsError
 
 __all__ = ["GPU_MODES", "ClientSettings", "ProfileBudget", "SettingsError", "load_settings"]
 
 GPU_MODES: tuple[GpuMode, ...] = get_args(GpuMode)
-
-
-class SettingsError(PerseusError):
-    """A client setting is missing or malformed (the message names the variable)."""
 
 
 @dataclass(frozen=True, slots=True)

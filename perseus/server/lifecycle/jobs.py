@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
-from perseus.core.errors import JobNotFound, JobStateError, PerseusError
+from perseus.core.errors import JobNotFound, JobStateError, RequestFieldError
 from perseus.schemas import (
     GaveUpAccepted,
     GaveUpReport,
@@ -48,15 +48,6 @@ from perseus.solver import make_schedule
 __all__ = ["JobPart", "Jobs", "RequestFieldError", "existing", "stages_profiled"]
 
 log = logging.getLogger("perseus.server")
-
-
-class RequestFieldError(PerseusError):
-    """A request field is invalid for this job (422), with its path like pydantic's ``loc``."""
-
-    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
-        super().__init__(f"{'.'.join(str(p) for p in loc)}: {message}")
-        self.loc = loc
-        self.message = message
 
 
 RANK_LIVE_S = 120.0
