@@ -91,8 +91,7 @@ CARRYING: dict[str, PerseusError] = {
 def every_error() -> list[PerseusError]:
     """One instance of every class in ``perseus.core.errors``."""
     return [
-        CARRYING.get(name) or getattr(errors, name)(f"{name}: what went wrong")
-        for name in ERRORS
+        CARRYING.get(name) or getattr(errors, name)(f"{name}: what went wrong") for name in ERRORS
     ]
 
 
