@@ -23,13 +23,13 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from perseus.core.errors import JobNotFound, JobStateError, RequestFieldError
+from perseus.core.jobs import CREATED, JobState, transition
 from perseus.schemas import (
     GaveUpAccepted,
     GaveUpReport,
     JobCounts,
     JobCreate,
     JobCreated,
-    JobState,
     JobSummary,
     JobView,
     RankGaveUp,
@@ -134,7 +134,7 @@ class Jobs(JobPart):
             created_at_s=now_s,
             updated_at_s=now_s,
             spec=spec,
-            state="registering",
+            state=CREATED,
             reason=None,
             policy=spec.policy,
             straggler=None,
@@ -373,14 +373,9 @@ class Jobs(JobPart):
                     new=True,
                 )
                 registered = job.ranks_registered + 1
-                job = dataclasses.replace(
-                    job,
-                    ranks_registered=registered,
-                    state="profiling"
-                    if job.state == "registering" and registered == spec.world_size
-                    else job.state,
-                    updated_at_s=now_s,
-                )
+                job = dataclasses.replace(job, ranks_registered=registered, updated_at_s=now_s)
+                if job.state == JobState.REGISTERING and registered == spec.world_size:
+                    job = dataclasses.replace(job, state=transition(job.state, JobState.PROFILING))
                 tx.save_job(job)
             else:
                 clocks = tuple(reg.supported_clocks_mhz)
