@@ -32,6 +32,7 @@ from perseus.client.profiling.standalone import SyntheticStage
 from perseus.client.profiling.wait_power import measure_idle_power
 from perseus.client.settings import GPU_MODES, ProfileBudget, SettingsError
 from perseus.core.errors import NvmlPermissionError, PerseusError
+from perseus.core.settings import GPU
 
 __all__ = ["add_profile_arguments", "build_parser", "run", "run_profile"]
 
@@ -66,7 +67,7 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
         "default profile.csv",
     )  # fmt: skip
     parser.add_argument(
-        "--gpu", choices=GPU_MODES, default=os.environ.get("PERSEUS_GPU") or "nvml",
+        "--gpu", choices=GPU_MODES, default=GPU.text(os.environ) or GPU.default,
         help="nvml: lock clocks through NVML (needs root or CAP_SYS_ADMIN); dry-run: read "
         "only, measure the current clock; fake: the modelled GPU (default $PERSEUS_GPU or nvml)",
     )  # fmt: skip

@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from perseus.core import defaults
 from perseus.solver.planner import FloatArray
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
     "served_deadline",
 ]
 
-MAX_CELLS = 400_000_000
+MAX_CELLS = defaults.MAX_CELLS
 """compute_frontier's default limit on grid deadlines x instructions (its arrays: about
 4.7 GiB), and the server's default limit on a job's planning work."""
 
