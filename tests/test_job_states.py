@@ -31,6 +31,15 @@ def reachable(start: JobState) -> set[JobState]:
     return seen
 
 
+def test_the_docstring_draws_the_table() -> None:
+    block = (jobs.__doc__ or "").split("::\n\n", 1)[1].split("\n\n", 1)[0]
+    drawn = {}
+    for line in block.splitlines():
+        current, exits = line.split("->")
+        drawn[JobState(current.strip())] = frozenset(JobState(s.strip()) for s in exits.split(","))
+    assert drawn == dict(TRANSITIONS)
+
+
 def test_the_table_has_a_row_for_every_state() -> None:
     assert set(TRANSITIONS) == set(JobState)
     assert all(to in JobState for exits in TRANSITIONS.values() for to in exits)

@@ -2,10 +2,11 @@
 
 ::
 
-    registering ──> profiling ──> planning ──> ready
-         │                        ↑  │  ↺      │
-         └──────────────────────> │  └──> failed
-                                  └───────────┘ (ready or failed: replanned)
+    registering -> profiling, planning
+    profiling   -> planning
+    planning    -> ready, failed, planning
+    ready       -> planning
+    failed      -> planning, ready
 
 A job is created ``registering``; once every rank registered it is ``profiling``; the last
 missing profile (or a request, once every stage has one) starts ``planning``; planning ends
