@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from perseus.core.errors import PolicyError
+from perseus.core.errors import PolicyError, UsageError
 
 if TYPE_CHECKING:
     from perseus.core.policies import Policy
@@ -36,10 +36,6 @@ __all__ = [
 ]
 
 DISTRIBUTION = "perseus-planner"
-
-
-class UsageError(Exception):
-    """A bad command line; the message says which argument and why."""
 
 
 class Parser(argparse.ArgumentParser):

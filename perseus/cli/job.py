@@ -97,6 +97,8 @@ def run(argv: list[str]) -> int:
     with needs(f"job {argv[0]}", "client", "the client"):
         try:
             return run_job(args)
+        except UsageError:
+            raise  # prefixed where it was raised
         except (CommandError, PerseusError) as err:
             raise UsageError(f"job {argv[0]}: {err}") from err
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from perseus.cli.tables import format_table
 from perseus.core.baselines import baseline_label, reference_key, saving_text, shown_baselines
 from perseus.core.errors import PolicyError
+from perseus.core.jobs import JobState
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -125,7 +126,7 @@ def format_job(view: JobView) -> str:
             planned += f" from the profiles in at {_utc(view.planned_from_s)}"
         lines.append(("frontier", f"{view.frontier_points} points{planned}"))
     newer = view.profiles_since_plan
-    if newer and view.state != "planning":
+    if newer and view.state != JobState.PLANNING:
         lines.append(
             (
                 "re-run",

@@ -32,6 +32,7 @@ from perseus.core.errors import (
     PlanNotReady,
     ProfileError,
 )
+from perseus.core.jobs import JobState
 from perseus.schemas import JobView, PlanResponse, ProfileReport, ProfileRow, RankRegistration
 
 if TYPE_CHECKING:
@@ -308,7 +309,7 @@ class Session:
                     attempt += 1
                 continue
             except PlanNotReady as err:
-                if err.state == "failed" and not_ready_logged != "failed":
+                if err.state == JobState.FAILED and not_ready_logged != JobState.FAILED:
                     _log.error("perseus: planning failed on the server: %s", err)
                 not_ready_logged = err.state
                 outage.ok()

@@ -20,6 +20,8 @@ import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
+from perseus.core.errors import StartupError
+
 if TYPE_CHECKING:
     from perseus.server.settings import Settings
 
@@ -129,10 +131,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-class StartupError(Exception):
-    """Start-up cannot go on; the message is one line: what is wrong and how to fix it."""
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from perseus.core import jobs
+
 API_PREFIX = "/v1"
 JOBS_PATH = f"{API_PREFIX}/jobs"
 JOB_PATH = f"{JOBS_PATH}/{{job_id}}"
@@ -49,7 +51,15 @@ ScheduleName = Literal[
 InstructionName = Literal["forward", "backward", "backward_input", "backward_weight"]
 """The values of :class:`perseus.core.pipeline.InstructionKind` as a type (kept for old imports; the
 models use the enum, so the OpenAPI document names it)."""
-JobState = Literal["registering", "profiling", "planning", "ready", "failed"]
+JobState = Literal[
+    jobs.JobState.REGISTERING,
+    jobs.JobState.PROFILING,
+    jobs.JobState.PLANNING,
+    jobs.JobState.READY,
+    jobs.JobState.FAILED,
+]
+"""A job's state: :class:`perseus.core.jobs.JobState`'s members, read from and written as
+their values (tests/wire/test_common.py keeps the two equal)."""
 JOB_STATES: tuple[JobState, ...] = get_args(JobState)
 """Every job state, in lifecycle order."""
 

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from perseus.client.gpu.nvml import NvmlGpu, validate_clock_mhz
+from perseus.core import settings as variables
 from perseus.core.errors import GpuControlError, ZeusdRefused, ZeusdUnavailable
 
 if TYPE_CHECKING:
@@ -106,11 +107,11 @@ class ZeusdEndpoint:
         Raises:
             GpuControlError: ``ZEUSD_HOST_PORT`` is malformed (the message quotes it).
         """
-        token = environ.get("ZEUSD_TOKEN", "").strip() or None
-        socket_path = environ.get("ZEUSD_SOCK_PATH", "").strip()
+        token = variables.ZEUSD_TOKEN.read(environ)
+        socket_path = variables.ZEUSD_SOCK_PATH.read(environ) or ""
         if socket_path:
             return cls(socket_path=socket_path, token=token)
-        host_port = environ.get("ZEUSD_HOST_PORT", "").strip()
+        host_port = variables.ZEUSD_HOST_PORT.read(environ) or ""
         if not host_port:
             return cls(token=token)
         host, port = _host_port(host_port)

@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from perseus.core.errors import PerseusError, PlanError
+from perseus.core.jobs import JobState
 from perseus.schemas import PLAN_PATH, PlanQuery
 from perseus.server.api.auth import bearer_token
 from perseus.server.api.deps import ServerState, job_for_token
@@ -68,7 +69,7 @@ async def plan_reply(
             job_id,
             lambda r: (
                 (has_plan(r) and not anything and r.version > newest_known)
-                or (r.state == "failed" and not has_plan(r))
+                or (r.state == JobState.FAILED and not has_plan(r))
             ),
             wait_s,
         )

@@ -127,7 +127,7 @@ async def compute_plan(job: AuthorizedJob, state: State) -> PlanVersion:
     row = await run_in_threadpool(state.service.lease.claim_planning, job.id)
     state.heads.put(row)
     state.runner.start(job.id)
-    return PlanVersion(version=row.version, state="planning", chosen=None)
+    return PlanVersion(version=row.version, state=row.state, chosen=None)
 
 
 @router.get(FRONTIER_PATH, response_model=FrontierView, tags=["plans"])

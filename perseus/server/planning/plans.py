@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from perseus.core.errors import PlanError, PlanNotReady, ProfileError
+from perseus.core.jobs import JobState
 from perseus.formats.plan_files import frontier_from_json
 from perseus.formats.profiles import profile_from_json
 from perseus.schemas import (
@@ -58,7 +59,7 @@ def choice_of(job: JobRow) -> Choice | None:
 
 def not_ready(job: JobRow) -> PlanNotReady:
     """The error for a job without a plan at its version."""
-    if job.state == "failed":
+    if job.state == JobState.FAILED:
         return PlanNotReady(f"job {job.id} failed: {job.reason}", job.state)
     return PlanNotReady(f"not ready yet: job {job.id} is {job.state}", job.state)
 
