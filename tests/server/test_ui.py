@@ -30,6 +30,7 @@ from perseus.solver import load_profile, profile_to_json
 
 ADMIN = "the-admin-token"
 STAGES = 4
+P_BLOCK_W = 100.0
 # Markup a job name must never become: shown as text, it stays these characters.
 MARKUP_NAME = '<img src=x onerror="window.pwned=1"><b>bert</b> & co'
 # Why a rank gave up, as a rank would say it; markup in it stays text too.
@@ -93,8 +94,26 @@ def _rows() -> dict[int, list[dict[str, Any]]]:
 
 
 def _job(http: httpx.Client, name: str, *, reports: bool) -> tuple[str, str]:
-    """A planned job; with ``reports``, recorded iterations: 6 at default clocks, then 10
-    under plan version 1, every rank."""
+    """A planned job; with ``reports``, recorded iterations as a fake-GPU run reports them
+    (:func:`_report_run`)."""
+    job, token = _registered(http, name)
+    auth = {"Authorization": f"Bearer {token}"}
+    rows = _rows()
+    for rank in range(STAGES):
+        body = {"rank": rank, "stage": rank, "rows": rows[rank]}
+        http.post(f"/v1/jobs/{job}/profiles", json=body, headers=auth).raise_for_status()
+    # Planning runs at the lowest CPU priority: on a busy host it may take more than one poll.
+    plan, deadline = f"/v1/jobs/{job}/plan", time.monotonic() + 180
+    while http.get(plan, params={"rank": 0, "wait_s": 30}, headers=auth).status_code != 200:
+        assert time.monotonic() < deadline, f"job {job} was never planned"
+        time.sleep(0.1)
+    if reports:
+        _report_run(http, job, auth)
+    return job, token
+
+
+def _registered(http: httpx.Client, name: str) -> tuple[str, str]:
+    """A job whose ranks registered (none profiled yet)."""
     created = (
         http.post(
             "/v1/jobs",
@@ -105,7 +124,7 @@ def _job(http: httpx.Client, name: str, *, reports: bool) -> tuple[str, str]:
                 "microbatches": 4,
                 "data_parallel": 1,
                 "tensor_parallel": 1,
-                "p_block_w": 100.0,
+                "p_block_w": P_BLOCK_W,
             },
             headers={"Authorization": f"Bearer {ADMIN}"},
         )
@@ -114,31 +133,46 @@ def _job(http: httpx.Client, name: str, *, reports: bool) -> tuple[str, str]:
     )
     job, token = created["job_id"], created["token"]
     auth = {"Authorization": f"Bearer {token}"}
-    rows = _rows()
-    clocks = sorted({r["frequency_mhz"] for stage in rows.values() for r in stage})
+    clocks = sorted({r["frequency_mhz"] for stage in _rows().values() for r in stage})
     for rank in range(STAGES):
         body = {"rank": rank, "stage": rank, "data_parallel_rank": 0, "tensor_parallel_rank": 0,
                 "gpu_name": "NVIDIA H200", "supported_clocks_mhz": clocks}  # fmt: skip
         http.post(f"/v1/jobs/{job}/ranks", json=body, headers=auth).raise_for_status()
-    for rank in range(STAGES):
-        body = {"rank": rank, "stage": rank, "rows": rows[rank]}
-        http.post(f"/v1/jobs/{job}/profiles", json=body, headers=auth).raise_for_status()
-    # Planning runs at the lowest CPU priority: on a busy host it may take more than one poll.
-    plan, deadline = f"/v1/jobs/{job}/plan", time.monotonic() + 180
-    while http.get(plan, params={"rank": 0, "wait_s": 30}, headers=auth).status_code != 200:
-        assert time.monotonic() < deadline, f"job {job} was never planned"
-        time.sleep(0.1)
-    if reports:
-        for it in range(16):
-            for rank in range(STAGES):
-                base = it < 6
-                body = {"rank": rank, "iteration": it, "phase": "baseline" if base else "plan",
-                        "plan_version": None if base else 1,
-                        "time_s": 1.10 + 0.002 * (it % 3) if base else 1.11 + 0.002 * (it % 2),
-                        "energy_j": 360.0 + rank if base else 330.0 + rank}  # fmt: skip
-                url = f"/v1/jobs/{job}/iterations"
-                http.post(url, json=body, headers=auth).raise_for_status()
     return job, token
+
+
+PROFILING_ITERATIONS, BASELINE_ITERATIONS, ITERATIONS = 40, 10, 200
+OUTLIER_S = 6.49  # one iteration while the ranks calibrate: the sweep's loops stall it
+
+
+def _report_run(http: httpx.Client, job: str, auth: dict[str, str]) -> None:
+    """Iterations as a fake-GPU run reports them, from the plan's replayed timeline with a
+    few per cent of noise: each rank's span (its first instruction to its last) and its share
+    of the span energy (the point's energy less the blocking outside the spans). Profiling
+    first (one iteration stalled to :data:`OUTLIER_S`), then baseline iterations at default
+    clocks (the default plan's energy), then plan version 1."""
+    timeline = http.get(f"/v1/jobs/{job}/timeline", headers=auth).raise_for_status().json()
+    frontier = http.get(f"/v1/jobs/{job}/frontier", headers=auth).raise_for_status().json()
+    spans = [row[-1]["finish_s"] - row[0]["start_s"] for row in timeline["gpus"]]
+    span_energy_j = timeline["energy_j"] - P_BLOCK_W * sum(timeline["time_s"] - s for s in spans)
+    default_share = frontier["baselines"]["default"]["energy_j"] / timeline["energy_j"]
+    for it in range(ITERATIONS):
+        noise = 1 + 0.01 * ((it * 7) % 5 - 2)
+        for rank in range(STAGES):
+            energy_j = span_energy_j * spans[rank] / sum(spans)
+            if it < PROFILING_ITERATIONS:
+                phase, version = "profiling", None
+                time_s, energy_j = spans[rank] * 1.02, energy_j * default_share
+                if it == 3:
+                    time_s, energy_j = OUTLIER_S, energy_j * OUTLIER_S / time_s
+            elif it < PROFILING_ITERATIONS + BASELINE_ITERATIONS:
+                phase, version = "baseline", None
+                time_s, energy_j = spans[rank] * 0.99, energy_j * default_share
+            else:
+                phase, version, time_s = "plan", 1, spans[rank]
+            body = {"rank": rank, "iteration": it, "phase": phase, "plan_version": version,
+                    "time_s": time_s * noise, "energy_j": energy_j * noise}  # fmt: skip
+            http.post(f"/v1/jobs/{job}/iterations", json=body, headers=auth).raise_for_status()
 
 
 def _pct(x: float | None) -> str:
