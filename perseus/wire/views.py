@@ -161,10 +161,15 @@ class Baseline(WireModel):
 
     time_s: float
     energy_j: float
+    label: str | None = Field(
+        default=None,
+        description="How the command line names it ('default (max clock)', 'global clock'); "
+        "null from older servers.",
+    )
 
     @classmethod
-    def from_baseline(cls, baseline: SolverBaseline) -> Baseline:
-        return cls(time_s=baseline.time_s, energy_j=baseline.energy_j)
+    def from_baseline(cls, baseline: SolverBaseline, label: str | None = None) -> Baseline:
+        return cls(time_s=baseline.time_s, energy_j=baseline.energy_j, label=label)
 
 
 class FrontierView(WireModel):
@@ -280,6 +285,11 @@ class TimelineView(WireModel):
     min_frequency_mhz: int = Field(description="The profile's lowest clock (colour scale).")
     max_frequency_mhz: int = Field(description="The profile's highest clock.")
     gpus: list[list[TimelineInstruction]]
+    p_block_w: float | None = Field(
+        default=None,
+        description="The blocking power of one stage the plan was made with (W): energy_j "
+        "counts it on every GPU for the whole iteration, outside its instructions.",
+    )
 
 
 class ActivityView(WireModel):

@@ -7,6 +7,7 @@ Set ``PERSEUS_UI_SCREENSHOTS=DIR`` to keep the page's screenshots (``docs/ui.png
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -349,7 +350,7 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
 
     # The detail: frontier with baselines and the chosen point, iterations, ranks.
     assert _until(lambda: browser.find_elements(By.ID, "chosen-point"))
-    assert browser.find_elements(By.CSS_SELECTOR, "#frontier [data-baseline=default]")
+    assert browser.find_elements(By.CSS_SELECTOR, "#frontier [data-baseline~=default]")
     _hover(browser, By.ID, "chosen-point")
     hover = _until(lambda: browser.find_element(By.ID, "hover").text)
     chosen = view["chosen"]
@@ -374,7 +375,9 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
     assert _until(lambda: browser.find_element(By.ID, "timeline-hover").text).startswith(
         f"GPU 0: F0 (forward, microbatch 0) at {first['frequency_mhz']} MHz"
     )
-    browser.set_window_size(1500, 1450)
+    _the_charts_read_at_a_glance(browser, activity=_activity(planner, job, token),
+                                 timeline=timeline)  # fmt: skip
+    browser.set_window_size(1500, 1550)  # the whole page, the charts taller than before
     _screenshot(browser, tmp_path, "ui.png")
     browser.set_window_size(1500, 1250)
 
@@ -412,6 +415,125 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
     browser.set_window_size(1500, 1450)
     _screenshot(browser, tmp_path, "ui-gave-up.png")
     browser.set_window_size(1500, 1250)
+
+
+def _activity(planner: str, job: str, token: str) -> dict[str, Any]:
+    with httpx.Client(base_url=planner, timeout=60) as http:
+        url = f"/v1/jobs/{job}/activity"
+        reply = http.get(url, headers={"Authorization": f"Bearer {token}"})
+        return dict(reply.raise_for_status().json())
+
+
+# The boxes of the frontier's labels and markers, and whether any two of them overlap.
+_FRONTIER_BOXES = """
+const box = (n) => {
+  const r = n.getBoundingClientRect();
+  return [r.left, r.top, r.right, r.bottom];
+};
+const labels = [...document.querySelectorAll("#frontier text.label")].map(box);
+const markers = [...document.querySelectorAll("#frontier circle, #frontier .baseline rect")]
+  .map(box);
+return {labels, markers};
+"""
+
+
+def _overlap(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _the_charts_read_at_a_glance(
+    driver: Any, *, activity: dict[str, Any], timeline: dict[str, Any]
+) -> None:
+    """The iteration chart: a range robust to the stalled iteration (said to be off the
+    chart), whole iterations from 0 at round ticks, a legend, time and energy, each with the
+    prediction of what the ranks measure (a rank's span). The frontier: labels named as the
+    command line names them, overlapping no other label and no marker."""
+    from selenium.webdriver.common.by import By
+
+    def texts(selector: str) -> list[str]:
+        return _fresh(lambda: [e.text for e in driver.find_elements(By.CSS_SELECTOR, selector)])
+
+    assert _until(lambda: texts("#iterations-svg .off-note"))
+    stalled = max(i["time_s"] for i in activity["iterations"])
+    notes = texts("#iterations-svg .off-note")
+    assert notes[0] == f"1 iteration above the chart ({stalled:.4f} s)"
+    assert notes[1].startswith("1 iteration above the chart (") and notes[1].endswith(" J)")
+    ticks = texts("#iterations-svg text.tick.x")
+    assert ticks[0] == "0" and all(t.isdigit() for t in ticks)
+    steps = {int(b) - int(a) for a, b in itertools.pairwise(ticks)}
+    assert len(steps) == 1 and steps.pop() in (1, 2, 5, 10, 20, 25, 50, 100)
+    legend = " ".join(texts("#iterations-svg .legend text"))
+    assert legend == "profiling baseline plan predicted, plan v1"
+    spans = sorted(row[-1]["finish_s"] - row[0]["start_s"] for row in timeline["gpus"])
+    median = (spans[1] + spans[2]) / 2
+    span_energy = timeline["energy_j"] - timeline["p_block_w"] * sum(
+        timeline["time_s"] - s for s in spans
+    )
+    lines = _fresh(
+        lambda: [
+            float(e.get_attribute("data-value"))
+            for e in driver.find_elements(By.CSS_SELECTOR, "#iterations-svg line.predicted")
+        ]
+    )
+    assert lines == pytest.approx([median, span_energy])
+    caption = driver.find_element(By.ID, "iterations-caption").text
+    assert f"Predicted for plan v1: {median:.4f} s, {span_energy:.1f} J." in caption
+    assert f"the whole pipeline's {timeline['time_s']:.4f} s also counts the fill" in caption
+    # The frontier's labels.
+    labels = texts("#frontier text.label")
+    assert labels[0] == "chosen: no-slowdown (point 0)"
+    named = " = ".join(labels[1:]).split(" = ")
+    assert sorted(named) == sorted(
+        ["default (max clock)", "all-fastest", "global clock", "per-stage clock"]
+    )
+    boxes = driver.execute_script(_FRONTIER_BOXES)
+    for i, label in enumerate(boxes["labels"]):
+        assert not any(_overlap(label, other) for other in boxes["labels"][i + 1 :]), labels
+        assert not any(_overlap(label, marker) for marker in boxes["markers"]), labels[i]
+    # The helpers themselves, as the page runs them.
+    charts = "return window.perseusCharts."
+    assert driver.execute_script(charts + "niceTicks(-5.75, 33.6, 6, true)")["ticks"] == [
+        -10, -5, 0, 5, 10, 15, 20, 25, 30, 35
+    ]  # fmt: skip
+    assert driver.execute_script(charts + "niceTicks(0.4396, 4.856, 4)")["ticks"] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
+    outlier = driver.execute_script(
+        charts + "robustRange(arguments[0])", [0.76 + 0.001 * (i % 7) for i in range(200)] + [6.49]
+    )
+    assert outlier == pytest.approx([0.76, 0.766])
+
+
+def test_the_page_shows_how_far_each_rank_profiled(browser: Any, planner: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    with httpx.Client(base_url=planner, timeout=60) as http:
+        job, token = _registered(http, "profiling")
+        auth = {"Authorization": f"Bearer {token}"}
+        for rank in range(STAGES):
+            progress = {"clocks_done": 10 + rank, "clocks_planned": 110,
+                        "elapsed_s": 3.4 * (10 + rank), "budget_s": 600.0}  # fmt: skip
+            if rank == 3:
+                progress = {"clocks_done": 0, "clocks_planned": 110, "elapsed_s": 0.0}
+            body = {"rank": rank, "iteration": 12, "phase": "profiling", "time_s": 0.8,
+                    "energy_j": 300.0, "profiling": progress}  # fmt: skip
+            http.post(f"/v1/jobs/{job}/iterations", json=body, headers=auth).raise_for_status()
+        view = http.get(f"/v1/jobs/{job}", headers=auth).json()
+    assert [p["clocks_done"] for p in view["profiling"]] == [10, 11, 12, 0]
+    _login(browser, planner, token, job)
+    assert _until(lambda: _rank_state(browser, 0).startswith("profiling"))
+    assert _rank_state(browser, 0) == "profiling: 10 of 110 clocks, about 5 min 40 s left"
+    assert _rank_state(browser, 2) == "profiling: 12 of 110 clocks, about 5 min 33 s left"
+    assert _rank_state(browser, 3) == (
+        "profiling: 0 of 110 clocks (the time left is known once the first clock is measured)"
+    )
+    summary = browser.find_element(By.ID, "detail-summary").text
+    assert "4 ranks profiling, about 5 min 40 s left (the slowest)" in summary
 
 
 def test_a_job_token_sees_its_job_only(browser: Any, planner: str) -> None:
