@@ -280,7 +280,7 @@ function drawIterations(view, activity, timeline) {
   const root = $("iterations");
   if (!its.length) { root.replaceChildren(el("p", "no iterations reported to this server process yet")); return; }
   const predicted = predictedSpans(view, timeline);
-  const width = 560, height = 430, left = 72, right = 16, panelH = 140;
+  const width = 560, left = 72, right = 16, panelH = 140, height = 30 + 2 * panelH + 24 + 44;
   const chart = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, id: "iterations-svg" });
   root.replaceChildren(chart);
   const first = its[0].iteration, last = its[its.length - 1].iteration;
