@@ -514,8 +514,9 @@ class Rank:
         reporter = self._reporter
         if self._t_first is not None:
             end = self._controller.mark()
+            progress = self._profiling.progress() if phase == "profiling" else None
             reporter.queue_iteration(
-                self.iteration_index, self._t_first, end, self.plan_version, phase
+                self.iteration_index, self._t_first, end, self.plan_version, phase, progress
             )
         if self._sampler is not None:
             self._sampler.iteration_done()

@@ -103,9 +103,10 @@ def core_fields(model: type[BaseModel], value: object) -> dict[str, Any]:
     dataclass the model renders; an enum as its value).
 
     A wire model that renders a core type lists its fields once, in the model: each is one of
-    the core type's (``tests/wire/test_core_renderings.py`` checks it).
+    the core type's, but for what the wire adds for its readers (a baseline's label), which
+    the caller gives (``tests/wire/test_core_renderings.py`` checks it).
     """
-    values = {name: getattr(value, name) for name in model.model_fields}
+    values = {name: getattr(value, name) for name in model.model_fields if hasattr(value, name)}
     return {name: v.value if isinstance(v, Enum) else v for name, v in values.items()}
 
 

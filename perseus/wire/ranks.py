@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perseus.core.pipeline import InstructionKind
 from perseus.core.profiles import ProfileRow as MeasuredRow
@@ -115,6 +115,33 @@ IterationPhase = Literal["baseline", "profiling", "plan", "default"]
 """What a rank's GPU ran during one reported iteration (see :class:`IterationReport`)."""
 
 
+class ProfilingProgress(WireModel):
+    """How far a rank's online clock sweep got by the end of a reported iteration."""
+
+    clocks_done: Annotated[StrictInt, Field(ge=0, le=MAX_CLOCKS)] = Field(
+        description="Clocks measured so far."
+    )
+    clocks_planned: Annotated[StrictInt, Field(ge=1, le=MAX_CLOCKS)] = Field(
+        description="Clocks the sweep means to measure (it stops earlier once a microbatch's "
+        "energy rises at several clocks in a row, or its time budget is spent)."
+    )
+    elapsed_s: Annotated[StrictFloat, Field(ge=0, le=1e7)] = Field(
+        description="Seconds since the first clock's measurement began, the training "
+        "iterations between clocks included (0 before the first clock)."
+    )
+    budget_s: Annotated[StrictFloat, Field(gt=0, le=1e7)] | None = Field(
+        default=None, description="The sweep's time budget: it stops after this long."
+    )
+
+    @model_validator(mode="after")
+    def _done_within_planned(self) -> ProfilingProgress:
+        if self.clocks_done > self.clocks_planned:
+            raise ValueError(
+                f"clocks_done ({self.clocks_done}) exceeds clocks_planned ({self.clocks_planned})"
+            )
+        return self
+
+
 class IterationReport(WireModel):
     """``POST /v1/jobs/{id}/iterations``: one rank's measured iteration.
 
@@ -137,6 +164,11 @@ class IterationReport(WireModel):
         "the realized saving is measured against), 'profiling' (clocks being swept), 'plan' "
         "(following plan_version) or 'default' (default clocks, not a baseline sample: the "
         "plan was stopped). Null from older ranks.",
+    )
+    profiling: ProfilingProgress | None = Field(
+        default=None,
+        description="While the rank sweeps its clocks (phase 'profiling'): how far it got. "
+        "Null otherwise, and from older ranks.",
     )
 
 

@@ -66,7 +66,7 @@ from perseus.client.profiling.wait_power import (
 from perseus.client.state import RankState
 from perseus.client.torch_env import distributed
 from perseus.core.errors import ProfileError
-from perseus.schemas import ProfileRow
+from perseus.schemas import ProfileRow, ProfilingProgress
 
 __all__ = [
     "IterationSpan",
@@ -198,6 +198,24 @@ class OnlineProfiling:
             self._stop(ProfilingState.FAILED)
             self._controller.reset("profiling failed")
             self._rank.give_up(f"online profiling failed: {type(err).__name__}: {err}")
+
+    def progress(self) -> ProfilingProgress | None:
+        """How far the clock sweep got (clocks measured of planned, seconds so far); None
+        unless SWEEPING, and never raises. A sweep that ended early counts its measured
+        clocks as planned."""
+        sweep = self._sweep
+        if self.state is not ProfilingState.SWEEPING or sweep is None:
+            return None
+        done = sweep.done_clocks
+        try:
+            return ProfilingProgress(
+                clocks_done=done,
+                clocks_planned=max(done, 1) if sweep.done else sweep.planned_clocks,
+                elapsed_s=sweep.elapsed_s,
+                budget_s=min(self._rank.settings.budget.max_s, 1e7),
+            )
+        except ValueError:  # out of the wire's range (over MAX_CLOCKS clocks): not shown
+            return None
 
     def _stop(self, state: ProfilingState) -> None:
         self.state = state

@@ -229,6 +229,21 @@ class ClockSweep:
         """True once the sweep has ended (all clocks, early stop, or budget)."""
         return self._stopped is not None
 
+    @property
+    def planned_clocks(self) -> int:
+        """Clocks the sweep means to measure (it may stop earlier: see :attr:`done`)."""
+        return len(self.clocks)
+
+    @property
+    def done_clocks(self) -> int:
+        """Clocks measured so far."""
+        return len(self._measured)
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the first clock's measurement began (0 before it)."""
+        return 0.0 if self._started_s is None else self._clock() - self._started_s
+
     def run(self) -> StageProfile:
         """Measure every remaining clock now."""
         while not self.done:

@@ -117,7 +117,7 @@ async def overview(
         found = []
         for summary in jobs.list(limit, offset):
             with contextlib.suppress(JobNotFound):  # deleted meanwhile
-                found.append(jobs.view(summary.job_id))
+                found.append(state.activity.with_profiling(jobs.view(summary.job_id)))
         return found
 
     return JobViews(jobs=await run_in_threadpool(views))

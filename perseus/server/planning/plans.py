@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from perseus.core.baselines import baseline_label
 from perseus.core.errors import PlanError, PlanNotReady, ProfileError
 from perseus.core.jobs import JobState
 from perseus.formats.plan_files import frontier_from_json
@@ -329,7 +330,10 @@ class Plans:
         return FrontierView(
             version=job.version,
             points=[FrontierPoint.from_point(frontier.point(i)) for i in range(len(frontier))],
-            baselines={name: Baseline.from_baseline(b) for name, b in frontier.baselines.items()},
+            baselines={
+                name: Baseline.from_baseline(b, baseline_label(name))
+                for name, b in frontier.baselines.items()
+            },
             policy_index=choice.policy_index,
             chosen_index=choice.chosen_index,
             policy=job.policy,
