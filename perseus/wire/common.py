@@ -9,10 +9,11 @@ within the job's stages, a rank within its world size) are done by the server's 
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from perseus.core import jobs
 
@@ -88,8 +89,26 @@ def _storable(text: str) -> str:
     return text
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _cleaned(value: object) -> object:
+    # Free text a rank did not choose (an exception's message): kept, less what no database
+    # stores. NULs are dropped; a lone surrogate (a file name decoded with surrogateescape)
+    # becomes U+FFFD, one character for one, so text cut to the limit stays within it.
+    if not isinstance(value, str):
+        return value  # the str validator says what is wrong
+    return _SURROGATE.sub("\ufffd", value.replace("\x00", ""))
+
+
 Name = Annotated[str, Field(max_length=200), AfterValidator(_storable)]
 GpuName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_storable)]
+
+
+FreeText = Annotated[str, BeforeValidator(_cleaned), AfterValidator(_storable)]
+"""Free text a client did not choose (why a rank gave up): stored as sent but for NUL
+characters, dropped (PostgreSQL cannot store them), and lone surrogates, each replaced by
+U+FFFD. Identifiers a user chose (:data:`Name`, :data:`GpuName`) refuse both (422)."""
 
 
 class WireModel(BaseModel):

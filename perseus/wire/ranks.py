@@ -14,6 +14,7 @@ from perseus.wire.common import (
     MAX_PROFILE_ROWS,
     MAX_WAIT_QUERY_S,
     MAX_WORLD_SIZE,
+    FreeText,
     FrequencyMhz,
     GpuName,
     InstructionName,
@@ -62,7 +63,7 @@ class GaveUpReport(WireModel):
     (it rejected the job, the planner refused it, a plan could not be followed)."""
 
     rank: RankNumber
-    reason: Annotated[str, Field(min_length=1, max_length=MAX_REASON_CHARS)]
+    reason: Annotated[FreeText, Field(min_length=1, max_length=MAX_REASON_CHARS)]
 
 
 class GaveUpAccepted(WireModel):

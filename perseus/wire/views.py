@@ -132,9 +132,15 @@ class JobView(WireModel):
 
 
 class JobViews(WireModel):
-    """``GET /v1/overview``: every job's view (the admin token, if the server has one)."""
+    """``GET /v1/overview``: a page of the jobs' views (the admin token, if the server has
+    one)."""
 
     jobs: list[JobView]
+    total: int | None = Field(
+        default=None,
+        description="How many jobs the server holds, on every page: the page's jobs are "
+        "`limit` of them from `offset`.",
+    )
 
 
 # ----------------------------------------------------------------------------- frontier

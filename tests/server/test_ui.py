@@ -331,7 +331,9 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
 
     _login(browser, planner, ADMIN)
     assert token not in browser.current_url and ADMIN not in browser.current_url
-    assert _job_rows(browser) == [job, other]
+    assert _job_rows(browser) == [other, job]  # newest first
+    _fresh(lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-job="{job}"]').click())
+    assert _until(lambda: job in browser.find_element(By.ID, "detail-title").text)
 
     # The numbers are the API's.
     assert _cell(browser, job, "state") == "ready"
@@ -534,6 +536,61 @@ def test_the_page_shows_how_far_each_rank_profiled(browser: Any, planner: str) -
     )
     summary = browser.find_element(By.ID, "detail-summary").text
     assert "4 ranks profiling, about 5 min 40 s left (the slowest)" in summary
+
+
+def _status(driver: Any) -> str:
+    from selenium.webdriver.common.by import By
+
+    return str(driver.find_element(By.ID, "status").text)
+
+
+def test_the_page_pages_through_every_job_newest_first(browser: Any, planner: str) -> None:
+    """1,050 jobs: the first page shows the newest, the status line the true total, and
+    the pager reaches the oldest (the page once showed the 100 oldest and said "100 jobs")."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    spec = {"schedule": "1f1b", "stages": 2, "microbatches": 2, "data_parallel": 1,
+            "tensor_parallel": 1}  # fmt: skip
+    with httpx.Client(base_url=planner, timeout=60, headers=admin) as http:
+        ids = [
+            http.post("/v1/jobs", json={**spec, "name": f"j{i}"})
+            .raise_for_status()
+            .json()["job_id"]
+            for i in range(1050)
+        ]
+    _login(browser, planner, ADMIN)
+    newest = ids[::-1]
+    assert _until(lambda: _job_rows(browser) == newest[:50])
+    assert _until(lambda: _status(browser).startswith("1,050 jobs, updated"))
+    page = browser.find_element(By.ID, "page")
+    assert page.text == "jobs 1-50 of 1,050"
+    assert browser.find_element(By.ID, "newer").get_property("disabled") is True
+
+    browser.find_element(By.ID, "older").click()
+    assert _until(lambda: _job_rows(browser) == newest[50:100])
+    assert _until(lambda: page.text == "jobs 51-100 of 1,050")
+    for _ in range(19):
+        browser.find_element(By.ID, "older").click()
+    assert _until(lambda: _job_rows(browser) == newest[1000:], timeout_s=60)
+    assert _until(lambda: page.text == "jobs 1,001-1,050 of 1,050")
+    assert browser.find_element(By.ID, "older").get_property("disabled") is True
+
+    # Oldest first at a switch; the job chosen on one page stays shown on another.
+    _fresh(lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-job="{ids[3]}"]').click())
+    assert _until(lambda: ids[3] in browser.find_element(By.ID, "detail-title").text)
+    Select(browser.find_element(By.ID, "order")).select_by_value("oldest")
+    assert _until(lambda: _job_rows(browser) == ids[:50])
+    browser.find_element(By.ID, "older").click()  # in the oldest-first order: back is older
+    assert browser.find_element(By.ID, "older").get_property("disabled") is True
+    browser.find_element(By.ID, "newer").click()
+    assert _until(lambda: _job_rows(browser) == ids[50:100])
+    _fresh(lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-job="{ids[60]}"]').click())
+    assert _until(lambda: ids[60] in browser.find_element(By.ID, "detail-title").text)
+    browser.find_element(By.ID, "older").click()
+    assert _until(lambda: _job_rows(browser) == ids[:50])
+    assert _until(lambda: ids[60] in browser.find_element(By.ID, "detail-title").text)
 
 
 def test_a_job_token_sees_its_job_only(browser: Any, planner: str) -> None:

@@ -255,7 +255,9 @@ class PlannerClient:
             JobNotFound: no such job.
             RequestRejected: the rank is outside the job.
         """
-        body = GaveUpReport(rank=rank, reason=reason[:MAX_REASON_CHARS] or "unknown")
+        # NULs go before the cut: the wire drops them, and a reason of NULs alone is empty.
+        text = reason.replace("\x00", "")[:MAX_REASON_CHARS] or "unknown"
+        body = GaveUpReport(rank=rank, reason=text)
         return self._send("POST", GAVE_UP_PATH, GaveUpAccepted, body)
 
     def report_profile(self, body: ProfileReport) -> ProfileAccepted:

@@ -168,10 +168,10 @@ class Jobs(JobPart):
         with self._store.read() as tx:
             return existing(tx, job_id)
 
-    def list(self, limit: int, offset: int) -> list[JobSummary]:
-        """Jobs oldest first, ``limit`` of them from ``offset``."""
+    def list(self, limit: int, offset: int, *, newest_first: bool = False) -> list[JobSummary]:
+        """Jobs oldest first (or newest first), ``limit`` of them from ``offset``."""
         with self._store.read() as tx:
-            rows = tx.list_jobs(limit, offset)
+            rows = tx.list_jobs(limit, offset, newest_first=newest_first)
         return [
             JobSummary(
                 job_id=r.id,
@@ -182,6 +182,16 @@ class Jobs(JobPart):
             )
             for r in rows
         ]
+
+    def count(self) -> int:
+        """How many jobs the store holds."""
+        with self._store.read() as tx:
+            return tx.count_jobs()
+
+    def planned_ids(self) -> tuple[str, ...]:
+        """Every job planned at least once (a plan version above 0), oldest first."""
+        with self._store.read() as tx:
+            return tuple(tx.planned_job_ids())
 
     def count_by_state(self) -> dict[str, int]:
         with self._store.read() as tx:

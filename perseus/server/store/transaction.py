@@ -133,14 +133,20 @@ class Transaction:
         result = self._conn.execute(delete(JOBS).where(JOBS.c.id == job_id))
         return bool(result.rowcount)
 
-    def list_jobs(self, limit: int, offset: int) -> list[JobRow]:
+    def list_jobs(self, limit: int, offset: int, *, newest_first: bool = False) -> list[JobRow]:
+        order = (JOBS.c.created_at_s, JOBS.c.id)
         query = (
             select(*JOB_COLUMNS)
-            .order_by(JOBS.c.created_at_s, JOBS.c.id)
+            .order_by(*(column.desc() for column in order) if newest_first else order)
             .limit(limit)
             .offset(offset)
         )
         return [job_row(found) for found in self._conn.execute(query)]
+
+    def planned_job_ids(self) -> list[str]:
+        """Every job with a plan version (planned at least once), oldest first."""
+        query = select(JOBS.c.id).where(JOBS.c.version > 0).order_by(JOBS.c.created_at_s, JOBS.c.id)
+        return [str(job_id) for job_id in self._conn.execute(query).scalars()]
 
     def count_jobs(self) -> int:
         return int(self._conn.execute(select(func.count()).select_from(JOBS)).scalar_one())

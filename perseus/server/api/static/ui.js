@@ -12,6 +12,12 @@ const API = location.pathname.replace(/ui\/?$/, "") + "v1/";
 const $ = (id) => document.getElementById(id);
 let selected = null;
 let timer = null;
+// The jobs table shows one page of the overview: PAGE jobs from `offset`, newest first
+// unless the order is switched (the server holds any number of jobs; the page asks for its
+// slice and says how many there are in all).
+const PAGE = 50;
+let offset = 0;
+let order = "newest";
 let timelineKey = null;  // "job:version" of the timeline drawn: a version's plan never changes
 let timelineData = null;  // that timeline (the iteration chart's prediction), null if none
 
@@ -550,16 +556,52 @@ async function drawDetail(view) {
 
 // ----------------------------------------------------------------------------- the loop
 
+// One page of the overview and the number of jobs in all; a page past the end (jobs were
+// deleted) moves back to the last one.
+async function jobPage() {
+  const ask = () => get(`overview?limit=${PAGE}&offset=${offset}&order=${order}`);
+  let page = await ask();
+  const total = page.total ?? page.jobs.length;
+  if (!page.jobs.length && offset > 0 && total > 0) {
+    offset = Math.floor((total - 1) / PAGE) * PAGE;
+    page = await ask();
+  }
+  return { views: page.jobs, total: page.total ?? page.jobs.length };
+}
+
+function drawPager(shown, total) {
+  $("pager").hidden = total <= PAGE && offset === 0;
+  $("page").textContent = shown
+    ? `jobs ${(offset + 1).toLocaleString("en-US")}-${(offset + shown).toLocaleString("en-US")} of ${total.toLocaleString("en-US")}`
+    : `no jobs of ${total.toLocaleString("en-US")}`;
+  $("newer").disabled = order === "newest" ? offset === 0 : offset + shown >= total;
+  $("older").disabled = order === "newest" ? offset + shown >= total : offset === 0;
+}
+
+// The selected job's view: from the page, else fetched (it was chosen on another page).
+async function selectedView(views) {
+  if (!selected && views.length) selected = views[0].job_id;
+  const view = views.find((v) => v.job_id === selected);
+  if (view || !selected) return view;
+  try {
+    return await get(`jobs/${selected}`);
+  } catch (err) {
+    if (err.status !== 404) throw err;
+    selected = views.length ? views[0].job_id : null;  // deleted: show this page's first
+    return views[0];
+  }
+}
+
 async function refresh() {
   clearTimeout(timer);
   const { job } = credentials();
   try {
-    const views = job ? [await get(`jobs/${job}`)] : (await get("overview")).jobs;
+    const { views, total } = job ? { views: [await get(`jobs/${job}`)], total: 1 } : await jobPage();
     $("jobs").tBodies[0].replaceChildren(...views.map(jobRow));
-    if (!selected && views.length) selected = views[0].job_id;
-    const view = views.find((v) => v.job_id === selected);
+    if (job) $("pager").hidden = true; else drawPager(views.length, total);
+    const view = await selectedView(views);
     if (view) await drawDetail(view); else $("detail").hidden = true;
-    $("status").textContent = `${views.length} job${views.length === 1 ? "" : "s"}, updated ${new Date().toLocaleTimeString()}`;
+    $("status").textContent = `${total.toLocaleString("en-US")} job${total === 1 ? "" : "s"}, updated ${new Date().toLocaleTimeString()}`;
     $("status").className = "";
     document.body.dataset.loaded = String(Number(document.body.dataset.loaded || 0) + 1);
   } catch (err) {
@@ -591,6 +633,20 @@ document.addEventListener("DOMContentLoaded", () => {
     if (job) sessionStorage.setItem("perseus.job", job); else sessionStorage.removeItem("perseus.job");
     selected = job || null;
     start();
+  });
+  // Newer and older: a page towards the newest or the oldest job, whichever the order.
+  $("newer").addEventListener("click", () => {
+    offset = Math.max(0, order === "newest" ? offset - PAGE : offset + PAGE);
+    refresh();
+  });
+  $("older").addEventListener("click", () => {
+    offset = Math.max(0, order === "newest" ? offset + PAGE : offset - PAGE);
+    refresh();
+  });
+  $("order").addEventListener("change", () => {
+    order = $("order").value;
+    offset = 0;
+    refresh();
   });
   $("forget").addEventListener("click", () => {
     sessionStorage.removeItem("perseus.token");
