@@ -533,6 +533,39 @@ def test_a_server_answering_garbage_never_blocks_training(tmp_path: Path) -> Non
     assert elapsed < 20
 
 
+def test_a_planner_whose_answers_this_rank_cannot_read_is_given_up_and_told(
+    tmp_path: Path,
+) -> None:
+    # A planner of an incompatible version (here: a job view without the job's spec) answers
+    # the same every time: after a few tries the rank gives up, says why in the job view,
+    # and training goes on at default clocks.
+    reasons: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/ranks:gave-up"):
+            reasons.append(json.loads(request.content)["reason"])
+            return httpx.Response(200, json={"rank": 0, "at_s": 1.0})
+        return httpx.Response(200, json={"job_id": "j", "state": "registering", "version": 0})
+
+    http = httpx.Client(base_url="http://planner", transport=httpx.MockTransport(handler))
+    settings = ClientSettings(
+        server="http://planner", job="j", token="t", stage=0, gpu="fake", budget=BUDGET
+    )
+    rank = Rank(
+        settings,
+        gpu=FakeGpu(work=default_work(0, 1)),
+        planner=PlannerClient(http, "j", "t"),
+        workload=Nothing(),
+    )
+    try:
+        train_until(rank, ORDER_1F1B, lambda: bool(reasons), 60)
+    finally:
+        rank.close()
+    assert "not what this rank understands" in (rank.failure or "")
+    assert "not a JobView: " in reasons[0] and "Field required" in reasons[0]
+    assert rank.plan_version is None
+
+
 def test_an_exception_in_training_resets_the_clocks(app: TestClient, tmp_path: Path) -> None:
     job, token = create(app, schedule="1f1b")
     rank, gpu = make_rank(app, job, token, tmp_path)
