@@ -109,21 +109,26 @@ def read_saved_profile(settings: ClientSettings) -> Profile | None:
 def saved_profile_rows(
     profile: Profile, stage: int, path: str
 ) -> tuple[list[ProfileRow], float | None]:
-    """The rows of ``stage`` in a saved profile, and its blocking power.
+    """The rows of ``stage`` in a saved profile, each of its own instruction kind, and the
+    profile's blocking power.
 
     Raises:
         ProfileError: The profile has no such stage.
     """
     if stage >= profile.num_stages:
         raise ProfileError(f"{path}: has {profile.num_stages} stages, this rank is stage {stage}")
+    # Each row keeps its kind: a zero-bubble job plans on the backward's halves, and a
+    # profile saved from one (or the example profile) has them beside the full backward.
     rows = [
-        ProfileRow(
-            instruction="forward" if o_kind == "forward" else "backward",
-            frequency_mhz=option.frequency_mhz,
-            time_s=option.time_s,
-            energy_j=option.energy_j,
+        ProfileRow.model_validate(
+            {
+                "instruction": kind,
+                "frequency_mhz": option.frequency_mhz,
+                "time_s": option.time_s,
+                "energy_j": option.energy_j,
+            }
         )
-        for o_kind, options in profile.stages[stage].items()
+        for kind, options in profile.stages[stage].items()
         for option in options
     ]
     return rows, profile.p_block_w

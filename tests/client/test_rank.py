@@ -33,6 +33,7 @@ from perseus.client.settings import ClientSettings, ProfileBudget, SettingsError
 from perseus.core.defaults import BASELINE_ITERATIONS
 from perseus.server.app import create_app
 from perseus.server.settings import Settings
+from perseus.solver.schedules import make_schedule
 
 ORDER_1F1B = [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1)]
 ORDER_GPIPE = [("forward", 0), ("forward", 1), ("backward", 0), ("backward", 1)]
@@ -226,6 +227,59 @@ def test_giving_up_after_a_plan_puts_the_default_clock_back(
     assert "no job" in (rank.failure or "")
     after = [e for e in log_lines(tmp_path) if e["iteration"] >= gave_up_at]
     assert after and all(e["frequency_mhz"] is None for e in after)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "virtual_stages", "kinds"),
+    [
+        ("zbv", 2, {"forward", "backward_input", "backward_weight"}),
+        ("1f1b", 1, {"forward", "backward"}),
+    ],
+)
+def test_a_saved_profile_with_split_backward_rows_plans_without_profiling(
+    app: TestClient, tmp_path: Path, schedule: str, virtual_stages: int, kinds: set[str]
+) -> None:
+    # The example profile has forward, backward and the backward's halves: each row keeps
+    # its kind on upload, so a zero-bubble job and a 1F1B job both plan on it. (It has no
+    # blocking power: the job gives it.)
+    job, token = create(app, schedule=schedule, virtual_stages=virtual_stages, p_block_w=80.0)
+    rank, _ = make_rank(app, job, token, tmp_path, profile_path=str(EXAMPLE_PROFILE))
+    order = [
+        (i.kind.value, i.microbatch, i.chunk)
+        for i in make_schedule(schedule, 1, 2, virtual_stages).order[0]
+    ]
+
+    def run(iterations: int) -> None:
+        for _ in range(iterations):
+            with rank.iteration():
+                for kind, microbatch, chunk in order:
+                    with rank.instruction(kind, microbatch, chunk):
+                        pass
+
+    try:
+        deadline = time.monotonic() + 60
+        while rank.plan_version != 1:
+            assert time.monotonic() < deadline, f"no plan; failure: {rank.failure}"
+            run(1)
+        run(2)
+    finally:
+        rank.close()
+    assert rank.failure is None and rank.profile is None  # nothing was measured
+    plan = app.get(
+        f"/v1/jobs/{job}/plan", params={"rank": 0}, headers={"Authorization": f"Bearer {token}"}
+    ).json()
+    assert {i["instruction"] for i in plan["instructions"]} == kinds
+    expected = [
+        (i["instruction"], i["microbatch"], i.get("chunk") or 0, i["frequency_mhz"])
+        for i in plan["instructions"]
+    ]
+    planned = [
+        (e["instruction"], e["microbatch"], e["chunk"], e["frequency_mhz"])
+        for e in log_lines(tmp_path)
+        if e["plan_version"] == 1
+    ]
+    assert len(planned) >= 2 * len(expected)
+    assert planned[: len(expected)] == expected
 
 
 def test_a_bad_saved_profile_is_refused_at_start_up(tmp_path: Path) -> None:
