@@ -250,6 +250,8 @@ class Session:
             _log.info("perseus: rank %d profile reported", rank)
             self._poll_plans(rng, backoff, outage)
         except AnswerNotUnderstood as err:
+            if self._stop.is_set():
+                return  # stopping while the planner answered garbage: nothing to give up
             state.give_up(_not_understood(err))
             self._report_gave_up()
         except PlannerUnavailable:
