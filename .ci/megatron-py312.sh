@@ -2,8 +2,9 @@
 # The Megatron tests (tests/e2e/test_megatron.py) under Python 3.12 with megatron-core 0.19, in a
 # venv of their own (removed at exit); .ci/run covers Python 3.11 with megatron-core 0.16.
 # PyPI's torch for Python 3.12 is the CUDA build: torch and its nvidia-* wheels are about 4.7 GB
-# installed (5 to 6 minutes to fetch them on the development machine), so .ci/run does not call
-# this script; run it by hand, or from CI where that time is affordable:
+# installed; this script took 10 min 17 s on the (loaded, 2-core) development machine with pip's
+# cache warm, 25 s of it the tests (-m "not slow"), so .ci/run does not call it. Run it by hand,
+# or from CI where that time is affordable:
 #
 #     bash .ci/megatron-py312.sh          # PYTHON312=/path/to/python3.12 to pick the interpreter
 set -euo pipefail
@@ -13,8 +14,13 @@ cd "$root"
 
 python=${PYTHON312:-}
 if [ -z "$python" ]; then
+    # pyenv's shim exists even where 3.12 is not the active version: try each one
     for candidate in python3.12 "$HOME/.pyenv/versions/3.12"*/bin/python3.12; do
-        if command -v "$candidate" >/dev/null 2>&1; then python=$candidate; break; fi
+        if "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null
+        then
+            python=$candidate
+            break
+        fi
     done
 fi
 if [ -z "$python" ]; then
