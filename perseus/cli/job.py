@@ -395,7 +395,7 @@ def _list(args: argparse.Namespace, ctx: JobContext) -> None:
     jobs: list[JobSummary] = []
     while True:  # the server answers at most 1,000 per page
         response = get_answer(ctx, args, f"{JOBS_PATH}?limit=1000&offset={len(jobs)}", token)
-        page = JobList.model_validate_json(response.content).jobs
+        page = JobList.model_validate_json(response.content, extra="ignore").jobs
         jobs.extend(page)
         if len(page) < 1000:
             break

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from perseus.client.api.client import PlannerClient, PlanTooLarge
-from perseus.client.api.retry import Backoff, retry_call
+from perseus.client.api.http import AnswerNotUnderstood
+from perseus.client.api.retry import NOT_UNDERSTOOD_ATTEMPTS, Backoff, retry_call
 from perseus.client.gpu.control import GpuControl, WorkObserver
 from perseus.client.settings import ClientSettings, SettingsError
 from perseus.client.state import ActivePlan, RankState
@@ -109,24 +110,37 @@ def read_saved_profile(settings: ClientSettings) -> Profile | None:
 def saved_profile_rows(
     profile: Profile, stage: int, path: str
 ) -> tuple[list[ProfileRow], float | None]:
-    """The rows of ``stage`` in a saved profile, and its blocking power.
+    """The rows of ``stage`` in a saved profile, each of its own instruction kind, and the
+    profile's blocking power.
 
     Raises:
         ProfileError: The profile has no such stage.
     """
     if stage >= profile.num_stages:
         raise ProfileError(f"{path}: has {profile.num_stages} stages, this rank is stage {stage}")
+    # Each row keeps its kind: a zero-bubble job plans on the backward's halves, and a
+    # profile saved from one (or the example profile) has them beside the full backward.
     rows = [
-        ProfileRow(
-            instruction="forward" if o_kind == "forward" else "backward",
-            frequency_mhz=option.frequency_mhz,
-            time_s=option.time_s,
-            energy_j=option.energy_j,
+        ProfileRow.model_validate(
+            {
+                "instruction": kind,
+                "frequency_mhz": option.frequency_mhz,
+                "time_s": option.time_s,
+                "energy_j": option.energy_j,
+            }
         )
-        for o_kind, options in profile.stages[stage].items()
+        for kind, options in profile.stages[stage].items()
         for option in options
     ]
     return rows, profile.p_block_w
+
+
+def _not_understood(err: AnswerNotUnderstood) -> str:
+    """Why a rank gave up on a planner whose answers it cannot read."""
+    return (
+        f"the planner's answers are not what this rank understands, after "
+        f"{NOT_UNDERSTOOD_ATTEMPTS} tries (a planner of an incompatible version?): {err}"
+    )
 
 
 class Session:
@@ -236,6 +250,11 @@ class Session:
             )
             _log.info("perseus: rank %d profile reported", rank)
             self._poll_plans(rng, backoff, outage)
+        except AnswerNotUnderstood as err:
+            if self._stop.is_set():
+                return  # stopping while the planner answered garbage: nothing to give up
+            state.give_up(_not_understood(err))
+            self._report_gave_up()
         except PlannerUnavailable:
             return  # only when stopping
         except (AuthError, JobNotFound) as err:
@@ -280,6 +299,7 @@ class Session:
     def _poll_plans(self, rng: random.Random, backoff: Backoff, outage: Outage) -> None:
         version: int | None = None
         attempt = 0
+        not_understood = 0
         not_ready_logged = ""
         settings = self._state.settings
         last_start: float | None = None
@@ -301,6 +321,7 @@ class Session:
                 )
             except PlanTooLarge as err:
                 outage.ok()
+                not_understood = 0
                 self._state.reject_plan(err.version, f"plan version {err.version}: {err}")
                 if err.version is not None:
                     version = err.version  # the server answers 304 until a newer one
@@ -313,16 +334,21 @@ class Session:
                     _log.error("perseus: planning failed on the server: %s", err)
                 not_ready_logged = err.state
                 outage.ok()
+                not_understood = 0
                 self._stop.wait(min(5.0, 0.5 + attempt * 0.5))
                 attempt += 1
                 continue
             except PlannerUnavailable as err:
+                not_understood = not_understood + 1 if isinstance(err, AnswerNotUnderstood) else 0
+                if not_understood >= NOT_UNDERSTOOD_ATTEMPTS:
+                    raise
                 outage.failed(err)
                 self._stop.wait(backoff.delay_s(attempt, rng))
                 attempt += 1
                 continue
             outage.ok()
             attempt = 0
+            not_understood = 0
             if plan is None:
                 continue
             self._accept_plan(plan)

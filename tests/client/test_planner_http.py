@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perseus.client.api.http import (
+    AnswerNotUnderstood,
     PlanTooLarge,
     call_planner,
     garbage_error,
@@ -33,7 +34,7 @@ from perseus.core.errors import (
     RequestRejected,
     SolverTimeout,
 )
-from perseus.schemas import JobView
+from perseus.schemas import JobView, PlanResponse
 from perseus.server.api.routes import error_response, error_status
 from perseus.server.lifecycle.jobs import RequestFieldError
 from perseus.server.store.storage import StorageFault
@@ -331,6 +332,47 @@ def test_parse_reply_names_the_field_that_is_wrong() -> None:
         parse_reply(JobView, get(answer(200, {"job_id": 1})))
     assert str(raised.value).startswith(f"GET {PATH}: the server answered garbage (HTTP 200): ")
     assert "not a JobView: job_id:" in str(raised.value)
+
+
+def test_a_reply_that_does_not_parse_is_an_answer_not_understood() -> None:
+    with pytest.raises(AnswerNotUnderstood, match="not a PlanResponse: version:"):
+        parse_reply(PlanResponse, get(answer(200, {"job_id": "j", "version": "two"})))
+
+
+def test_fields_a_newer_server_adds_are_ignored_at_every_depth() -> None:
+    plan = {
+        "job_id": "j",
+        "version": 2,
+        "stage": 0,
+        "time_s": 1.5,
+        "energy_j": 300.0,
+        "instructions": [
+            {"instruction": "forward", "microbatch": 0, "frequency_mhz": 1410, "power_w": 250.0},
+            {"instruction": "backward_input", "microbatch": 0, "frequency_mhz": 1200},
+        ],
+        "planned_from_s": 1.7e9,  # a field this client has never heard of
+        "hints": {"nested": [1, 2]},
+    }
+    parsed = parse_reply(PlanResponse, get(answer(200, plan)))
+    assert parsed.version == 2 and len(parsed.instructions) == 2
+    assert parsed.instructions[1].instruction == "backward_input"
+    assert "planned_from_s" not in parsed.model_dump()
+    # the model itself stays strict: what the server validates requests with is unchanged
+    assert PlanResponse.model_config["extra"] == "forbid"
+    with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+        PlanResponse.model_validate(plan)
+
+
+def test_an_error_body_with_fields_this_client_does_not_know_is_still_mapped() -> None:
+    with pytest.raises(JobNotFound, match="no job 'x'"):
+        get(answer(404, {"detail": "no job 'x'", "error": "JobNotFound", "hint": "list jobs"}))
+    body = {
+        "detail": [{"loc": ["body", "rank"], "msg": "too big", "type": "x", "url": "u"}],
+        "error": "ValidationError",
+        "request_id": "r1",
+    }
+    with pytest.raises(RequestRejected, match="rank: too big"):
+        get(answer(422, body))
 
 
 @given(st.binary(max_size=600))

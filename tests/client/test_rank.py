@@ -36,6 +36,7 @@ from perseus.core.defaults import BASELINE_ITERATIONS
 from perseus.schemas import JobView
 from perseus.server.app import create_app
 from perseus.server.settings import Settings
+from perseus.solver.schedules import make_schedule
 
 ORDER_1F1B = [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1)]
 ORDER_GPIPE = [("forward", 0), ("forward", 1), ("backward", 0), ("backward", 1)]
@@ -261,6 +262,59 @@ def test_giving_up_after_a_plan_puts_the_default_clock_back(
     assert "no job" in (rank.failure or "")
     after = [e for e in log_lines(tmp_path) if e["iteration"] >= gave_up_at]
     assert after and all(e["frequency_mhz"] is None for e in after)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "virtual_stages", "kinds"),
+    [
+        ("zbv", 2, {"forward", "backward_input", "backward_weight"}),
+        ("1f1b", 1, {"forward", "backward"}),
+    ],
+)
+def test_a_saved_profile_with_split_backward_rows_plans_without_profiling(
+    app: TestClient, tmp_path: Path, schedule: str, virtual_stages: int, kinds: set[str]
+) -> None:
+    # The example profile has forward, backward and the backward's halves: each row keeps
+    # its kind on upload, so a zero-bubble job and a 1F1B job both plan on it. (It has no
+    # blocking power: the job gives it.)
+    job, token = create(app, schedule=schedule, virtual_stages=virtual_stages, p_block_w=80.0)
+    rank, _ = make_rank(app, job, token, tmp_path, profile_path=str(EXAMPLE_PROFILE))
+    order = [
+        (i.kind.value, i.microbatch, i.chunk)
+        for i in make_schedule(schedule, 1, 2, virtual_stages).order[0]
+    ]
+
+    def run(iterations: int) -> None:
+        for _ in range(iterations):
+            with rank.iteration():
+                for kind, microbatch, chunk in order:
+                    with rank.instruction(kind, microbatch, chunk):
+                        pass
+
+    try:
+        deadline = time.monotonic() + 60
+        while rank.plan_version != 1:
+            assert time.monotonic() < deadline, f"no plan; failure: {rank.failure}"
+            run(1)
+        run(2)
+    finally:
+        rank.close()
+    assert rank.failure is None and rank.profile is None  # nothing was measured
+    plan = app.get(
+        f"/v1/jobs/{job}/plan", params={"rank": 0}, headers={"Authorization": f"Bearer {token}"}
+    ).json()
+    assert {i["instruction"] for i in plan["instructions"]} == kinds
+    expected = [
+        (i["instruction"], i["microbatch"], i.get("chunk") or 0, i["frequency_mhz"])
+        for i in plan["instructions"]
+    ]
+    planned = [
+        (e["instruction"], e["microbatch"], e["chunk"], e["frequency_mhz"])
+        for e in log_lines(tmp_path)
+        if e["plan_version"] == 1
+    ]
+    assert len(planned) >= 2 * len(expected)
+    assert planned[: len(expected)] == expected
 
 
 def test_a_bad_saved_profile_is_refused_at_start_up(tmp_path: Path) -> None:
@@ -568,6 +622,39 @@ def test_a_server_answering_garbage_never_blocks_training(tmp_path: Path) -> Non
     assert rank.plan_version is None
     # Three iterations of modelled work plus one profiling step; no waiting on the planner.
     assert elapsed < 20
+
+
+def test_a_planner_whose_answers_this_rank_cannot_read_is_given_up_and_told(
+    tmp_path: Path,
+) -> None:
+    # A planner of an incompatible version (here: a job view without the job's spec) answers
+    # the same every time: after a few tries the rank gives up, says why in the job view,
+    # and training goes on at default clocks.
+    reasons: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/ranks:gave-up"):
+            reasons.append(json.loads(request.content)["reason"])
+            return httpx.Response(200, json={"rank": 0, "at_s": 1.0})
+        return httpx.Response(200, json={"job_id": "j", "state": "registering", "version": 0})
+
+    http = httpx.Client(base_url="http://planner", transport=httpx.MockTransport(handler))
+    settings = ClientSettings(
+        server="http://planner", job="j", token="t", stage=0, gpu="fake", budget=BUDGET
+    )
+    rank = Rank(
+        settings,
+        gpu=FakeGpu(work=default_work(0, 1)),
+        planner=PlannerClient(http, "j", "t"),
+        workload=Nothing(),
+    )
+    try:
+        train_until(rank, ORDER_1F1B, lambda: bool(reasons), 60)
+    finally:
+        rank.close()
+    assert "not what this rank understands" in (rank.failure or "")
+    assert "not a JobView: " in reasons[0] and "Field required" in reasons[0]
+    assert rank.plan_version is None
 
 
 def test_an_exception_in_training_resets_the_clocks(app: TestClient, tmp_path: Path) -> None:

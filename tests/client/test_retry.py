@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from perseus.client.api.http import AnswerNotUnderstood
 from perseus.client.api.retry import Backoff, retry_call, retryable
 from perseus.core.errors import (
     AuthError,
@@ -137,6 +138,24 @@ def test_retry_call_raises_the_last_error_once_stopped() -> None:
     with pytest.raises(PlannerUnavailable):
         retry_call(calls, backoff=Backoff(), stop=already, rng=random.Random(0))
     assert already.waits == []  # called once, no wait
+
+
+def test_retry_call_stops_after_answers_in_a_row_it_does_not_understand() -> None:
+    # An incompatible planner answers the same every time: the caller gives up rather than
+    # asking forever; one understood failure between them starts the count again.
+    stop = _Stop()
+    odd = [AnswerNotUnderstood(f"odd {n}") for n in range(4)]
+    with pytest.raises(AnswerNotUnderstood) as raised:
+        retry_call(
+            _failing(odd[0], PlannerUnavailable("down"), odd[1], odd[2], odd[3], "never"),
+            backoff=Backoff(jitter=0.0),
+            stop=stop,
+            rng=random.Random(0),
+            not_understood_attempts=3,
+        )
+    assert raised.value is odd[3]
+    assert len(stop.waits) == 4
+    assert retryable(odd[0])  # one odd answer alone is retried like any garbage
 
 
 def test_retry_call_does_not_retry_auth_errors() -> None:

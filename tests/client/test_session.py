@@ -22,8 +22,13 @@ def test_a_saved_profile_gives_each_stage_its_rows() -> None:
     profile = read_saved_profile(ClientSettings(profile_path=str(EXAMPLE_PROFILE)))
     assert profile is not None
     rows, p_block_w = saved_profile_rows(profile, 0, str(EXAMPLE_PROFILE))
-    assert {r.instruction for r in rows} == {"forward", "backward"}
-    assert len(rows) == sum(len(options) for options in profile.stages[0].values())
+    # every row keeps its kind: the split backward's halves are not sent as more backwards
+    kinds = {"forward", "backward", "backward_input", "backward_weight"}
+    assert {r.instruction for r in rows} == kinds
+    for kind in kinds:
+        sent = [(r.frequency_mhz, r.time_s, r.energy_j) for r in rows if r.instruction == kind]
+        saved = [(o.frequency_mhz, o.time_s, o.energy_j) for o in profile.stages[0][kind]]
+        assert sent == saved
     assert p_block_w == profile.p_block_w
     with pytest.raises(ProfileError, match=f"this rank is stage {profile.num_stages}"):
         saved_profile_rows(profile, profile.num_stages, str(EXAMPLE_PROFILE))

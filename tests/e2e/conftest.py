@@ -44,13 +44,18 @@ def free_port() -> int:
 
 @dataclass
 class LiveServer:
-    """One ``python -m perseus.server`` process; restartable on the same port and database."""
+    """One ``python -m perseus.server`` process; restartable on the same port and database.
+
+    ``root`` is the folder it runs in, whose ``perseus`` it runs: this repository's, or another
+    version's unpacked elsewhere (tests/e2e/test_version_skew.py).
+    """
 
     database: str
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    root: Path = REPO
 
     @property
     def url(self) -> str:
@@ -66,7 +71,7 @@ class LiveServer:
             "--database", self.database, "--log-level", "warning",
         ]  # fmt: skip
         log = self.log_path.open("ab")
-        self.process = subprocess.Popen(command, env=env, stdout=log, stderr=log, cwd=REPO)
+        self.process = subprocess.Popen(command, env=env, stdout=log, stderr=log, cwd=self.root)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

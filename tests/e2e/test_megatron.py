@@ -12,6 +12,7 @@ by instruction, and the loss is the same, bit for bit, with and without perseus.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -74,6 +75,7 @@ def test_unsupported_configurations_are_refused() -> None:
     def config(**changes: Any) -> SimpleNamespace:
         base = {
             "overlap_moe_expert_parallel_comm": False,
+            "delay_wgrad_compute": False,
             "hybrid_context_parallel": False,
             "microbatch_group_size_per_vp_stage": 2,
             "cuda_graph_impl": "none",
@@ -84,6 +86,7 @@ def test_unsupported_configurations_are_refused() -> None:
     pm.check_config(config(), pipeline_size=2, interleaved=True)
     for changes, words in (
         ({"overlap_moe_expert_parallel_comm": True}, "combined 1F1B"),
+        ({"delay_wgrad_compute": True}, r"\(delay_wgrad_compute"),
         ({"hybrid_context_parallel": True}, "hybrid context-parallel"),
         ({"microbatch_group_size_per_vp_stage": 4}, "groups of 4"),
         ({"cuda_graph_impl": "local", "cuda_graph_scope": ["full_iteration"]}, "CUDA graphs"),
@@ -235,6 +238,47 @@ def test_an_unsupported_schedule_is_refused_before_it_runs(one_stage: Chunk) -> 
     assert rank.events == []
     with pytest.raises(ScheduleError, match="combined 1F1B"):
         pm.check_config(one_stage.config, pipeline_size=1, interleaved=False)
+
+
+@pytest.mark.parametrize("setting", ["overlap_moe_expert_parallel_comm", "delay_wgrad_compute"])
+def test_the_combined_1f1b_settings_are_refused_at_instrument(
+    one_stage: Chunk, setting: str
+) -> None:
+    # The combined 1F1B schedule never calls forward_step/backward_step: refused by name
+    # when the config is given, before anything is installed.
+    before = schedules.forward_step
+    setattr(one_stage.config, setting, True)
+    with pytest.raises(ScheduleError, match=setting):
+        pm.instrument(FakeRank(), config=one_stage.config)  # type: ignore[arg-type]
+    assert pm.installed() is None and schedules.forward_step is before
+
+
+def _backward_step_0_16(
+    input_tensor: Any, output_tensor: Any, output_tensor_grad: Any, model_type: Any, config: Any
+) -> None:
+    """megatron-core 0.16's signature."""
+
+
+def _backward_step_0_19(
+    input_tensor: Any, output_tensor: Any, output_tensor_grad: Any, config: Any
+) -> None:
+    """megatron-core 0.19's signature: no model_type."""
+
+
+def test_parameters_are_found_by_name_in_either_version() -> None:
+    installed = inspect.signature(schedules.backward_step).parameters
+    assert "output_tensor" in installed and "config" in installed
+    tensor = object()
+    for backward_step in (_backward_step_0_16, _backward_step_0_19):
+        at = pm._position(backward_step, "output_tensor")
+        config_at = pm._position(backward_step, "config")
+        args = [None] * (config_at + 1)
+        args[at] = tensor
+        assert pm._argument(args, {}, at, "output_tensor") is tensor
+        assert pm._argument([], {"output_tensor": tensor}, at, "output_tensor") is tensor
+    assert pm._position(_backward_step_0_19, "config") == 3
+    with pytest.raises(ScheduleError, match="has no parameter 'model_type'"):
+        pm._position(_backward_step_0_19, "model_type")
 
 
 def test_an_inactive_rank_changes_nothing(one_stage: Chunk) -> None:

@@ -11,12 +11,16 @@ printed digit. Kept short: few iterations, the example's small model, a capped p
 
 from __future__ import annotations
 
+import csv
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from .conftest import LiveServer
+from .conftest import REPO, LiveServer
 from .pipelines import (
     Launch,
     check_ranks_follow_plans,
@@ -24,6 +28,7 @@ from .pipelines import (
     job_env,
     plan_of,
     stop_after_planned,
+    wait_for,
 )
 
 torch = pytest.importorskip("torch")
@@ -78,3 +83,48 @@ def test_zero_bubble_ranks_follow_their_plans_and_train_the_same(
     launches.append(plain)
     plain.finish(120)
     assert plain.loss_lines() == losses
+
+
+def test_a_saved_zbv_profile_skips_profiling_and_plans_the_split_backward(
+    live_server: Callable[..., LiveServer], launches: list[Launch], tmp_path: Path
+) -> None:
+    # Profile a ZBV job once, save its profile with `perseus job profile -o`, and run the
+    # next job with PERSEUS_PROFILE naming it: the ranks upload each row with its own kind
+    # (backward_input and backward_weight included), sweep no clock, and follow the plan.
+    server = live_server()
+    sizes = {"schedule": "zbv", "stages": 2, "microbatches": 4, "virtual_stages": 2}
+    args = ("--schedule", "zbv", "--microbatches", "4", "--steps", "100000")
+    first, first_token = create_job(server, **sizes)
+    profiling = Launch(
+        tmp_path / "profiling", EXAMPLE, 2, *args,
+        perseus=job_env(server, first, first_token, profile_max_s="6"),
+    )  # fmt: skip
+    launches.append(profiling)
+    wait_for("a plan", lambda: profiling.all_planned(1), 240, profiling)
+    profiling.stop()
+    saved = tmp_path / "zbv-profile.csv"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERSEUS_")}
+    env.update(job_env(server, first, first_token))
+    done = subprocess.run(
+        [sys.executable, "-m", "perseus.cli", "job", "profile", "-o", str(saved)],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with saved.open() as file:
+        kinds = {row["instruction"] for row in csv.DictReader(file)}
+    assert {"backward_input", "backward_weight"} <= kinds, kinds
+
+    job, token = create_job(server, **sizes)
+    launch = Launch(
+        tmp_path / "saved", EXAMPLE, 2, *args,
+        perseus=job_env(server, job, token, profile=str(saved)),
+    )  # fmt: skip
+    launches.append(launch)
+    stop_after_planned(launch, PLANNED_ITERATIONS, timeout_s=180)
+
+    check_ranks_follow_plans(launch, server, job, token, reset="SIGTERM", chunks=2, strict=True)
+    for rank in range(2):
+        kinds = {i["instruction"] for i in plan_of(server, job, token, rank)["instructions"]}
+        assert {"backward_input", "backward_weight"} <= kinds, (rank, kinds)
+        phases = {e["phase"] for e in launch.entries(rank)}
+        assert "profiling" not in phases, (rank, phases)

@@ -58,6 +58,8 @@ def test_job_goes_registering_profiling_planning_ready(
         (rank_body(supported_clocks_mhz=[]), ["body", "supported_clocks_mhz"]),
         (rank_body(supported_clocks_mhz=list(range(1, 1100))), ["body", "supported_clocks_mhz"]),
         (rank_body(gpu_name=""), ["body", "gpu_name"]),
+        # requests stay strict (ranks ignore unknown fields only in the server's answers)
+        ({**rank_body(), "gpu_nmae": "x"}, ["body", "gpu_nmae"]),
     ],
 )
 def test_bad_rank_registrations_name_the_field(

@@ -33,6 +33,7 @@ from perseus.schemas import (
 )
 
 __all__ = [
+    "AnswerNotUnderstood",
     "PlanTooLarge",
     "call_planner",
     "garbage_error",
@@ -105,7 +106,7 @@ def _error_from_response(response: httpx.Response, where: str) -> PerseusError:
         return garbage_error(where, status, f"not a planner error: {shown_body(response.content)}")
     if isinstance(body.get("detail"), list):
         try:
-            fields = ValidationErrorBody.model_validate(body)
+            fields = ValidationErrorBody.model_validate(body, extra="ignore")
         except ValidationError:
             return garbage_error(
                 where, status, f"not a planner error: {shown_body(response.content)}"
@@ -115,7 +116,7 @@ def _error_from_response(response: httpx.Response, where: str) -> PerseusError:
         state = None
     else:
         try:
-            error = ErrorBody.model_validate(body)
+            error = ErrorBody.model_validate(body, extra="ignore")
         except ValidationError:
             return garbage_error(
                 where, status, f"not a planner error: {shown_body(response.content)}"
@@ -231,14 +232,31 @@ def _read_bounded(
     )
 
 
+class AnswerNotUnderstood(PlannerUnavailable):
+    """A successful answer that is not the model this client expects: a server of another
+    version that changed a field this client needs, or something that is not a planner
+    answering. Retryable like any garbage, but a caller that keeps getting it gives up
+    rather than asking forever (see :func:`perseus.client.api.retry.retry_call`)."""
+
+
 def parse_reply(model: type[_M], response: httpx.Response) -> _M:
-    """The reply as ``model``, or PlannerUnavailable when it is not one."""
+    """The reply as ``model``, ignoring fields the model does not know.
+
+    A newer server may answer with fields this client has never heard of; they are dropped
+    here, on the client, so a planner can grow its answers without un-planning the ranks
+    already running. (The server still refuses unknown fields in requests: ``extra`` is
+    overridden for this parse only, the models stay ``extra="forbid"``.)
+
+    Raises:
+        AnswerNotUnderstood: A field the model needs is missing or not what it expects.
+    """
     try:
-        return model.model_validate_json(response.content)
+        return model.model_validate_json(response.content, extra="ignore")
     except ValidationError as err:
         first = err.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or "body"
         where = f"{response.request.method} {response.request.url.path}"
-        raise garbage_error(
-            where, response.status_code, f"not a {model.__name__}: {loc}: {first['msg']}"
+        raise AnswerNotUnderstood(
+            f"{where}: the server answered garbage (HTTP {response.status_code}): "
+            f"not a {model.__name__}: {loc}: {first['msg']}"
         ) from err

@@ -14,9 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from perseus.client.api.http import AnswerNotUnderstood
 from perseus.core.errors import PlannerUnavailable, PlanNotReady
 
-__all__ = ["Backoff", "retry_call", "retryable"]
+__all__ = ["NOT_UNDERSTOOD_ATTEMPTS", "Backoff", "retry_call", "retryable"]
+
+NOT_UNDERSTOOD_ATTEMPTS = 5
+"""Answers in a row a caller may not understand (:class:`AnswerNotUnderstood`) before it
+stops asking: a proxy's error page passes in a moment, a server of an incompatible version
+does not (with the default backoff, about 8 s of retries)."""
 
 T = TypeVar("T")
 
@@ -88,8 +94,10 @@ def retry_call(
     stop: threading.Event,
     rng: random.Random,
     on_error: Callable[[BaseException, int], None] | None = None,
+    not_understood_attempts: int = NOT_UNDERSTOOD_ATTEMPTS,
 ) -> T:
-    """Call ``fn`` until it succeeds, retrying :func:`retryable` errors until ``stop`` is set.
+    """Call ``fn`` until it succeeds, retrying :func:`retryable` errors until ``stop`` is set,
+    or until ``not_understood_attempts`` answers in a row were not understood.
 
     Between attempts it waits :meth:`Backoff.delay_s` (at least the server's
     ``Retry-After`` when the error carries one, up to ``backoff.max_s``) with ``stop.wait``,
@@ -102,20 +110,26 @@ def retry_call(
         rng: the jitter's randomness.
         on_error: called with each retryable error and its attempt number (from 0) before
             the wait, e.g. to log it.
+        not_understood_attempts: the most :class:`AnswerNotUnderstood` errors in a row.
 
     Returns:
         What ``fn`` returned.
 
     Raises:
-        Exception: the first error that is not retryable, or the last one once ``stop`` is
-            set.
+        Exception: the first error that is not retryable, the last one once ``stop`` is
+            set, or the last :class:`AnswerNotUnderstood` of ``not_understood_attempts``
+            in a row.
     """
     attempt = 0
+    not_understood = 0
     while True:
         try:
             return fn()
         except Exception as exc:
             if not retryable(exc):
+                raise
+            not_understood = not_understood + 1 if isinstance(exc, AnswerNotUnderstood) else 0
+            if not_understood >= not_understood_attempts:
                 raise
             if on_error is not None:
                 on_error(exc, attempt)

@@ -31,11 +31,16 @@ replaces those five module attributes with wrappers (a forward-backward function
   (:meth:`perseus.client.Rank.bind`), so a mismatch is reported at the start.
 - Calls with ``forward_only=True`` (evaluation) pass through unplanned and are no iteration.
 
+Tested with megatron-core 0.16 (Python 3.11) and 0.19 (Python 3.12). Parameters are found by
+name, checked once against the installed version: 0.19's ``backward_step`` has no
+``model_type``, so positions differ between versions.
+
 Not planned, refused with :class:`~perseus.core.errors.ScheduleError` (at :func:`instrument` when
 the config is given or the parallel state shows it, else at the first call of the
-forward-backward function, before it runs anything): the combined 1F1B schedule
-(``overlap_moe_expert_parallel_comm``, also behind ``delay_wgrad_compute``), which fuses the
-forward and backward of different microbatches into one step; the hybrid context-parallel
+forward-backward function, before it runs anything), the message naming the setting: the
+combined 1F1B schedule (``overlap_moe_expert_parallel_comm``, and ``delay_wgrad_compute``
+that comes with it), which fuses the forward and backward of different microbatches into one
+step and bypasses ``forward_step``/``backward_step`` altogether; the hybrid context-parallel
 schedule (``hybrid_context_parallel``); interleaving with a microbatch group other than the
 pipeline size (``microbatch_group_size_per_vp_stage``) or a microbatch count that is not a
 multiple of it, or with a single model chunk; full-iteration CUDA graphs (a replay runs no
@@ -127,8 +132,16 @@ def check_config(config: object, *, pipeline_size: int, interleaved: bool) -> No
     problems = []
     if getattr(config, "overlap_moe_expert_parallel_comm", False):
         problems.append(
-            "the combined 1F1B schedule (overlap_moe_expert_parallel_comm, delay_wgrad_compute) "
-            "fuses the forward and backward of different microbatches"
+            "the combined 1F1B schedule (overlap_moe_expert_parallel_comm), which fuses the "
+            "forward and backward of different microbatches into one step and never calls "
+            "forward_step or backward_step"
+        )
+    if getattr(config, "delay_wgrad_compute", False):
+        # megatron-core 0.16-0.19 allow it only with the combined 1F1B schedule; named on its
+        # own so that a config that sets it alone is not planned as plain backwards either.
+        problems.append(
+            "weight gradients delayed out of the backward (delay_wgrad_compute, part of the "
+            "combined 1F1B schedule)"
         )
     if getattr(config, "hybrid_context_parallel", False):
         problems.append("the hybrid context-parallel schedule (hybrid_context_parallel)")
