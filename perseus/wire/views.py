@@ -127,7 +127,11 @@ class JobView(WireModel):
     profiling: list[RankProfiling] = Field(
         default_factory=list,
         description="Ranks sweeping their clocks, with how far each got and the time left "
-        "(as the server process answering last heard it); empty once none does.",
+        "(as the server process answering last heard it); empty once none does, and then "
+        "left out of the answer.",
+        # Left out while empty: ranks from before answers were read tolerantly refuse a job
+        # view with a field they do not know, and read this one before they profile.
+        exclude_if=lambda ranks: not ranks,
     )
 
 
