@@ -166,6 +166,23 @@ class OnlineProfiling:
         self._calibration_waits = 0
         self._split = False
 
+    @property
+    def done_clocks(self) -> int:
+        """Clocks the sweep has measured so far (0 before it starts, and for a saved profile)."""
+        if self._sweep is not None:
+            return self._sweep.done_clocks
+        return len(self.profile.measurements) if self.profile is not None else 0
+
+    @property
+    def planned_clocks(self) -> int | None:
+        """Clocks measured plus those the sweep still means to measure as things stand
+        (:attr:`ClockSweep.planned_clocks`: an upper bound while the default sweep's coarse
+        pass runs, which shrinks once energy rises); :attr:`done_clocks` once it is over;
+        None before it starts and where nothing is measured."""
+        if self._sweep is not None:
+            return self._sweep.planned_clocks
+        return self.done_clocks if self.profile is not None else None
+
     def step(self) -> None:
         """One step between iterations (PENDING or SWEEPING only); never raises."""
         if self.state is not ProfilingState.PENDING and self.state is not ProfilingState.SWEEPING:
@@ -237,11 +254,9 @@ class OnlineProfiling:
             split=self._split,
         )
         _log.warning(
-            "perseus: rank %d profiling %d clocks (%d-%d MHz) online%s: %s%s",
+            "perseus: rank %d profiling %s online%s: %s%s",
             settings.rank,
-            len(sweep.clocks),
-            sweep.clocks[-1],
-            sweep.clocks[0],
+            sweep.describe(),
             ", the backward's halves too" if self._split else "",
             settings.budget.describe(),
             "" if lock else "; this GPU's clocks may not be changed: only the current clock",
