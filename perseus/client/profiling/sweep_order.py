@@ -59,6 +59,10 @@ the top clock: a GPU held at its power limit may use a little more energy at eac
 clocks (an A40 for 20 clocks) before it falls."""
 
 
+_MAX_KINDS = 4
+"""Kinds of instruction a sweep times at most: forward, backward and the backward's halves."""
+
+
 class SweepOrder:
     """The next clock to measure, given what the sweep measured so far.
 
@@ -111,15 +115,18 @@ class SweepOrder:
     def planned_clocks(self) -> int:
         """Clocks measured plus those the sweep still means to measure as things stand.
 
-        While the coarse pass runs: its clocks down to the lowest, plus the most its fine pass
-        could add over them (one clock between each two coarse ones, and the bends'); it
-        shrinks once energy rises and the fine pass is known. Then the exact count.
+        While the coarse pass runs, an upper bound: its clocks down to the lowest, plus the
+        most its fine pass could add (the every-2nd fill over all of them, and the clocks next
+        to each bend: the least energy and each kind's fastest clock); it shrinks once energy
+        rises and the fine pass is known. Then the exact count.
         """
-        if not self._coarse or self.stride == 1:
-            return self.done_clocks + len(self._queue)
         coarse = self.done_clocks + len(self._queue)
-        fills = self.stride // max(1, self.stride // 2) - 1
-        return coarse + fills * (coarse - 1) + 2 * (self.stride // 2) * 3
+        if not self._coarse or self.stride == 1:
+            return coarse
+        half = self.stride // 2
+        fill = coarse * (self.stride // max(1, half) - 1)
+        kinds = len(next(iter(self._times.values()))) if self._times else _MAX_KINDS
+        return coarse + fill + (1 + kinds) * 2 * half
 
     def next_clock(self) -> int | None:
         """The clock to measure next; None once the sweep is over."""
