@@ -197,7 +197,10 @@ def test_the_default_sweep_measures_coarse_then_fine(
         assert sweep.planned_clocks >= sweep.done_clocks
     measured = [m.frequency_mhz for m in sweep.result().measurements]
     assert sweep.done_clocks == sweep.planned_clocks == len(measured) < len(FAST.clocks_mhz) / 2
-    assert measured[0] == 1980 and 1200 in measured  # the top and the fake's least energy
+    # the top first; then clocks off the coarse grid (where the fake's energy was least: near
+    # its 1200 MHz knee on a quiet host, anywhere on a busy one, whose CPU the fake bills)
+    assert measured[0] == 1980
+    assert any(FAST.clocks_mhz.index(f) % 4 for f in measured)
     assert "coarse then fine" in sweep.result().stopped
     # every clock measured was locked once and reset after
     assert sorted(f for kind, f in gpu.calls if kind == "lock") == sorted(measured)
