@@ -3,6 +3,7 @@
     python benchmarks/server_abuse.py                       # before = a clone of HEAD
     python benchmarks/server_abuse.py --before /tmp/perseus-before-12 --after .
     python benchmarks/server_abuse.py --only 24                # issue 24's attacks only
+    python benchmarks/server_abuse.py --only E                 # round E's (vs 237a349)
 
 "before" is a checkout given by ``--before`` (made with ``git clone -q <repo> DIR`` when
 missing), "after" the working tree; each runs as ``python -m perseus.server`` with
@@ -56,6 +57,21 @@ Issue 24's attacks (``--only 24``; "before" is ``--before-24``, a clone at ``600
 18. ``read-only -shm, -wal, main``: the database on a tmpfs, one file made read-only with a
     read-only bind mount (root ignores file modes): whether the server lives, what three
     job creations and ``/healthz`` answer, and ``/healthz`` 2.5 s after the mount is gone.
+
+Round E's attacks (``--only E``; "before" is ``--before-e``, a git worktree at ``237a349``
+made when missing; PostgreSQL where ``PERSEUS_TEST_POSTGRES_URL`` is set):
+
+19. ``1,050 jobs, the web page``: the overview query the checkout's own page sends first:
+    its rows, whether the newest job is among them, the count its status line says, and how
+    many jobs its pager reaches.
+20. ``/metrics, planned after 1,050``: a job planned behind those 1,050: whether it has
+    gauges, and how many plan-version series there are.
+21. ``NUL in text``: a job name and a gave-up reason with a NUL, on SQLite and PostgreSQL:
+    the answers, what was stored, and the tracebacks logged.
+22. ``full disk while storing``: an 8 MB tmpfs filled to 96 KB of room once a job's last
+    profile is in: the job's state, and 60 s after the space returns.
+23. ``restored backup, rank at v3``: backed up at plan v1, two policy changes (v3), the
+    backup restored, one more change (v2): what a rank sending ``If-None-Match: "3"`` gets.
 
 No asserts; the figures are printed as they come. Takes about 3 minutes per issue.
 """
@@ -864,6 +880,208 @@ def run_issue_24(checkout: Path, workdir: Path) -> dict[str, str]:
     return results
 
 
+# ----------------------------------------------------------------------------- round E
+
+BEFORE_E = "237a349"
+"""The commit round E's attacks were measured against."""
+MANY_JOBS = 1050
+SPEC = {"schedule": "1f1b", "stages": 4, "microbatches": 4, "data_parallel": 1,
+        "tensor_parallel": 1, "p_block_w": 100.0}  # fmt: skip
+
+
+def _page_query(checkout: Path) -> str:
+    """The overview query the checkout's web page sends first (its own ui.js, read)."""
+    script = (checkout / "perseus/server/api/static/ui.js").read_text()
+    found = re.search(r"get\(\s*[`\"](overview[^`\"]*)[`\"]", script)
+    query = found.group(1) if found else "overview"
+    # The page's first fetch: its first page, in its default order.
+    for name, value in (("PAGE", "50"), ("offset", "0"), ("order", "newest")):
+        query = query.replace("${" + name + "}", value)
+    return query
+
+
+def attack_many_jobs(checkout: Path, server: Server) -> str:
+    """1,050 jobs: what the checkout's page asks for, shows and says; then /metrics after a
+    job planned behind them."""
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        ids = [c.post("/v1/jobs", json=SPEC).json()["job_id"] for _ in range(MANY_JOBS)]
+        query = _page_query(checkout)
+        page = c.get(f"/v1/{query}").json()
+        shown = [v["job_id"] for v in page["jobs"]]
+        said = page.get("total", len(shown))  # the status line: the total, else the rows
+        reachable: set[str] = set(shown)
+        if "offset=" in query:  # the page's pager: every page in turn
+            for offset in range(len(shown), said, len(shown) or 1):
+                more = c.get(f"/v1/{query.replace('offset=0', f'offset={offset}')}").json()
+                reachable |= {v["job_id"] for v in more["jobs"]}
+        newest = "yes" if ids[-1] in shown else "no"
+        return (
+            f"page: {len(shown)} rows, newest shown {newest}, says {said} jobs, "
+            f"{len(reachable & set(ids))}/{MANY_JOBS} reachable"
+        )
+
+
+def attack_metrics_after_many(checkout: Path, server: Server) -> str:
+    """A job planned behind 1,050 unplanned ones (the previous attack's): its gauges."""
+    job = create_job(server.url)
+    text = httpx.get(f"{server.url}/metrics", timeout=60).text
+    series = [line for line in text.splitlines() if line.startswith("perseus_job_plan_version{")]
+    has = any(f'job="{job.job_id}"' in line for line in series)
+    return f"planned job's gauges: {'present' if has else 'missing'}, {len(series)} plan series"
+
+
+def attack_nul(checkout: Path, server: Server) -> str:
+    """NUL in a job name and a gave-up reason: the answers, and tracebacks logged."""
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        name = c.post("/v1/jobs", json={**SPEC, "name": "bert\x00"})
+        created = c.post("/v1/jobs", json=SPEC).json()
+        job = Job(created["job_id"], created["token"])
+        path = f"/v1/jobs/{job.job_id}"
+        reason = c.post(f"{path}/ranks:gave-up", json={"rank": 0, "reason": "no\x00clocks"},
+                        headers=job.auth)  # fmt: skip
+        kind = (
+            "json"
+            if reason.headers.get("content-type", "").startswith("application/json")
+            else "text"
+        )
+        stored = "-"
+        if reason.status_code == 200:
+            stored = repr(c.get(path, headers=job.auth).json()["gave_up"][0]["reason"])
+    time.sleep(0.5)
+    tracebacks = server.log_text().count("Traceback")
+    return (
+        f"name {name.status_code}, reason {reason.status_code} {kind} (stored {stored}), "
+        f"{tracebacks} tracebacks"
+    )
+
+
+def attack_full_disk(checkout: Path, workdir: Path) -> str:
+    """The disk fills (96 KB left) once a job's last profile is in, while it plans: the
+    job's state then, and 60 s after the space returns."""
+    where = workdir / "small"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "none", str(where)]).returncode:
+        return "not run: mounting a tmpfs is not allowed"
+    server = Server(checkout, f"sqlite:///{where / 'p.db'}", workdir / "full.log")
+    # A long lease: few heartbeats while the disk is full.
+    os.environ["PERSEUS_PLANNING_LEASE_S"] = "30"
+    try:
+        server.start()
+        job = create_job(server.url, plan=False)
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            for stage in range(4):
+                body = {"rank": stage, "stage": stage, "rows": ROWS[stage]}
+                c.post(f"/v1/jobs/{job.job_id}/profiles", json=body, headers=job.auth)
+            room = os.statvfs(where)
+            filler = where / "filler"
+            filler.write_bytes(bytes(room.f_bavail * room.f_frsize - 96 * 1024))
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                state = c.get(f"/v1/jobs/{job.job_id}", headers=job.auth).json()["state"]
+                if state != "planning" or "disk is full" in server.log_text():
+                    break
+                time.sleep(0.2)
+            full = c.get(f"/v1/jobs/{job.job_id}", headers=job.auth).json()
+            filler.unlink()
+            got = wait_plan(c, job, timeout_s=60)
+            after = c.get(f"/v1/jobs/{job.job_id}", headers=job.auth).json()
+        then = f"ready v{after['version']}" if got is not None else after["state"]
+        return f"disk full: {full['state']}; 60 s after space returns: {then}"
+    finally:
+        os.environ.pop("PERSEUS_PLANNING_LEASE_S", None)
+        server.stop()
+        subprocess.run(["umount", "-l", str(where)])
+
+
+def attack_restored_backup(checkout: Path, workdir: Path) -> str:
+    """Back up at plan v1, ranks reach v3, restore, a policy change (v2): what a rank
+    sending If-None-Match "3" gets (wait_s=2)."""
+    import shutil
+    import sqlite3
+
+    db = workdir / "restore.db"
+    backup = workdir / "backup.db"
+    server = Server(checkout, f"sqlite:///{db}", workdir / "restore.log").start()
+    try:
+        job = create_job(server.url)
+        with sqlite3.connect(db) as source, sqlite3.connect(backup) as copy:
+            source.backup(copy)
+        for factor in (1.05, 1.1):
+            httpx.put(f"{server.url}/v1/jobs/{job.job_id}/policy", headers=job.auth,
+                      json={"kind": "max-slowdown", "factor": factor}, timeout=60)  # fmt: skip
+    finally:
+        server.stop()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    shutil.copy(backup, db)
+    server = Server(checkout, f"sqlite:///{db}", workdir / "restore.log").start()
+    try:
+        httpx.put(f"{server.url}/v1/jobs/{job.job_id}/policy", headers=job.auth,
+                  json={"kind": "max-slowdown", "factor": 1.2}, timeout=60)  # fmt: skip
+        headers = {**job.auth, "If-None-Match": '"3"'}
+        r = httpx.get(f"{server.url}/v1/jobs/{job.job_id}/plan", headers=headers,
+                      params={"rank": 0, "wait_s": 2}, timeout=30)  # fmt: skip
+        return (
+            f'If-None-Match "3" after restore + v2: {r.status_code}, ETag {r.headers.get("etag")}'
+        )
+    finally:
+        server.stop()
+
+
+ROUND_E = [
+    "1,050 jobs, the web page",
+    "/metrics, planned after 1,050",
+    "NUL in text, SQLite",
+    "NUL in text, PostgreSQL",
+    "full disk while storing",
+    "restored backup, rank at v3",
+]
+
+
+def run_round_e(checkout: Path, workdir: Path) -> dict[str, str]:
+    """Round E's attacks on fresh servers of ``checkout``."""
+    results: dict[str, str] = {}
+
+    def record(name: str, run: Callable[[], str]) -> None:
+        try:
+            results[name] = run()
+        except Exception as exc:  # a benchmark reports, it does not stop
+            results[name] = f"error: {type(exc).__name__}: {exc}"[:120]
+        print(f"  {checkout.name:<20} {name:<30} {results[name]}", flush=True)
+
+    server = Server(checkout, f"sqlite:///{workdir / 'many.db'}", workdir / "many.log").start()
+    try:
+        record(ROUND_E[0], lambda: attack_many_jobs(checkout, server))
+        record(ROUND_E[1], lambda: attack_metrics_after_many(checkout, server))
+    finally:
+        server.stop()
+    postgres = os.environ.get("PERSEUS_TEST_POSTGRES_URL")
+    for name, database in ((ROUND_E[2], f"sqlite:///{workdir / 'nul.db'}"), (ROUND_E[3], postgres)):
+        if database is None:
+            results[name] = "not run: PERSEUS_TEST_POSTGRES_URL is not set"
+            continue
+        if database.startswith("postgresql"):
+            _empty_postgres(checkout, database)
+        server = Server(checkout, database, workdir / f"nul-{len(results)}.log").start()
+        try:
+            record(name, lambda s=server: attack_nul(checkout, s))
+        finally:
+            server.stop()
+    record(ROUND_E[4], lambda: attack_full_disk(checkout, workdir))
+    record(ROUND_E[5], lambda: attack_restored_backup(checkout, workdir))
+    return results
+
+
+def _empty_postgres(checkout: Path, url: str) -> None:
+    script = (
+        "import sys; from perseus.server.store.job_store import Store; "
+        "s = Store(sys.argv[1]); s.drop_schema(); s.close()"
+    )
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    subprocess.run([sys.executable, "-c", script, url], cwd=checkout, env=env, check=True,
+                   capture_output=True)  # fmt: skip
+
+
 def run_side(checkout: Path, workdir: Path) -> dict[str, str]:
     """Every attack on a fresh server process of ``checkout`` (one database, one job)."""
     results: dict[str, str] = {}
@@ -902,9 +1120,27 @@ def main() -> int:
     parser.add_argument("--before-24", type=Path, default=Path("/tmp/perseus-before-24"))
     parser.add_argument("--after", type=Path, default=ROOT)
     parser.add_argument(
-        "--only", choices=("12", "24"), help="only the attacks of issue 12, or of issue 24"
+        "--only",
+        choices=("12", "24", "E"),
+        help="only the attacks of issue 12, of issue 24, or of round E",
     )
+    parser.add_argument("--before-e", type=Path, default=Path("/tmp/perseus-before-e"))
     args = parser.parse_args()
+    if args.only == "E":
+        if not args.before_e.exists():
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach",
+                            str(args.before_e), BEFORE_E], check=True)  # fmt: skip
+        sides_e = []
+        for checkout in (args.before_e, args.after):
+            with tempfile.TemporaryDirectory(prefix="perseus-abuse-e-") as tmp:
+                sides_e.append(run_round_e(checkout.resolve(), Path(tmp)))
+        width = max(len(n) for n in ROUND_E)
+        print("\nround E: the server under attack, loopback")
+        print(f"{'attack':<{width}}  {'before (' + BEFORE_E + ')':<72}  after")
+        for name in ROUND_E:
+            print(f"{name:<{width}}  {sides_e[0].get(name, '-'):<72}  {sides_e[1].get(name, '-')}")
+        print(json.dumps({"before": sides_e[0], "after": sides_e[1]}))
+        return 0
     if args.only != "12":
         if not args.before_24.exists():
             subprocess.run(["git", "clone", "-q", str(ROOT), str(args.before_24)], check=True)

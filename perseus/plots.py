@@ -23,7 +23,7 @@ from matplotlib.patches import Patch, Rectangle
 from perseus.core.baselines import BaselineKey, baseline_label, reference_key, saving_text
 from perseus.solver import Baseline, Frontier, InstructionKind, Replay, Schedule, build_dag
 
-__all__ = ["frontier_png", "timeline_png"]
+__all__ = ["cluster_png", "frontier_png", "timeline_png"]
 
 # Box labels: torch's letters (I and W: the input and weight halves of a split backward).
 _LETTER = {
@@ -397,6 +397,30 @@ def _draw_critical_path(ax: Any, schedule: Schedule, replayed: Replay, height: f
             y0 = row(a) - height / 2 if down else row(a) + height / 2
             y1 = row(b) + height / 2 if down else row(b) - height / 2
             ax.plot([finish[a], finish[a]], [y0, y1], color="black", linewidth=1.8, zorder=3)
+
+
+def cluster_png(budgets_w: Sequence[float], kept: Mapping[str, Sequence[float | None]]) -> bytes:
+    """Plot the throughput each way of shedding power keeps against the cluster's budget.
+
+    Args:
+        budgets_w: The budgets, ascending.
+        kept: Per way (its legend label), the share of throughput kept at each budget; None
+            where the way cannot meet the budget (not drawn).
+    """
+    fig = Figure(figsize=(7.0, 4.2), dpi=_DPI, layout="constrained")
+    ax = fig.add_subplot()
+    budgets_kw = [b / 1e3 for b in budgets_w]
+    styles = itertools.cycle((("#2ca02c", "o"), ("#d62728", "s"), ("#1f77b4", "^")))
+    for (label, shares), (colour, marker) in zip(kept.items(), styles, strict=False):
+        xs = [b for b, k in zip(budgets_kw, shares, strict=True) if k is not None]
+        ys = [100 * k for k in shares if k is not None]
+        ax.plot(xs, ys, marker=marker, color=colour, label=label, markersize=4)
+    ax.set_xlabel("cluster power budget (kW)")
+    ax.set_ylabel("throughput kept (% of default clocks)")
+    ax.set_title("Throughput kept under a power budget")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    return _png(fig)
 
 
 def _is_dark(rgba: Sequence[float]) -> bool:

@@ -1,18 +1,22 @@
-"""Check the README's commands and outputs against the current code, or regenerate them.
+"""Check the commands and outputs of the README and the docs against the current code.
 
 ::
 
-    python -m tests.readme             # check; prints a diff of every stale block, exit 1 if any
-    python -m tests.readme --update    # rewrite the README's outputs from the current code
-    pytest tests/test_readme.py        # the same check, one test per block
+    python -m tests.readme                         # check every document; a diff per stale block
+    python -m tests.readme docs/offline-planning.md   # check one document
+    python -m tests.readme --update                # rewrite the documents' outputs from the code
+    pytest tests/test_readme.py                    # the same check, one test per block
 
-Blocks are marked with an HTML comment on the line before their opening fence:
+The documents are ``README.md``, every page of the docs site (``docs/**/*.md``) and
+``benchmarks/README.md`` (``DOCUMENTS``). Blocks are marked with an HTML comment on the line
+before their opening fence:
 
 - ``<!-- readme: run -->``: a transcript. Every ``$ command`` line runs in bash, in one scratch
-  directory shared by the whole README, in README order; what it prints (stdout and stderr
-  together) must equal the lines under it, up to timings (``solved in 0.52 s``). The scratch
-  directory holds links to the real profiles (``$PERSEUS_TEST_PROFILES``, else
-  ``../shared/data/profiles``); a block whose commands name one that is absent is skipped.
+  directory per document (shared by that document's blocks, in their order); what it prints
+  (stdout and stderr together) must equal the lines under it, up to timings (``solved in
+  0.52 s``). The scratch directory holds links to the real profiles
+  (``$PERSEUS_TEST_PROFILES``, else ``../shared/data/profiles``); a block whose commands name
+  one that is absent is skipped.
 - ``<!-- readme: file NAME -->``: the block is file ``NAME`` as the commands above left it.
 - ``<!-- readme: keys NAME -->``: a shortened JSON file: every ``"key":`` it shows is a key of
   JSON file ``NAME`` (at any depth), every key of the file is shown, and every number shown
@@ -47,10 +51,28 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
+BENCHMARKS_README = REPO / "benchmarks" / "README.md"
 PROFILES = Path(
     os.environ.get("PERSEUS_TEST_PROFILES") or REPO.parent / "shared" / "data" / "profiles"
 )
 PROFILE_NAMES = ("bloom+a100_sxm_bf16.csv", "bloom+a40_bf16.csv", "gpt3-175b+a40_bf16.csv")
+
+
+def documents() -> list[Path]:
+    """Every document whose blocks are checked: the README, the docs pages, the benchmarks'."""
+    found = [README, *sorted(DOCS.rglob("*.md"))]
+    if BENCHMARKS_README.is_file():
+        found.append(BENCHMARKS_README)
+    return found
+
+
+def _name(document: Path) -> str:
+    try:
+        return document.resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        return str(document)
+
 
 _MARKER = re.compile(r"^<!-- readme: (\w+)(?: (.*?))? -->$")
 _TIMING = re.compile(r"(solved in |planned in )\d+(?:\.\d+)? s")
@@ -58,7 +80,7 @@ _TIMING = re.compile(r"(solved in |planned in )\d+(?:\.\d+)? s")
 
 @dataclass
 class Block:
-    """A fenced block of the README: lines ``start``..``end`` (the fences excluded)."""
+    """A fenced block of a document: lines ``start``..``end`` (the fences excluded)."""
 
     start: int
     end: int
@@ -66,10 +88,11 @@ class Block:
     marker: str | None
     argument: str | None
     lines: list[str]
+    document: Path = README
 
     @property
     def where(self) -> str:
-        return f"README.md:{self.start}"
+        return f"{_name(self.document)}:{self.start}"
 
 
 @dataclass
@@ -86,8 +109,8 @@ class Outcome:
         return self.actual is not None and _normal(self.actual) != _normal(self.block.lines)
 
 
-def blocks(text: str) -> list[Block]:
-    """Every fenced block with its marker."""
+def blocks(text: str, document: Path = README) -> list[Block]:
+    """Every fenced block of ``text`` (the text of ``document``) with its marker."""
     lines = text.split("\n")
     found = []
     i = 0
@@ -107,6 +130,7 @@ def blocks(text: str) -> list[Block]:
                     marker=marker.group(1) if marker else None,
                     argument=marker.group(2) if marker else None,
                     lines=lines[i + 1 : j],
+                    document=document,
                 )
             )
             i = j
@@ -115,13 +139,14 @@ def blocks(text: str) -> list[Block]:
 
 
 def check(readme: Path = README) -> Iterator[Outcome]:
-    """Check every block of ``readme``; transcripts run in one scratch directory, in order."""
+    """Check every block of document ``readme``; its transcripts run in one scratch directory,
+    in order."""
     with tempfile.TemporaryDirectory(prefix="perseus-readme-") as scratch:
         work = Path(scratch)
         for name in PROFILE_NAMES:
             if (PROFILES / name).is_file():
                 (work / name).symlink_to(PROFILES / name)
-        for block in blocks(readme.read_text()):
+        for block in blocks(readme.read_text(), readme):
             yield _check_block(block, work)
 
 
@@ -301,7 +326,7 @@ def _check_install(targets: list[str]) -> list[str]:
 
 
 def update(readme: Path = README) -> int:
-    """Rewrite every transcript and file block with what the current code prints.
+    """Rewrite every transcript and file block of ``readme`` with what the current code prints.
 
     Returns:
         The number of blocks changed.
@@ -318,27 +343,34 @@ def update(readme: Path = README) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="Check or regenerate the README's outputs.")
+    parser = argparse.ArgumentParser(
+        description="Check or regenerate the outputs of the README and the docs."
+    )
     parser.add_argument("--update", action="store_true", help="rewrite stale output blocks")
+    parser.add_argument(
+        "documents", nargs="*", type=Path, help="documents to check (default: all of them)"
+    )
     args = parser.parse_args()
-    if args.update:
-        print(f"updated {update()} blocks of {README}")
+    chosen = [path.resolve() for path in args.documents] or documents()
     failed = 0
-    for outcome in check():
-        block = outcome.block
-        if outcome.skipped:
-            print(f"{block.where}: skipped: {outcome.skipped}")
-        for problem in outcome.problems:
-            print(f"{block.where}: {problem}")
-            failed += 1
-        if outcome.stale and outcome.actual is not None:
-            failed += 1
-            print(f"{block.where}: stale output:")
-            diff = difflib.unified_diff(
-                block.lines, outcome.actual, "README.md", "current code", lineterm="", n=1
-            )
-            print("\n".join(diff))
-    print("README: all checked blocks agree" if not failed else f"README: {failed} problems")
+    for document in chosen:
+        if args.update:
+            print(f"updated {update(document)} blocks of {_name(document)}")
+        for outcome in check(document):
+            block = outcome.block
+            if outcome.skipped:
+                print(f"{block.where}: skipped: {outcome.skipped}")
+            for problem in outcome.problems:
+                print(f"{block.where}: {problem}")
+                failed += 1
+            if outcome.stale and outcome.actual is not None:
+                failed += 1
+                print(f"{block.where}: stale output:")
+                diff = difflib.unified_diff(
+                    block.lines, outcome.actual, _name(document), "current code", lineterm="", n=1
+                )
+                print("\n".join(diff))
+    print("documents: all checked blocks agree" if not failed else f"documents: {failed} problems")
     return 1 if failed else 0
 
 

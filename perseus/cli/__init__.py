@@ -1,4 +1,4 @@
-"""The ``perseus`` command: plan, simulate, demo, serve, db, job, profile, reset-clocks.
+"""The ``perseus`` command: plan, simulate, demo, serve, db, job, profile, reset-clocks, cluster.
 
 Each command is a module of this package (``reset-clocks`` is :mod:`perseus.cli.reset_clocks`)
 with ``build_parser()`` and ``run(argv)``; :func:`main` only picks the module and turns errors
@@ -22,13 +22,14 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol, cast
 
 from perseus import __version__
-from perseus.cli.arguments import DISTRIBUTION, Parser, UsageError
+from perseus.cli.arguments import DISTRIBUTION, Parser, UsageError, needs
 from perseus.core.errors import PerseusError
 
-__all__ = ["COMMANDS", "command_parser", "main"]
+__all__ = ["COMMANDS", "PLANNER_COMMANDS", "command_parser", "main"]
 
 EXIT_ERROR = 2
 
@@ -41,8 +42,13 @@ COMMANDS = {
     "job": "create, inspect and steer jobs on a planner server",
     "profile": "profile this machine's GPU without a server",
     "reset-clocks": "restore default SM clocks, e.g. after a training process was killed",
+    "cluster": "a power budget for the whole cluster: simulate it offline on saved jobs",
 }
 """Each command and its one-line help; its module is ``perseus.cli.<name with _ for ->``."""
+
+PLANNER_COMMANDS = frozenset({"plan", "simulate", "demo"})
+"""Commands that run the solver: on an install without the ``planner`` extra (a training
+node's ``[client]``) they say which extra to install, in one line."""
 
 
 class _Command(Protocol):
@@ -65,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         if args and args[0] in COMMANDS:
-            return _command(args[0]).run(args[1:])
+            with _extra_of(args[0]):
+                return _command(args[0]).run(args[1:])
         _top_parser().parse_args(args)  # --help, --version, or a one-line usage error
         *others, last = COMMANDS
         raise UsageError(
@@ -94,6 +101,12 @@ def command_parser(name: str) -> argparse.ArgumentParser:
     if name not in COMMANDS:
         raise UsageError(f"unknown command {name!r}; see perseus --help")
     return _command(name).build_parser()
+
+
+def _extra_of(name: str) -> AbstractContextManager[None]:
+    if name in PLANNER_COMMANDS:
+        return needs(name, "planner", "the planner")
+    return nullcontext()
 
 
 def _command(name: str) -> _Command:

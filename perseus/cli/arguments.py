@@ -14,10 +14,10 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from perseus.core.errors import PolicyError
+from perseus.core.errors import PolicyError, UsageError
 
 if TYPE_CHECKING:
-    from perseus.solver import Policy
+    from perseus.core.policies import Policy
 
 __all__ = [
     "DISTRIBUTION",
@@ -36,10 +36,6 @@ __all__ = [
 ]
 
 DISTRIBUTION = "perseus-planner"
-
-
-class UsageError(Exception):
-    """A bad command line; the message says which argument and why."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -128,7 +124,7 @@ nonnegative_float = finite_number(0, inclusive=True)
 
 def policy(text: str) -> Policy:
     """A policy such as ``no-slowdown`` or ``max-slowdown:1.05``."""
-    from perseus.solver import Policy
+    from perseus.core.policies import Policy
 
     try:
         return Policy.parse(text)

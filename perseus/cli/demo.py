@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         "profile, for perseus plan and perseus simulate), frontier.json, plan.json, "
         "frontier.png and timeline.png.",
     )
-    from perseus.solver import SCHEDULE_NAMES
+    from perseus.core.pipeline import SCHEDULE_NAMES
 
     parser.add_argument(
         "--schedule",

@@ -97,6 +97,8 @@ def run(argv: list[str]) -> int:
     with needs(f"job {argv[0]}", "client", "the client"):
         try:
             return run_job(args)
+        except UsageError:
+            raise  # prefixed where it was raised
         except (CommandError, PerseusError) as err:
             raise UsageError(f"job {argv[0]}: {err}") from err
 
@@ -106,7 +108,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 
     Each subcommand sets ``args.job_command``; run it with :func:`run_job`.
     """
-    from perseus.solver import SCHEDULE_NAMES
+    from perseus.core.pipeline import SCHEDULE_NAMES
 
     connection = argparse.ArgumentParser(add_help=False)
     connection.add_argument(
@@ -363,7 +365,7 @@ def _create(args: argparse.Namespace, ctx: JobContext) -> None:
         "auto_straggler": args.auto_straggler,
     }
     virtual_stages = args.virtual_stages
-    from perseus.solver.schedules import CHUNKED_SCHEDULES
+    from perseus.core.pipeline import CHUNKED_SCHEDULES
 
     if virtual_stages is None and args.schedule in CHUNKED_SCHEDULES:
         virtual_stages = 2  # as `perseus plan` does
@@ -466,14 +468,16 @@ def _write_frontier_files(
             ctx.out.write(document.decode())
         else:
             files[args.output] = document
-    if args.plot is not None:
-        files[args.plot] = _frontier_plot(view, document)
-    if args.timeline is not None and profile_document is not None:
-        from perseus.cli.job_timeline import timeline_png_of
+    # the plots draw with matplotlib and replay with the solver: the planner extra
+    with needs("job frontier --plot/--timeline", "planner", "the planner"):
+        if args.plot is not None:
+            files[args.plot] = _frontier_plot(view, document)
+        if args.timeline is not None and profile_document is not None:
+            from perseus.cli.job_timeline import timeline_png_of
 
-        files[args.timeline] = timeline_png_of(
-            view, document, profile_document, job_id=job_id_of(args, ctx.env)
-        )
+            files[args.timeline] = timeline_png_of(
+                view, document, profile_document, job_id=job_id_of(args, ctx.env)
+            )
     if not files:
         return
     try:

@@ -13,11 +13,14 @@ from typing import TYPE_CHECKING, TextIO
 
 from perseus.core.errors import (
     AuthError,
+    CommandError,
     JobNotFound,
     PerseusError,
     PlannerUnavailable,
     PlanNotReady,
+    SettingsError,
 )
+from perseus.core.settings import ADMIN_TOKEN, JOB, SERVER, TOKEN
 
 if TYPE_CHECKING:
     import httpx
@@ -39,14 +42,11 @@ __all__ = [
     "token_of",
 ]
 
-SERVER_ENV = "PERSEUS_SERVER"
-JOB_ENV = "PERSEUS_JOB"
-TOKEN_ENV = "PERSEUS_TOKEN"
-ADMIN_TOKEN_ENV = "PERSEUS_ADMIN_TOKEN"
-
-
-class CommandError(Exception):
-    """A job command cannot run as given (a missing server, job or token, a bad file)."""
+# The variables' names, for messages and help (perseus.core.settings defines them).
+SERVER_ENV = SERVER.name
+JOB_ENV = JOB.name
+TOKEN_ENV = TOKEN.name
+ADMIN_TOKEN_ENV = ADMIN_TOKEN.name
 
 
 class JobContext:
@@ -60,17 +60,19 @@ class JobContext:
 
 def server_url(args: argparse.Namespace, env: Mapping[str, str]) -> str:
     """The planner's URL: ``--server``, else ``$PERSEUS_SERVER`` (CommandError if neither)."""
-    server: str | None = args.server or env.get(SERVER_ENV)
+    server: str | None = args.server or SERVER.text(env)
     if not server:
         raise CommandError(f"no planner server: pass --server URL or set ${SERVER_ENV}")
-    if not server.startswith(("http://", "https://")):
-        raise CommandError(f"--server: expected http://HOST:PORT, got {server!r}")
+    try:
+        SERVER.kind.parse(server, "--server")
+    except SettingsError:
+        raise CommandError(f"--server: expected http://HOST:PORT, got {server!r}") from None
     return server.rstrip("/")
 
 
 def job_id_of(args: argparse.Namespace, env: Mapping[str, str]) -> str:
     """The job's id: ``JOB``, else ``$PERSEUS_JOB`` (CommandError if neither)."""
-    job_id: str | None = args.job or env.get(JOB_ENV)
+    job_id: str | None = args.job or JOB.text(env)
     if not job_id:
         raise CommandError(f"no job: give JOB or set ${JOB_ENV}")
     return job_id
@@ -78,8 +80,10 @@ def job_id_of(args: argparse.Namespace, env: Mapping[str, str]) -> str:
 
 def token_of(args: argparse.Namespace, env: Mapping[str, str], *, admin_first: bool) -> str:
     """The token: ``--token``, else the job's or the admin token from the environment."""
-    names = (ADMIN_TOKEN_ENV, TOKEN_ENV) if admin_first else (TOKEN_ENV, ADMIN_TOKEN_ENV)
-    token: str | None = args.token or next((env[n] for n in names if env.get(n)), None)
+    order = (ADMIN_TOKEN, TOKEN) if admin_first else (TOKEN, ADMIN_TOKEN)
+    token: str | None = args.token or next(
+        (text for text in (var.text(env) for var in order) if text), None
+    )
     if not token:
         raise CommandError(f"no token: pass --token or set ${TOKEN_ENV}")
     return token

@@ -42,7 +42,7 @@ def timeline_png_of(
     from pydantic import ValidationError
 
     from perseus.formats.plan_files import FrontierFile, profile_fingerprint, validation_message
-    from perseus.solver.profiles import profile_from_json
+    from perseus.formats.profiles import profile_from_json
 
     try:
         file = FrontierFile.model_validate_json(frontier_document)

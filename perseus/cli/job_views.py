@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING
 from perseus.cli.tables import format_table
 from perseus.core.baselines import baseline_label, reference_key, saving_text, shown_baselines
 from perseus.core.errors import PolicyError
+from perseus.core.jobs import JobState
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
+    from perseus.core.policies import Policy
     from perseus.schemas import (
         FrontierPoint,
         FrontierView,
@@ -22,11 +24,12 @@ if TYPE_CHECKING:
         JobView,
         PlanVersion,
         PolicySpec,
+        RankProfiling,
         SavingsView,
     )
-    from perseus.solver import Policy
 
 __all__ = [
+    "duration_text",
     "format_frontier",
     "format_job",
     "format_job_list",
@@ -34,6 +37,7 @@ __all__ = [
     "policy_spec",
     "policy_text",
     "printable",
+    "profiling_text",
     "validation_text",
     "version_text",
 ]
@@ -101,6 +105,7 @@ def format_job(view: JobView) -> str:
             )
             for g in view.gave_up
         ),
+        *_profiling_lines(view.profiling),
         ("schedule", shape),
         (
             "ranks",
@@ -125,7 +130,7 @@ def format_job(view: JobView) -> str:
             planned += f" from the profiles in at {_utc(view.planned_from_s)}"
         lines.append(("frontier", f"{view.frontier_points} points{planned}"))
     newer = view.profiles_since_plan
-    if newer and view.state != "planning":
+    if newer and view.state != JobState.PLANNING:
         lines.append(
             (
                 "re-run",
@@ -158,6 +163,45 @@ def format_job(view: JobView) -> str:
     if view.savings is not None:
         text += "\n" + format_savings(view.savings)
     return text
+
+
+_PROFILING_SHOWN = 8
+"""Ranks whose profiling progress ``perseus job status`` prints one by one (then the slowest)."""
+
+
+def _profiling_lines(ranks: Sequence[RankProfiling]) -> list[tuple[str, str]]:
+    """A line per rank sweeping its clocks (the slowest ones of a large job)."""
+    if len(ranks) > _PROFILING_SHOWN:
+        ranks = sorted(ranks, key=lambda r: -1.0 if r.time_left_s is None else r.time_left_s)
+        shown = sorted(ranks[-_PROFILING_SHOWN:], key=lambda r: r.rank)
+        lines = [(f"rank {r.rank}", profiling_text(r)) for r in shown]
+        more = len(ranks) - len(shown)
+        return [*lines, ("", f"and {more} more ranks profiling, with less time left")]
+    return [(f"rank {r.rank}", profiling_text(r)) for r in ranks]
+
+
+def profiling_text(progress: RankProfiling) -> str:
+    """``profiling: 12 of 110 clocks, 3.4 s per clock, about 5 min 40 s left``."""
+    text = f"profiling: {progress.clocks_done} of {progress.clocks_planned} clocks"
+    if progress.seconds_per_clock is None or progress.time_left_s is None:
+        return text + " (the time left is known once the first clock is measured)"
+    return (
+        f"{text}, {progress.seconds_per_clock:.1f} s per clock, "
+        f"about {duration_text(progress.time_left_s)} left"
+    )
+
+
+def duration_text(seconds: float) -> str:
+    """``42 s``, ``5 min 40 s``, ``1 h 05 min``: a wait, to the second below ten minutes."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 600:
+        return f"{whole // 60} min {whole % 60} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def _utc(at_s: float) -> str:

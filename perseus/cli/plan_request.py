@@ -43,7 +43,7 @@ __all__ = [
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``perseus plan`` (imports the solver for the schedule names)."""
-    from perseus.solver import SCHEDULE_NAMES
+    from perseus.core.pipeline import SCHEDULE_NAMES
 
     parser = Parser(
         prog="perseus plan",
@@ -208,7 +208,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[str, ...]:
     Raises:
         UsageError: Arguments that contradict each other or are missing.
     """
-    from perseus.solver.schedules import CHUNKED_SCHEDULES
+    from perseus.core.pipeline import CHUNKED_SCHEDULES
 
     if args.schedule is not None and args.schedule_file is not None:
         raise UsageError("--schedule-file: give --schedule or --schedule-file, not both")
@@ -298,8 +298,8 @@ def request_schedule(request: PlanRequest, name: str) -> Schedule:
         ScheduleError: A bad file, a list that deadlocks or misses actions, bad sizes.
         UsageError: The file disagrees with --microbatches, or an unnamed order with outputs.
     """
+    from perseus.core.pipeline import CHUNKED_SCHEDULES
     from perseus.solver import SCHEDULE_NAMES, build_dag, make_schedule, schedule_from_actions
-    from perseus.solver.schedules import CHUNKED_SCHEDULES
 
     stages = request.profile.num_stages
     if request.schedule_file is None:

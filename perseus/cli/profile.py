@@ -32,7 +32,7 @@ from perseus.client.profiling.measurements import StageProfile
 from perseus.client.profiling.profiler import ClockSweep, device_work
 from perseus.client.profiling.standalone import SyntheticStage
 from perseus.client.profiling.wait_power import measure_idle_power
-from perseus.client.settings import GPU_MODES, ProfileBudget, SettingsError
+from perseus.client.settings import GPU_MODES, ProfileBudget, SettingsError, default_gpu_mode
 from perseus.core.errors import NvmlPermissionError, PerseusError
 
 __all__ = ["add_profile_arguments", "build_parser", "run", "run_profile"]
@@ -68,9 +68,11 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
         "default profile.csv",
     )  # fmt: skip
     parser.add_argument(
-        "--gpu", choices=GPU_MODES, default=os.environ.get("PERSEUS_GPU") or "nvml",
+        "--gpu", choices=GPU_MODES, default=default_gpu_mode(os.environ),
         help="nvml: lock clocks through NVML (needs root or CAP_SYS_ADMIN); dry-run: read "
-        "only, measure the current clock; fake: the modelled GPU (default $PERSEUS_GPU or nvml)",
+        "only, measure the current clock; fake: the modelled GPU; zeusd: lock clocks through "
+        "zeusd, read through NVML (default $PERSEUS_GPU, else zeusd where $ZEUSD_SOCK_PATH or "
+        "$ZEUSD_HOST_PORT is set, else nvml)",
     )  # fmt: skip
     parser.add_argument("--gpu-index", type=int, default=0, help="NVML index (default 0)")
     parser.add_argument("--list-clocks", action="store_true", help="list the clocks and stop")
@@ -227,7 +229,8 @@ def _table(profile: StageProfile) -> str:
 
 
 def _write(path: str, stage: int, profile: StageProfile, idle_w: float) -> None:
-    from perseus.solver.profiles import profile_from_rows, profile_to_csv, profile_to_json
+    from perseus.core.profiles import profile_from_rows
+    from perseus.formats.profiles import profile_to_csv, profile_to_json
 
     rows = [(stage, r.instruction, r.frequency_mhz, r.time_s, r.energy_j) for r in profile.rows()]
     # Stages before this one are not measured; the profile names only this stage's rows,

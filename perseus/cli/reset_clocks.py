@@ -1,12 +1,15 @@
 """``perseus reset-clocks``: restore the default SM clocks of GPUs.
 
 Meant for after a training process that locked them was killed (``kill -9``): its exit hooks
-never ran. Needs the client extra (NVML) and usually root.
+never ran. Needs the client extra (NVML) and usually root; where zeusd sets clocks
+(``PERSEUS_GPU=zeusd``, or Zeus's ``ZEUSD_SOCK_PATH``/``ZEUSD_HOST_PORT`` set and
+``PERSEUS_GPU`` unset), it asks zeusd instead and needs no root.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TextIO
 
@@ -20,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="perseus reset-clocks",
         description="Restore the default SM clocks of GPUs, e.g. after a training process "
-        "that locked them was killed with -9. Usually needs root.",
+        "that locked them was killed with -9. Usually needs root; through zeusd (where "
+        "PERSEUS_GPU=zeusd, or ZEUSD_SOCK_PATH or ZEUSD_HOST_PORT is set) it does not.",
     )
     add_reset_clocks_arguments(parser)
     return parser
@@ -73,12 +77,21 @@ def run_reset_clocks(args: argparse.Namespace, *, out: TextIO | None = None) -> 
         0.
 
     Raises:
-        GpuControlError: NVML failed, or the process may not change clocks.
+        GpuControlError: NVML failed, or the process may not change clocks; or zeusd cannot be
+            reached or refused (``ZeusdUnavailable``, ``ZeusdRefused``).
     """
     # Imported here: NVML is the client extra, and tests put a fake module in its place.
-    from perseus.client.gpu.control import reset_clocks
+    from perseus.client.settings import default_gpu_mode
 
     stream = sys.stdout if out is None else out
-    for line in reset_clocks(args.gpu):
+    if default_gpu_mode(os.environ) == "zeusd":
+        from perseus.client.gpu.zeusd import ZeusdEndpoint, reset_clocks_through_zeusd
+
+        lines = reset_clocks_through_zeusd(args.gpu, ZeusdEndpoint.from_env(os.environ))
+    else:
+        from perseus.client.gpu.control import reset_clocks
+
+        lines = reset_clocks(args.gpu)
+    for line in lines:
         stream.write(f"{line}\n")
     return 0

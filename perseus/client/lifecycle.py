@@ -24,6 +24,7 @@ from perseus.client.profiling.online import WorkloadSource
 from perseus.client.rank import Rank
 from perseus.client.settings import load_settings
 from perseus.client.torch_env import cuda_events, distributed
+from perseus.core.settings import RANK
 
 __all__ = ["close_all", "connect"]
 
@@ -72,7 +73,7 @@ def connect(
         gpu = None
     if "rank" not in settings:
         dist = distributed()
-        if dist is not None and not os.environ.get("PERSEUS_RANK") and not os.environ.get("RANK"):
+        if dist is not None and not os.environ.get(RANK.name) and not os.environ.get("RANK"):
             settings["rank"] = dist.get_rank()
     resolved = load_settings(None, **settings)
     if resolved.server is None:

@@ -63,8 +63,8 @@ from perseus.client.session import Session, read_saved_profile
 from perseus.client.settings import ClientSettings
 from perseus.client.state import ActivePlan, Expectation, RankState
 from perseus.core.errors import GpuControlError, PerseusError
+from perseus.core.pipeline import InstructionKind
 from perseus.schemas import IterationPhase
-from perseus.solver import InstructionKind
 
 __all__ = ["ActivePlan", "Expectation", "Rank"]
 
@@ -325,8 +325,8 @@ class Rank:
     ) -> AbstractContextManager[None]:
         """Bracket one forward or backward of one microbatch (and model chunk).
 
-        ``kind`` is an :class:`~perseus.solver.InstructionKind` (or its value); ``chunk`` None
-        means chunk 0 (a schedule without model chunks).
+        ``kind`` is an :class:`~perseus.core.pipeline.InstructionKind` (or its value);
+        ``chunk`` None means chunk 0 (a schedule without model chunks).
         """
         if not self.active:
             return _NOTHING
@@ -514,8 +514,9 @@ class Rank:
         reporter = self._reporter
         if self._t_first is not None:
             end = self._controller.mark()
+            progress = self._profiling.progress() if phase == "profiling" else None
             reporter.queue_iteration(
-                self.iteration_index, self._t_first, end, self.plan_version, phase
+                self.iteration_index, self._t_first, end, self.plan_version, phase, progress
             )
         if self._sampler is not None:
             self._sampler.iteration_done()

@@ -37,8 +37,8 @@ from perseus.client.clocks.controller import LogEntry, Stamp
 from perseus.client.gpu.meter import EnergyMeter
 from perseus.client.session import Outage
 from perseus.client.settings import ClientSettings
-from perseus.core.errors import PerseusError, PlannerUnavailable
-from perseus.schemas import IterationPhase, IterationReport
+from perseus.core.errors import PerseusError, PlannerUnavailable, RequestRejected
+from perseus.schemas import IterationPhase, IterationReport, ProfilingProgress
 
 __all__ = ["Reporter"]
 
@@ -73,9 +73,11 @@ class Reporter:
         self._registered = registered
         self._stop = stop
         self._clock = clock
-        self._reports: deque[tuple[int, Stamp, Stamp, int | None, IterationPhase]] = deque(
-            maxlen=settings.telemetry_queue
-        )
+        self._reports: deque[
+            tuple[int, Stamp, Stamp, int | None, IterationPhase, ProfilingProgress | None]
+        ] = deque(maxlen=settings.telemetry_queue)
+        # False once a planner refused the profiling progress (an older one): not sent again.
+        self._send_progress = True
         self._logs: deque[tuple[int, int | None, IterationPhase, list[LogEntry], Stamp]] = deque()
         self._log_lock = threading.Lock()
         self._log_file: IO[str] | None = None
@@ -109,9 +111,11 @@ class Reporter:
         end: Stamp,
         plan_version: int | None,
         phase: IterationPhase,
+        progress: ProfilingProgress | None = None,
     ) -> None:
-        """Queue one iteration's telemetry (the oldest is dropped when the queue is full)."""
-        self._reports.append((iteration, start, end, plan_version, phase))
+        """Queue one iteration's telemetry (the oldest is dropped when the queue is full);
+        ``progress``: how far the clock sweep got, while profiling."""
+        self._reports.append((iteration, start, end, plan_version, phase, progress))
 
     def queue_log(
         self,
@@ -153,7 +157,7 @@ class Reporter:
             if not self._registered.is_set() or time.monotonic() < retry_at:
                 continue
             while self._reports and not self._stop.is_set():
-                iteration, start_stamp, end_stamp, version, phase = self._reports[0]
+                iteration, start_stamp, end_stamp, version, phase, progress = self._reports[0]
                 start, end = start_stamp.at_s, end_stamp.at_s
                 if start is None or end is None:
                     break  # the device has not reached the iteration's end yet
@@ -170,9 +174,10 @@ class Reporter:
                     energy_j=max(energy, 0.0),
                     plan_version=version,
                     phase=phase,
+                    profiling=progress if self._send_progress else None,
                 )
                 try:
-                    self._planner.report_iteration(report)
+                    self._report(report)
                 except PlannerUnavailable as err:
                     outage.failed(err)
                     retry_at = time.monotonic() + backoff.delay_s(attempt, rng)
@@ -183,6 +188,18 @@ class Reporter:
                 self._reports.popleft()
                 outage.ok()
                 attempt = 0
+
+    def _report(self, report: IterationReport) -> None:
+        """Send ``report``; a planner that refuses its profiling progress (an older one, which
+        knows no such field) gets it again without, and no progress from then on."""
+        try:
+            self._planner.report_iteration(report)
+        except RequestRejected as err:
+            if report.profiling is None or "profiling" not in str(err):
+                raise
+            self._send_progress = False
+            _log.info("perseus: the planner takes no profiling progress (%s); not sent", err)
+            self._planner.report_iteration(report.model_copy(update={"profiling": None}))
 
     def _drain_logs(self, *, final: bool = False) -> None:
         with self._log_lock:

@@ -32,10 +32,11 @@ from perseus.core.errors import (
     PlanNotReady,
     ProfileError,
 )
+from perseus.core.jobs import JobState
 from perseus.schemas import JobView, PlanResponse, ProfileReport, ProfileRow, RankRegistration
 
 if TYPE_CHECKING:
-    from perseus.solver.profiles import Profile
+    from perseus.core.profiles import Profile
 
 __all__ = ["Outage", "Session", "read_saved_profile", "saved_profile_rows"]
 
@@ -90,7 +91,7 @@ def read_saved_profile(settings: ClientSettings) -> Profile | None:
     """
     if settings.profile_path is None:
         return None
-    from perseus.solver.profiles import load_profile
+    from perseus.formats.profiles import load_profile
 
     try:
         profile = load_profile(settings.profile_path)
@@ -308,7 +309,7 @@ class Session:
                     attempt += 1
                 continue
             except PlanNotReady as err:
-                if err.state == "failed" and not_ready_logged != "failed":
+                if err.state == JobState.FAILED and not_ready_logged != JobState.FAILED:
                     _log.error("perseus: planning failed on the server: %s", err)
                 not_ready_logged = err.state
                 outage.ok()

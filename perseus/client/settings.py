@@ -16,7 +16,12 @@ variable                      meaning                             default
 ``PERSEUS_DATA_PARALLEL_RANK``   data-parallel replica             from the layout
 ``PERSEUS_TENSOR_PARALLEL_RANK`` rank within the tensor group      from the layout
 ``PERSEUS_GPU_INDEX``         NVML index of this rank's GPU        ``LOCAL_RANK``, else 0
-``PERSEUS_GPU``               ``nvml``, ``dry-run`` or ``fake``    ``nvml``
+``PERSEUS_GPU``               ``nvml``, ``dry-run``, ``fake`` or   ``zeusd`` where
+                              ``zeusd`` (clocks through zeusd)     ``ZEUSD_*`` is set,
+                                                                   else ``nvml``
+``ZEUSD_SOCK_PATH``           zeusd's Unix socket (Zeus's own)     ``/run/zeusd/zeusd.sock``
+``ZEUSD_HOST_PORT``           zeusd's ``host:port`` in TCP mode    unset
+``ZEUSD_TOKEN``               token from ``zeusd token issue``     unset
 ``PERSEUS_STRICT``            ``1``: a GPU that cannot be opened   ``0`` (go on at
                               fails ``connect()``                  default clocks)
 ``PERSEUS_PROFILE``           a saved profile to upload instead    unset (profile online)
@@ -40,20 +45,26 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import get_args
-from urllib.parse import urlsplit
+from typing import TypeVar, cast, get_args
 
 from perseus.client.gpu.control import GpuMode
+from perseus.core import settings as v
 from perseus.core.defaults import BASELINE_ITERATIONS
-from perseus.core.errors import PerseusError
+from perseus.core.errors import SettingsError
+from perseus.core.settings import Choice, Text, Url, Variable, Whole
 
-__all__ = ["GPU_MODES", "ClientSettings", "ProfileBudget", "SettingsError", "load_settings"]
+__all__ = [
+    "GPU_MODES",
+    "ClientSettings",
+    "ProfileBudget",
+    "SettingsError",
+    "default_gpu_mode",
+    "load_settings",
+]
 
 GPU_MODES: tuple[GpuMode, ...] = get_args(GpuMode)
 
-
-class SettingsError(PerseusError):
-    """A client setting is missing or malformed (the message names the variable)."""
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +191,8 @@ class ClientSettings:
 def load_settings(environ: Mapping[str, str] | None = None, **arguments: object) -> ClientSettings:
     """Settings from keyword arguments, then ``PERSEUS_*`` variables, then defaults.
 
+    Each variable is read and checked as :mod:`perseus.core.settings` defines it.
+
     Args:
         environ: The variables to read (``os.environ`` when None).
         **arguments: Any field of :class:`ClientSettings`; None means "not given".
@@ -195,151 +208,85 @@ def load_settings(environ: Mapping[str, str] | None = None, **arguments: object)
     if unknown:
         raise SettingsError(f"unknown client settings: {', '.join(sorted(unknown))}")
 
-    def pick(name: str, variable: str) -> str | None:
-        given = arguments.get(name)
-        if given is not None:
-            return str(given)
-        value = env.get(variable, "").strip()
-        return value or None
+    def given(name: str, variable: Variable[T]) -> T | None:
+        """The argument ``name`` if given (checked, errors naming it), else the variable."""
+        value = arguments.get(name)
+        if value is None:
+            return variable.read(env)
+        if isinstance(variable.kind, Text | Url | Choice):
+            return variable.kind.check(value, variable.name)  # named as the variable
+        return variable.kind.check(value, name)
 
-    def integer(name: str, variable: str, *fallbacks: str) -> int | None:
-        given = arguments.get(name)
-        if given is not None:
-            if not isinstance(given, int) or isinstance(given, bool) or given < 0:
-                raise SettingsError(f"{name}: must be a whole number >= 0, got {given!r}")
-            return given
-        for var in (variable, *fallbacks):
-            text = env.get(var, "").strip()
-            if text:
-                return _int(text, var, minimum=0)
-        return None
-
-    def number(
-        variable: str,
-        default: float,
-        *,
-        minimum: float,
-        maximum: float = float("inf"),
-        name: str = "",
-    ) -> float:
-        top = "" if maximum == float("inf") else f" and <= {maximum:g}"
-        given = arguments.get(name) if name else None
-        if given is not None:
-            if isinstance(given, bool) or not isinstance(given, int | float):
-                raise SettingsError(f"{name}: must be a number, got {given!r}")
-            if not (given >= minimum and given < float("inf") and given <= maximum):
-                raise SettingsError(
-                    f"{name}: must be a finite number >= {minimum:g}{top}, got {given}"
-                )
-            return float(given)
-        text = env.get(variable, "").strip()
-        if not text:
-            return default
-        try:
-            value = float(text)
-        except ValueError:
-            raise SettingsError(f"{variable}: not a number: {text!r}") from None
-        if not (value >= minimum and value < float("inf") and value <= maximum):
-            raise SettingsError(
-                f"{variable}: must be a finite number >= {minimum:g}{top}, got {text}"
-            )
-        return value
-
-    server = pick("server", "PERSEUS_SERVER")
-    job = pick("job", "PERSEUS_JOB")
-    token = pick("token", "PERSEUS_TOKEN")
+    server = given("server", v.SERVER)
+    job = given("job", v.JOB)
+    token = given("token", v.TOKEN)
     if server is not None:
-        if not server.startswith(("http://", "https://")) or not _has_host(server):
-            raise SettingsError(f"PERSEUS_SERVER: expected http://host:port, got {server!r}")
-        missing = [
-            var for var, value in (("PERSEUS_JOB", job), ("PERSEUS_TOKEN", token)) if not value
-        ]
+        missing = [var.name for var, value in ((v.JOB, job), (v.TOKEN, token)) if not value]
         if missing:
             raise SettingsError(
                 f"{' and '.join(missing)} not set: create the job with `perseus job create` "
                 "and export the lines it prints"
             )
-    gpu = pick("gpu", "PERSEUS_GPU") or "nvml"
-    if gpu not in GPU_MODES:
-        raise SettingsError(f"PERSEUS_GPU: expected one of {', '.join(GPU_MODES)}, got {gpu!r}")
+    gpu = cast(
+        GpuMode,
+        given("gpu", v.GPU)
+        if arguments.get("gpu") is not None or v.GPU.text(env)
+        else default_gpu_mode(env),
+    )
     given_budget = arguments.get("budget")
     if given_budget is not None and not isinstance(given_budget, ProfileBudget):
         raise SettingsError("budget: expected a ProfileBudget")
     budget = given_budget or ProfileBudget(
-        window_s=number("PERSEUS_PROFILE_WINDOW_S", 0.6, minimum=0.05),
-        settle_s=number("PERSEUS_PROFILE_SETTLE_S", 0.2, minimum=0.0),
-        clocks=env.get("PERSEUS_PROFILE_CLOCKS", "").strip() or "auto",
-        max_s=number("PERSEUS_PROFILE_MAX_S", 600.0, minimum=1.0),
-        blocking_s=number("PERSEUS_PROFILE_BLOCKING_S", 1.2, minimum=0.1),
+        window_s=_read(v.PROFILE_WINDOW_S, env),
+        settle_s=_read(v.PROFILE_SETTLE_S, env),
+        clocks=_read(v.PROFILE_CLOCKS, env),
+        max_s=_read(v.PROFILE_MAX_S, env),
+        blocking_s=_read(v.PROFILE_BLOCKING_S, env),
     )
     budget.check()
-    rank = integer("rank", "PERSEUS_RANK", "RANK") or 0
+    telemetry_queue = arguments.get("telemetry_queue")
     return ClientSettings(
         server=server.rstrip("/") if server else None,
         job=job,
         token=token,
-        rank=rank,
-        stage=integer("stage", "PERSEUS_STAGE"),
-        data_parallel_rank=integer("data_parallel_rank", "PERSEUS_DATA_PARALLEL_RANK"),
-        tensor_parallel_rank=integer("tensor_parallel_rank", "PERSEUS_TENSOR_PARALLEL_RANK"),
-        gpu_index=integer("gpu_index", "PERSEUS_GPU_INDEX", "LOCAL_RANK") or 0,
+        rank=given("rank", v.RANK) or 0,
+        stage=given("stage", v.STAGE),
+        data_parallel_rank=given("data_parallel_rank", v.DATA_PARALLEL_RANK),
+        tensor_parallel_rank=given("tensor_parallel_rank", v.TENSOR_PARALLEL_RANK),
+        gpu_index=given("gpu_index", v.GPU_INDEX) or 0,
         gpu=gpu,
-        profile_path=pick("profile_path", "PERSEUS_PROFILE"),
+        profile_path=given("profile_path", v.PROFILE),
         budget=budget,
-        clock_log_dir=pick("clock_log_dir", "PERSEUS_CLOCK_LOG"),
-        poll_wait_s=number("PERSEUS_POLL_WAIT_S", 30.0, minimum=0.1, name="poll_wait_s"),
-        telemetry_queue=_whole(arguments.get("telemetry_queue"), "telemetry_queue", 1024),
-        clock_latency_s=number(
-            "PERSEUS_CLOCK_LATENCY_S", 0.03, minimum=0.0, maximum=1.0, name="clock_latency_s"
+        clock_log_dir=given("clock_log_dir", v.CLOCK_LOG),
+        poll_wait_s=_known(given("poll_wait_s", v.POLL_WAIT_S)),
+        telemetry_queue=(
+            1024 if telemetry_queue is None else Whole(1).check(telemetry_queue, "telemetry_queue")
         ),
-        baseline_iterations=_baseline(
-            integer("baseline_iterations", "PERSEUS_BASELINE_ITERATIONS")
-        ),
-        fake_clock_delay_s=(
-            number("PERSEUS_FAKE_CLOCK_DELAY_S", -1.0, minimum=0.0, name="fake_clock_delay_s")
-            if arguments.get("fake_clock_delay_s") is not None
-            or env.get("PERSEUS_FAKE_CLOCK_DELAY_S", "").strip()
-            else None
-        ),
-        strict=_flag(arguments.get("strict"), env.get("PERSEUS_STRICT", ""), "PERSEUS_STRICT"),
+        clock_latency_s=_known(given("clock_latency_s", v.CLOCK_LATENCY_S)),
+        baseline_iterations=_known(given("baseline_iterations", v.BASELINE_ITERATIONS)),
+        fake_clock_delay_s=given("fake_clock_delay_s", v.FAKE_CLOCK_DELAY_S),
+        strict=given("strict", v.STRICT) is True,
     )
 
 
-def _flag(given: object, text: str, variable: str) -> bool:
-    if given is not None:
-        if not isinstance(given, bool):
-            raise SettingsError(f"strict: must be True or False, got {given!r}")
-        return given
-    text = text.strip().lower()
-    if text in ("", "0", "false", "no", "off"):
-        return False
-    if text in ("1", "true", "yes", "on"):
-        return True
-    raise SettingsError(f"{variable}: expected 1 or 0, got {text!r}")
+def default_gpu_mode(environ: Mapping[str, str]) -> str:
+    """``PERSEUS_GPU`` (checked); where it is unset, ``zeusd`` if Zeus's ``ZEUSD_SOCK_PATH`` or
+    ``ZEUSD_HOST_PORT`` is set (zeusd is there to set clocks), else ``nvml``."""
+    if v.GPU.text(environ):
+        return _read(v.GPU, environ)
+    zeusd = v.ZEUSD_SOCK_PATH.text(environ) or v.ZEUSD_HOST_PORT.text(environ)
+    return "zeusd" if zeusd else "nvml"
 
 
-def _baseline(given: int | None) -> int:
-    return BASELINE_ITERATIONS if given is None else given
+def _read(variable: Variable[T], environ: Mapping[str, str]) -> T:
+    """A variable that has a default."""
+    return _known(variable.read(environ))
 
 
-def _whole(given: object, name: str, default: int) -> int:
-    if given is None:
-        return default
-    if not isinstance(given, int) or isinstance(given, bool) or given < 1:
-        raise SettingsError(f"{name}: must be a whole number >= 1, got {given!r}")
-    return given
-
-
-def _has_host(url: str) -> bool:
-    # Checked here, not at the first request: a URL httpx cannot use would otherwise fail at
-    # connect() with httpx's words, or pass as an endless outage of a host named "". The port
-    # may be left out (80 or 443).
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError for a malformed or out-of-range port
-    except ValueError:
-        return False
-    return bool(parts.hostname) and port != 0 and not any(c.isspace() for c in url)
+def _known(value: T | None) -> T:
+    if value is None:  # only a variable without a default reads as None
+        raise SettingsError("a setting without a default was read as unset")
+    return value
 
 
 def _int(text: str, variable: str, *, minimum: int) -> int:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from perseus.client.settings import ClientSettings
 from perseus.core.defaults import CLOCK_CHANGE_MARGIN_S
+from perseus.core.pipeline import InstructionKind
 from perseus.schemas import JobCreate, JobView, PlanResponse
-from perseus.solver import InstructionKind
 
 __all__ = ["ActivePlan", "Expectation", "Key", "RankState", "job_mismatches"]
 

@@ -5,6 +5,7 @@ the frontier plot and ``perseus job frontier``. The reference is ``default`` (ev
 at the profile's highest clock: what a GPU left alone runs) when the run has it, else
 ``all_fastest`` (every instruction at its fastest measured clock).
 
+:class:`Baseline` is a baseline's one type (the wire's and the files' models render it);
 :class:`BaselineKey` names the baselines everywhere: the solver's ``Frontier.baselines``, the
 wire's ``FrontierView.baselines``, ``frontier.json``. It is a string enum, so the keys compare
 equal to, hash like and serialise as the plain strings they were.
@@ -15,11 +16,13 @@ Imports nothing but the standard library: the command line uses it before any so
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, TypeVar
 
 __all__ = [
     "BASELINE_LABELS",
+    "Baseline",
     "BaselineKey",
     "BaselineLike",
     "baseline_label",
@@ -42,6 +45,23 @@ class BaselineKey(StrEnum):
     """One clock for every GPU, the least-energy one at no slowdown."""
     PER_STAGE_CLOCK = "per_stage_clock"
     """One clock per stage, by coordinate descent at no slowdown."""
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """A reference plan that today's tools can reach (found by
+    :func:`perseus.solver.baselines_at`).
+
+    Attributes:
+        time_s: Iteration time of the plan, replayed on the profile.
+        energy_j: Energy of one iteration, replayed on the profile.
+        frequencies_mhz: ``frequencies_mhz[g][k]`` is the clock of GPU ``g``'s ``k``-th
+            instruction.
+    """
+
+    time_s: float
+    energy_j: float
+    frequencies_mhz: tuple[tuple[int, ...], ...]
 
 
 BASELINE_LABELS: Mapping[str, str] = {

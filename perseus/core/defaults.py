@@ -10,6 +10,7 @@ __all__ = [
     "BASELINE_ITERATIONS",
     "CLOCK_CHANGE_MARGIN_S",
     "EXACT_TIME_LIMIT_S",
+    "MAX_CELLS",
     "POLISH_S",
     "RESOLUTION_S",
 ]
@@ -37,3 +38,7 @@ tails (:mod:`perseus.solver.transitions`)."""
 BASELINE_ITERATIONS = 10
 """Iterations a rank runs at default clocks, reported as the baseline, before it follows its
 first plan (the realized saving is measured against them)."""
+
+MAX_CELLS = 400_000_000
+"""The solver's default limit on grid deadlines x instructions (its arrays: about 4.7 GiB),
+and the server's default limit on a job's planning work (``PERSEUS_PLANNING_MAX_CELLS``)."""

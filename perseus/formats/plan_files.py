@@ -15,6 +15,7 @@ Parsing checks types, finiteness and ranges (the models) and then shapes against
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import re
@@ -25,18 +26,13 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from perseus.core.baselines import BASELINE_LABELS, BaselineKey
-from perseus.core.errors import PerseusError, PlanError
-from perseus.solver import (
-    FRONTIER_FORMAT,
-    SCHEDULE_NAMES,
-    Baseline,
-    Frontier,
-    Point,
-    Profile,
-    Schedule,
-    make_schedule,
-)
+from perseus.core.baselines import BASELINE_LABELS, Baseline, BaselineKey
+from perseus.core.errors import PerseusError, PlanError, ScheduleError
+from perseus.core.pipeline import SCHEDULE_NAMES
+from perseus.core.points import Point
+from perseus.core.profiles import Profile
+from perseus.solver.frontier import FRONTIER_FORMAT, Frontier
+from perseus.solver.schedules import Schedule, make_schedule
 
 __all__ = [
     "FRONTIER_FORMAT",
@@ -91,9 +87,25 @@ class ProfileFingerprint(_Model):
     stages: Count
 
 
+def _core_fields(model: type[BaseModel], value: object) -> dict[str, Any]:
+    """The values of ``model``'s fields read by name from ``value`` (a :mod:`perseus.core`
+    dataclass the model renders), clocks as lists: the model lists its fields once, each one of
+    the core type's (``tests/wire/test_core_renderings.py`` checks it)."""
+    values = {name: getattr(value, name) for name in model.model_fields}
+    return {name: _lists(v) for name, v in values.items()}
+
+
+def _lists(value: object) -> object:
+    return [_lists(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _tuples(value: object) -> object:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
 class FileBaseline(_Model):
-    """A :class:`perseus.solver.Baseline` in a file: iteration time, energy and (optionally,
-    in older files) its clocks."""
+    """A :class:`perseus.core.baselines.Baseline` in a file: iteration time, energy and
+    (optionally, in older files) its clocks."""
 
     time_s: Finite
     energy_j: Finite
@@ -101,20 +113,15 @@ class FileBaseline(_Model):
 
     @classmethod
     def from_baseline(cls, baseline: Baseline) -> FileBaseline:
-        return cls(
-            time_s=baseline.time_s,
-            energy_j=baseline.energy_j,
-            frequencies_mhz=[list(row) for row in baseline.frequencies_mhz],
-        )
+        return cls.model_validate(_core_fields(cls, baseline))
 
     def to_baseline(self) -> Baseline:
-        return Baseline(
-            self.time_s, self.energy_j, tuple(tuple(row) for row in self.frequencies_mhz)
-        )
+        values = {f.name: _tuples(getattr(self, f.name)) for f in dataclasses.fields(Baseline)}
+        return Baseline(**values)  # type: ignore[arg-type]
 
 
 class FilePoint(_Model):
-    """A :class:`perseus.solver.Point` in a file."""
+    """A :class:`perseus.core.points.Point` in a file."""
 
     time_s: Finite
     energy_j: Finite
@@ -123,12 +130,7 @@ class FilePoint(_Model):
 
     @classmethod
     def from_point(cls, point: Point) -> FilePoint:
-        return cls(
-            time_s=point.time_s,
-            energy_j=point.energy_j,
-            gap=point.gap,
-            frequencies_mhz=[list(row) for row in point.frequencies_mhz],
-        )
+        return cls.model_validate(_core_fields(cls, point))
 
 
 class FrontierFile(_Model):
@@ -489,8 +491,6 @@ def read_torch_schedule(path: str | Path) -> list[list[tuple[int, Any, int]]]:
         ScheduleError: Unreadable file or a cell that is no action; the message names the
             file, the row (rank + 1) and the column.
     """
-    from perseus.core.errors import ScheduleError
-
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as err:

@@ -1,6 +1,8 @@
 """The pure planning core: profiles -> schedule DAG -> time-energy frontier -> plans.
 
-Imports only the standard library, numpy and highspy (HiGHS). See ``docs/solver-api.md``.
+Imports only the standard library, numpy, highspy (HiGHS) and the ground floor
+(:mod:`perseus.core`, whose types it names here too, as do the profile files of
+:mod:`perseus.formats.profiles`). See ``docs/solver-api.md``.
 """
 
 from __future__ import annotations

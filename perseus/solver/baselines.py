@@ -1,20 +1,19 @@
 """Reference plans that today's tools reach (see :func:`baselines_at`), and the default
 plan's iteration time: the no-slowdown reference.
 
-The keys are :class:`perseus.core.baselines.BaselineKey` (defined beside their labels in a module of
-the standard library only, so the command line names them before importing the solver).
+The type :class:`~perseus.core.baselines.Baseline` and the keys
+:class:`~perseus.core.baselines.BaselineKey` live on the ground floor (beside their labels, in a
+module of the standard library only, so the command line names them before importing the solver).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import numpy.typing as npt
 
-from perseus.core.baselines import BaselineKey
+from perseus.core.baselines import Baseline, BaselineKey
+from perseus.core.profiles import Profile
 from perseus.solver.dag import PipelineDag, build_dag
-from perseus.solver.profiles import Profile
 from perseus.solver.schedules import Schedule, per_gpu
 from perseus.solver.transitions import (
     ClockTables,
@@ -27,15 +26,6 @@ from perseus.solver.transitions import (
 __all__ = ["Baseline", "BaselineKey", "baselines_at", "default_time"]
 
 FloatArray = npt.NDArray[np.float64]
-
-
-@dataclass(frozen=True, slots=True)
-class Baseline:
-    """A reference plan that today's tools can reach."""
-
-    time_s: float
-    energy_j: float
-    frequencies_mhz: tuple[tuple[int, ...], ...]
 
 
 def default_time(profile: Profile, schedule: Schedule, *, dag: PipelineDag | None = None) -> float:

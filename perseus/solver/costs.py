@@ -16,7 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from perseus.core.errors import ProfileError
-from perseus.solver.profiles import Profile, effective_options
+from perseus.core.profiles import Profile
+from perseus.solver.profiles import effective_options
 from perseus.solver.schedules import Schedule
 
 __all__ = ["CostTable", "build_costs"]

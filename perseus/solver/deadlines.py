@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from perseus.core.defaults import MAX_CELLS  # the server's default limit too
 from perseus.solver.planner import FloatArray
 
 __all__ = [
@@ -31,10 +32,6 @@ __all__ = [
     "default_resolution",
     "served_deadline",
 ]
-
-MAX_CELLS = 400_000_000
-"""compute_frontier's default limit on grid deadlines x instructions (its arrays: about
-4.7 GiB), and the server's default limit on a job's planning work."""
 
 MIN_RESOLUTION_S = 1e-3
 """The finest spacing :func:`default_resolution` picks: the grid every job of today's sizes

@@ -49,6 +49,8 @@ import numpy.typing as npt
 from perseus.core.baselines import BaselineKey
 from perseus.core.defaults import EXACT_TIME_LIMIT_S, POLISH_S, RESOLUTION_S
 from perseus.core.errors import InfeasibleDeadline, PlanError, ProfileError
+from perseus.core.points import Point
+from perseus.core.profiles import Profile
 from perseus.solver.baselines import Baseline, baselines_at, default_time
 from perseus.solver.costs import build_costs
 from perseus.solver.dag import PipelineDag, build_dag
@@ -61,7 +63,6 @@ from perseus.solver.deadlines import (
 from perseus.solver.exact import exact_frontier, small_exact
 from perseus.solver.fast import ANCHOR_SLOWDOWNS, anchor_slowdowns, fast_frontier
 from perseus.solver.planner import FloatArray, Planner, Progress, pareto
-from perseus.solver.profiles import Profile
 from perseus.solver.schedules import Schedule, per_gpu
 from perseus.solver.search import DEFAULT_SEARCH_WORK
 from perseus.solver.simulate import Replay, replay
@@ -84,23 +85,6 @@ __all__ = [
 
 FRONTIER_FORMAT = "perseus.frontier/1"
 _TRANSITION_CELLS = 1 << 21  # (instruction, plan) cells per batch of transition replays
-
-
-@dataclass(frozen=True, slots=True)
-class Point:
-    """One plan of the frontier.
-
-    Attributes:
-        time_s: Iteration time of the plan, replayed on the profile.
-        energy_j: Energy of one iteration, replayed on the profile.
-        gap: Relative gap of ``energy_j`` to a proven lower bound over the deadlines it serves.
-        frequencies_mhz: ``frequencies_mhz[g][k]`` is the clock of ``schedule.order[g][k]``.
-    """
-
-    time_s: float
-    energy_j: float
-    gap: float
-    frequencies_mhz: tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,22 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from perseus.core.errors import ScheduleError
+from perseus.core.pipeline import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    CHUNKED_SCHEDULES,
+    FORWARD,
+    KINDS,
+    SCHEDULE_NAMES,
+    SPLIT_BACKWARD_SCHEDULES,
+    Action,
+    InstructionKind,
+)
+from perseus.solver.zero_bubble import dualpipev, interleaved_zero_bubble, looped_bfs, zbv
 
 __all__ = [
     "BACKWARD",
@@ -45,34 +57,6 @@ __all__ = [
     "per_gpu",
     "schedule_from_actions",
 ]
-
-
-class InstructionKind(StrEnum):
-    """What a pipeline instruction does."""
-
-    # A string, so `kind == "forward"` and the wire's and files' values stay as they are (its
-    # docstring is the OpenAPI document's description). A new kind (a split backward, say) is
-    # a new member here; the profile then measures it and the DAG gives it its dependencies.
-
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    BACKWARD_INPUT = "backward_input"
-    """The input-gradient half of a split backward (torch's ``I``); the loss's gradient flows
-    on to the previous stage once it is done."""
-    BACKWARD_WEIGHT = "backward_weight"
-    """The weight-gradient half of a split backward (torch's ``W``); nothing waits for it but
-    the end of the iteration."""
-
-
-FORWARD = InstructionKind.FORWARD
-BACKWARD = InstructionKind.BACKWARD
-BACKWARD_INPUT = InstructionKind.BACKWARD_INPUT
-BACKWARD_WEIGHT = InstructionKind.BACKWARD_WEIGHT
-KINDS: tuple[InstructionKind, ...] = tuple(InstructionKind)
-"""Every kind, in the order of the DAG's kind numbers (forward 0, backward 1, ...)."""
-
-Action = tuple[int, InstructionKind, int]
-"""``(stage, kind, microbatch)``: one action of a per-GPU list, ``stage`` the model stage."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,29 +251,22 @@ def _interleaved(stages: int, microbatches: int, virtual_stages: int) -> list[li
 
 
 def _interleaved_zb(stages: int, microbatches: int, virtual_stages: int) -> list[list[Action]]:
-    from perseus.solver.zero_bubble import interleaved_zero_bubble
-
     return interleaved_zero_bubble(stages, microbatches, virtual_stages)
 
 
 def _zbv(stages: int, microbatches: int, virtual_stages: int) -> list[list[Action]]:
-    from perseus.solver.zero_bubble import zbv
-
     return zbv(stages, microbatches)
 
 
 def _dualpipev(stages: int, microbatches: int, virtual_stages: int) -> list[list[Action]]:
-    from perseus.solver.zero_bubble import dualpipev
-
     return dualpipev(stages, microbatches)
 
 
 def _looped_bfs(stages: int, microbatches: int, virtual_stages: int) -> list[list[Action]]:
-    from perseus.solver.zero_bubble import looped_bfs
-
     return looped_bfs(stages, microbatches, virtual_stages)
 
 
+# One builder per name of perseus.core.pipeline.SCHEDULE_NAMES (tests/solver keep them equal).
 _BUILDERS: dict[str, Callable[[int, int, int], list[list[Action]]]] = {
     "1f1b": _one_f_one_b,
     "gpipe": _gpipe,
@@ -299,14 +276,6 @@ _BUILDERS: dict[str, Callable[[int, int, int], list[list[Action]]]] = {
     "dualpipev": _dualpipev,
     "looped-bfs": _looped_bfs,
 }
-SCHEDULE_NAMES: tuple[str, ...] = tuple(_BUILDERS)
-"""Every named schedule (the wire's ``ScheduleName`` restates them)."""
-CHUNKED_SCHEDULES = frozenset(
-    {"interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev", "looped-bfs"}
-)
-"""Schedules that run more than one model chunk per GPU (``virtual_stages`` >= 2)."""
-SPLIT_BACKWARD_SCHEDULES = frozenset({"interleaved-zb", "zbv", "dualpipev"})
-"""Schedules that split the backward into ``backward_input`` and ``backward_weight``."""
 _V_SHAPED = frozenset({"zbv", "dualpipev"})
 
 

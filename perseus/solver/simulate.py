@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from perseus.core.errors import PlanError
+from perseus.core.profiles import Profile
 from perseus.solver.dag import build_dag
-from perseus.solver.profiles import Profile
 from perseus.solver.schedules import Schedule
 from perseus.solver.transitions import (
     BoolArray,

@@ -50,14 +50,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perseus.solver.profiles import Profile, profile_from_rows
-from perseus.solver.schedules import (
+from perseus.core.pipeline import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
     FORWARD,
     InstructionKind,
 )
+from perseus.core.profiles import Profile, profile_from_rows
 
 __all__ = [
     "EXAMPLE_PROFILE",
@@ -96,7 +96,7 @@ def example_profile() -> Profile:
     """The shipped example profile (``perseus/data/example_profile.csv``), as loaded from it."""
     from importlib import resources
 
-    from perseus.solver.profiles import load_profile
+    from perseus.formats.profiles import load_profile
 
     with resources.as_file(resources.files("perseus") / EXAMPLE_PROFILE) as path:
         return load_profile(path)

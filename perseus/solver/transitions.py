@@ -52,8 +52,8 @@ import numpy as np
 import numpy.typing as npt
 
 from perseus.core.errors import PlanError
+from perseus.core.profiles import Option, Profile
 from perseus.solver.dag import PipelineDag
-from perseus.solver.profiles import Option, Profile
 from perseus.solver.schedules import Schedule
 
 __all__ = [

@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from perseus.core.errors import ScheduleError
-from perseus.solver.schedules import (
+from perseus.core.pipeline import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,

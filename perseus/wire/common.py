@@ -9,9 +9,13 @@ within the job's stages, a rank within its world size) are done by the server's 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+import re
+from enum import Enum
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from perseus.core import jobs
 
 API_PREFIX = "/v1"
 JOBS_PATH = f"{API_PREFIX}/jobs"
@@ -46,9 +50,17 @@ ScheduleName = Literal[
     "1f1b", "gpipe", "interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev", "looped-bfs"
 ]
 InstructionName = Literal["forward", "backward", "backward_input", "backward_weight"]
-"""The values of :class:`perseus.solver.InstructionKind` as a type (kept for old imports; the
+"""The values of :class:`perseus.core.pipeline.InstructionKind` as a type (kept for old imports; the
 models use the enum, so the OpenAPI document names it)."""
-JobState = Literal["registering", "profiling", "planning", "ready", "failed"]
+JobState = Literal[
+    jobs.JobState.REGISTERING,
+    jobs.JobState.PROFILING,
+    jobs.JobState.PLANNING,
+    jobs.JobState.READY,
+    jobs.JobState.FAILED,
+]
+"""A job's state: :class:`perseus.core.jobs.JobState`'s members, read from and written as
+their values (tests/wire/test_common.py keeps the two equal)."""
 JOB_STATES: tuple[JobState, ...] = get_args(JobState)
 """Every job state, in lifecycle order."""
 
@@ -77,14 +89,44 @@ def _storable(text: str) -> str:
     return text
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _cleaned(value: object) -> object:
+    # Free text a rank did not choose (an exception's message): kept, less what no database
+    # stores. NULs are dropped; a lone surrogate (a file name decoded with surrogateescape)
+    # becomes U+FFFD, one character for one, so text cut to the limit stays within it.
+    if not isinstance(value, str):
+        return value  # the str validator says what is wrong
+    return _SURROGATE.sub("\ufffd", value.replace("\x00", ""))
+
+
 Name = Annotated[str, Field(max_length=200), AfterValidator(_storable)]
 GpuName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_storable)]
+
+
+FreeText = Annotated[str, BeforeValidator(_cleaned), AfterValidator(_storable)]
+"""Free text a client did not choose (why a rank gave up): stored as sent but for NUL
+characters, dropped (PostgreSQL cannot store them), and lone surrogates, each replaced by
+U+FFFD. Identifiers a user chose (:data:`Name`, :data:`GpuName`) refuse both (422)."""
 
 
 class WireModel(BaseModel):
     """Base: unknown fields are errors, so a typo never passes silently."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def core_fields(model: type[BaseModel], value: object) -> dict[str, Any]:
+    """The values of ``model``'s fields, read by name from ``value`` (a :mod:`perseus.core`
+    dataclass the model renders; an enum as its value).
+
+    A wire model that renders a core type lists its fields once, in the model: each is one of
+    the core type's, but for what the wire adds for its readers (a baseline's label), which
+    the caller gives (``tests/wire/test_core_renderings.py`` checks it).
+    """
+    values = {name: getattr(value, name) for name in model.model_fields if hasattr(value, name)}
+    return {name: v.value if isinstance(v, Enum) else v for name, v in values.items()}
 
 
 # ----------------------------------------------------------------------------- errors and health

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from perseus.core.defaults import RESOLUTION_S
-from perseus.solver.schedules import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES
+from perseus.core.pipeline import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES
 from perseus.wire.common import (
     MAX_INSTRUCTIONS,
     MAX_WORLD_SIZE,

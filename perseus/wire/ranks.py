@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from perseus.solver.profiles import ProfileRow as MeasuredRow
-from perseus.solver.schedules import InstructionKind
+from perseus.core.pipeline import InstructionKind
+from perseus.core.profiles import ProfileRow as MeasuredRow
 from perseus.wire.common import (
     MAX_CLOCKS,
     MAX_PROFILE_ROWS,
     MAX_WAIT_QUERY_S,
     MAX_WORLD_SIZE,
+    FreeText,
     FrequencyMhz,
     GpuName,
     InstructionName,
@@ -25,6 +26,7 @@ from perseus.wire.common import (
     StrictFloat,
     StrictInt,
     WireModel,
+    core_fields,
 )
 
 # ----------------------------------------------------------------------------- ranks
@@ -61,7 +63,7 @@ class GaveUpReport(WireModel):
     (it rejected the job, the planner refused it, a plan could not be followed)."""
 
     rank: RankNumber
-    reason: Annotated[str, Field(min_length=1, max_length=MAX_REASON_CHARS)]
+    reason: Annotated[FreeText, Field(min_length=1, max_length=MAX_REASON_CHARS)]
 
 
 class GaveUpAccepted(WireModel):
@@ -70,7 +72,7 @@ class GaveUpAccepted(WireModel):
 
 
 class ProfileRow(WireModel):
-    # One measurement on the wire: the solver's perseus.solver.ProfileRow without its stage,
+    # One measurement on the wire: perseus.core.profiles.ProfileRow without its stage,
     # which the ProfileReport carries once. (No docstring: it would change the OpenAPI text.)
     # `instruction` stays the Literal of InstructionKind's values while ranks still build rows
     # from plain strings (a typed __init__ would refuse them); to_row() gives the enum.
@@ -82,21 +84,14 @@ class ProfileRow(WireModel):
 
     @classmethod
     def from_row(cls, row: MeasuredRow) -> ProfileRow:
-        """The wire form of the solver's row (validated: out-of-range values raise
-        pydantic's ValidationError)."""
-        return cls.model_validate(
-            {
-                "instruction": row.instruction.value,
-                "frequency_mhz": row.frequency_mhz,
-                "time_s": row.time_s,
-                "energy_j": row.energy_j,
-            }
-        )
+        """The wire form of the core row (validated: out-of-range values raise pydantic's
+        ValidationError)."""
+        return cls.model_validate(core_fields(cls, row))
 
     def to_row(self, stage: int) -> MeasuredRow:
-        """The solver's row of this measurement on ``stage``."""
-        kind = InstructionKind(self.instruction)
-        return MeasuredRow(stage, kind, self.frequency_mhz, self.time_s, self.energy_j)
+        """The core row of this measurement on ``stage``."""
+        values = {**self.model_dump(), "instruction": InstructionKind(self.instruction)}
+        return MeasuredRow(stage=stage, **values)
 
 
 class ProfileReport(WireModel):
@@ -121,6 +116,33 @@ IterationPhase = Literal["baseline", "profiling", "plan", "default"]
 """What a rank's GPU ran during one reported iteration (see :class:`IterationReport`)."""
 
 
+class ProfilingProgress(WireModel):
+    """How far a rank's online clock sweep got by the end of a reported iteration."""
+
+    clocks_done: Annotated[StrictInt, Field(ge=0, le=MAX_CLOCKS)] = Field(
+        description="Clocks measured so far."
+    )
+    clocks_planned: Annotated[StrictInt, Field(ge=1, le=MAX_CLOCKS)] = Field(
+        description="Clocks the sweep means to measure (it stops earlier once a microbatch's "
+        "energy rises at several clocks in a row, or its time budget is spent)."
+    )
+    elapsed_s: Annotated[StrictFloat, Field(ge=0, le=1e7)] = Field(
+        description="Seconds since the first clock's measurement began, the training "
+        "iterations between clocks included (0 before the first clock)."
+    )
+    budget_s: Annotated[StrictFloat, Field(gt=0, le=1e7)] | None = Field(
+        default=None, description="The sweep's time budget: it stops after this long."
+    )
+
+    @model_validator(mode="after")
+    def _done_within_planned(self) -> ProfilingProgress:
+        if self.clocks_done > self.clocks_planned:
+            raise ValueError(
+                f"clocks_done ({self.clocks_done}) exceeds clocks_planned ({self.clocks_planned})"
+            )
+        return self
+
+
 class IterationReport(WireModel):
     """``POST /v1/jobs/{id}/iterations``: one rank's measured iteration.
 
@@ -143,6 +165,11 @@ class IterationReport(WireModel):
         "the realized saving is measured against), 'profiling' (clocks being swept), 'plan' "
         "(following plan_version) or 'default' (default clocks, not a baseline sample: the "
         "plan was stopped). Null from older ranks.",
+    )
+    profiling: ProfilingProgress | None = Field(
+        default=None,
+        description="While the rank sweeps its clocks (phase 'profiling'): how far it got. "
+        "Null otherwise, and from older ranks.",
     )
 
 

@@ -3,17 +3,13 @@ savings), the frontier, and the ranks' recent activity."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import Field
 
-from perseus.wire.common import JobState, WireModel
+from perseus.core.baselines import Baseline as CoreBaseline
+from perseus.core.points import Point
+from perseus.wire.common import JobState, WireModel, core_fields
 from perseus.wire.jobs import ChosenPoint, JobCounts, JobCreate, PolicySpec, StragglerView
-from perseus.wire.ranks import IterationPhase, PlanInstruction
-
-if TYPE_CHECKING:
-    from perseus.solver import Baseline as SolverBaseline
-    from perseus.solver import Point
+from perseus.wire.ranks import IterationPhase, PlanInstruction, ProfilingProgress
 
 
 class ReplicaTelemetry(WireModel):
@@ -128,19 +124,30 @@ class JobView(WireModel):
         description="Ranks that stopped planning and run at default clocks, with why and "
         "when (the latest report of each rank); empty while every rank follows the job.",
     )
+    profiling: list[RankProfiling] = Field(
+        default_factory=list,
+        description="Ranks sweeping their clocks, with how far each got and the time left "
+        "(as the server process answering last heard it); empty once none does.",
+    )
 
 
 class JobViews(WireModel):
-    """``GET /v1/overview``: every job's view (the admin token, if the server has one)."""
+    """``GET /v1/overview``: a page of the jobs' views (the admin token, if the server has
+    one)."""
 
     jobs: list[JobView]
+    total: int | None = Field(
+        default=None,
+        description="How many jobs the server holds, on every page: the page's jobs are "
+        "`limit` of them from `offset`.",
+    )
 
 
 # ----------------------------------------------------------------------------- frontier
 
 
 class FrontierPoint(WireModel):
-    # A perseus.solver.Point on the wire, without its clocks.
+    # A perseus.core.points.Point on the wire, without its clocks.
 
     time_s: float
     energy_j: float
@@ -148,18 +155,23 @@ class FrontierPoint(WireModel):
 
     @classmethod
     def from_point(cls, point: Point) -> FrontierPoint:
-        return cls(time_s=point.time_s, energy_j=point.energy_j, gap=point.gap)
+        return cls.model_validate(core_fields(cls, point))
 
 
 class Baseline(WireModel):
-    # A perseus.solver.Baseline on the wire, without its clocks.
+    # A perseus.core.baselines.Baseline on the wire, without its clocks.
 
     time_s: float
     energy_j: float
+    label: str | None = Field(
+        default=None,
+        description="How the command line names it ('default (max clock)', 'global clock'); "
+        "null from older servers.",
+    )
 
     @classmethod
-    def from_baseline(cls, baseline: SolverBaseline) -> Baseline:
-        return cls(time_s=baseline.time_s, energy_j=baseline.energy_j)
+    def from_baseline(cls, baseline: CoreBaseline, label: str | None = None) -> Baseline:
+        return cls.model_validate({**core_fields(cls, baseline), "label": label})
 
 
 class FrontierView(WireModel):
@@ -182,6 +194,43 @@ class FrontierView(WireModel):
 # ----------------------------------------------------------------------------- activity
 
 
+class RankProfiling(WireModel):
+    """One rank's online profiling as its last report told it."""
+
+    rank: int
+    clocks_done: int = Field(description="Clocks measured so far.")
+    clocks_planned: int = Field(
+        description="Clocks the sweep means to measure; it may stop earlier (energy rising "
+        "at several clocks in a row, or its time budget spent)."
+    )
+    seconds_per_clock: float | None = Field(
+        description="Seconds per clock so far, the training between clocks included; null "
+        "before the first clock is measured."
+    )
+    time_left_s: float | None = Field(
+        description="Seconds per clock so far times the clocks left (at most what is left "
+        "of the sweep's time budget), as of the report; null before the first clock."
+    )
+    report_age_s: float = Field(description="Seconds since that report reached this process.")
+
+    @classmethod
+    def from_progress(cls, rank: int, progress: ProfilingProgress, age_s: float) -> RankProfiling:
+        """The view of a rank's reported progress, ``age_s`` seconds after it arrived."""
+        done, planned = progress.clocks_done, progress.clocks_planned
+        per_clock = progress.elapsed_s / done if done else None
+        left = None if per_clock is None else per_clock * (planned - done)
+        if left is not None and progress.budget_s is not None:
+            left = min(left, max(0.0, progress.budget_s - progress.elapsed_s))
+        return cls(
+            rank=rank,
+            clocks_done=done,
+            clocks_planned=planned,
+            seconds_per_clock=per_clock,
+            time_left_s=left,
+            report_age_s=age_s,
+        )
+
+
 class RankStatus(WireModel):
     """One rank as the planner last heard from it (this server process's memory)."""
 
@@ -196,6 +245,11 @@ class RankStatus(WireModel):
     following: bool = Field(description="Its last report ran the job's current plan version.")
     last_report_age_s: float | None = Field(
         description="Seconds since its last report reached this server process; null if none."
+    )
+    profiling: RankProfiling | None = Field(
+        default=None,
+        description="How far its clock sweep got, while its last report was a profiling one "
+        "that said (null otherwise, and for older ranks).",
     )
 
 
@@ -233,6 +287,11 @@ class TimelineView(WireModel):
     min_frequency_mhz: int = Field(description="The profile's lowest clock (colour scale).")
     max_frequency_mhz: int = Field(description="The profile's highest clock.")
     gpus: list[list[TimelineInstruction]]
+    p_block_w: float | None = Field(
+        default=None,
+        description="The blocking power of one stage the plan was made with (W): energy_j "
+        "counts it on every GPU for the whole iteration, outside its instructions.",
+    )
 
 
 class ActivityView(WireModel):

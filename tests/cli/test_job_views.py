@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from perseus.cli import main
 from perseus.cli.job_views import (
+    duration_text,
     format_frontier,
     format_job,
     format_job_list,
@@ -229,6 +230,45 @@ def test_a_failed_job_and_the_ranks_that_gave_up_are_printed_escaped() -> None:
         "failed: bad\\nprofile (but 1 of 8 ranks gave up and run at default clocks)"
     )
     assert shown["rank 5"] == "gave up 1970-01-01 00:00:00 UTC: no\\x1bnvml"
+
+
+def test_each_profiling_rank_says_its_clocks_and_the_time_left() -> None:
+    def rank(r: int, done: int, left_s: float | None) -> dict[str, Any]:
+        per_clock = None if left_s is None else 3.4
+        return {"rank": r, "clocks_done": done, "clocks_planned": 110, "report_age_s": 1.0,
+                "seconds_per_clock": per_clock, "time_left_s": left_s}  # fmt: skip
+
+    view = job_view(state="profiling", profiling=[rank(0, 10, 340.0), rank(1, 0, None)])
+    shown = lines_of(format_job(view))
+    assert shown["state"] == "profiling"
+    assert shown["rank 0"] == "profiling: 10 of 110 clocks, 3.4 s per clock, about 5 min 40 s left"
+    assert shown["rank 1"] == (
+        "profiling: 0 of 110 clocks (the time left is known once the first clock is measured)"
+    )
+    # A large job: the ranks with the most time left, then how many more.
+    many = [rank(r, 10 + r, 340.0 - r) for r in range(12)]
+    text = format_job(job_view(state="profiling", profiling=many))
+    assert [line.split("  ")[0] for line in text.splitlines() if line.startswith("rank ")] == [
+        f"rank {r}" for r in range(8)
+    ]
+    assert "and 4 more ranks profiling, with less time left" in text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.4, "0 s"),
+        (59.4, "59 s"),
+        (59.6, "1 min 0 s"),
+        (340, "5 min 40 s"),
+        (599, "9 min 59 s"),
+        (630, "10 min"),
+        (3599, "1 h 00 min"),
+        (3660, "1 h 01 min"),
+    ],
+)
+def test_a_wait_reads_in_minutes_and_seconds(seconds: float, text: str) -> None:
+    assert duration_text(seconds) == text
 
 
 def test_savings_show_what_is_missing_as_dashes_and_the_warning() -> None:

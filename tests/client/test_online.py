@@ -114,7 +114,6 @@ def profile_online(
         clock=time.monotonic,
     )
     deadline = time.monotonic() + 60
-    assert profiling.planned_clocks is None and profiling.done_clocks == 0  # not started
     try:
         while profiling.state in (ProfilingState.PENDING, ProfilingState.SWEEPING):
             assert time.monotonic() < deadline
@@ -197,7 +196,6 @@ def test_a_split_schedule_profiles_and_calibrates_the_backward_halves(
         profiling, reported = profile_online(gpu, "hot", split=True)
     assert profiling.state is ProfilingState.DONE
     assert profiling.profile is not None
-    assert profiling.done_clocks == profiling.planned_clocks == 1  # progress: 1 clock of 1
     kinds = [row.instruction for row in profiling.profile.rows()]
     assert kinds == ["forward", "backward", "backward_input", "backward_weight"]
     # the stream ran the halves and no full backward: they were calibrated, and the waits

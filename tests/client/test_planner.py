@@ -178,6 +178,19 @@ def test_a_job_from_creation_to_deletion(
         client.job()
 
 
+def test_a_gave_up_reason_of_any_text_reaches_the_job(app_client: TestClient) -> None:
+    # An exception's text may hold NULs or lone surrogates (a file name): the report is
+    # sent all the same, cleaned, never refused on the rank.
+    created = create_job(app_client, _spec(), None)
+    client = PlannerClient(app_client, created.job_id, created.token)
+    client.report_gave_up(0, "no /dev/nvidia\udcff:\x00 denied")
+    client.report_gave_up(1, "\x00" * 3000)
+    assert [(g.rank, g.reason) for g in client.job().gave_up] == [
+        (0, "no /dev/nvidia\ufffd: denied"),
+        (1, "unknown"),
+    ]
+
+
 def test_server_errors_become_the_same_classes(
     app_client: TestClient, example_rows: dict[int, list[ProfileRow]]
 ) -> None:

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,12 +26,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 import perseus.client
+from perseus.cli.job_views import format_job
 from perseus.client.api.client import PlannerClient
 from perseus.client.gpu.fake import FakeGpu, default_work
 from perseus.client.profiling.online import ProfilingState
 from perseus.client.rank import Rank
 from perseus.client.settings import ClientSettings, ProfileBudget, SettingsError
 from perseus.core.defaults import BASELINE_ITERATIONS
+from perseus.schemas import JobView
 from perseus.server.app import create_app
 from perseus.server.settings import Settings
 
@@ -160,6 +163,38 @@ def test_profile_plan_and_clock_log(app: TestClient, tmp_path: Path) -> None:
     assert phases == sorted(phases, key=lambda p: p == "baseline")
     view = app.get(f"/v1/jobs/{job}", headers={"Authorization": f"Bearer {token}"}).json()
     assert view["counts"]["iterations_reported"] > 0
+
+
+def test_the_job_view_shows_how_far_a_profiling_rank_got(app: TestClient, tmp_path: Path) -> None:
+    job, token = create(app, schedule="1f1b")
+    rank, _ = make_rank(app, job, token, tmp_path)
+    auth = {"Authorization": f"Bearer {token}"}
+
+    def progress() -> dict[str, Any] | None:
+        view = app.get(f"/v1/jobs/{job}", headers=auth).json()
+        shown = [p for p in view["profiling"] if p["clocks_done"] >= 1]
+        return shown[0] if shown and view["state"] == "profiling" else None
+
+    try:
+        train_until(rank, ORDER_1F1B, progress, 90)
+        seen = progress()
+        assert seen is not None and rank.profiling_state is ProfilingState.SWEEPING
+        done = seen["clocks_done"]
+        assert seen["rank"] == 0 and 1 <= done < seen["clocks_planned"] == 4
+        assert seen["seconds_per_clock"] > 0
+        assert seen["time_left_s"] == pytest.approx(seen["seconds_per_clock"] * (4 - done))
+        view = JobView.model_validate(app.get(f"/v1/jobs/{job}", headers=auth).json())
+        line = r"^rank 0 +profiling: \d of 4 clocks, [\d.]+ s per clock, about \d+ s left$"
+        assert re.search(line, format_job(view), re.MULTILINE), format_job(view)
+        (activity,) = app.get(f"/v1/jobs/{job}/activity", headers=auth).json()["ranks"]
+        assert activity["profiling"]["clocks_planned"] == 4
+        # Once the rank has profiled, it is no longer shown as profiling.
+        train_until(rank, ORDER_1F1B, lambda: rank.plan_version == 1, 90)
+        train(rank, 2, ORDER_1F1B)
+        rank.close()  # its reports are sent before it closes
+        assert app.get(f"/v1/jobs/{job}", headers=auth).json()["profiling"] == []
+    finally:
+        rank.close()
 
 
 def test_a_plan_for_another_order_is_refused_not_misapplied(
@@ -308,6 +343,7 @@ SIGTERM_SCRIPT = """
 import os, signal, sys, threading, time
 import httpx
 import perseus.client
+from perseus.cli.job_views import format_job
 from perseus.client.api.client import PlannerClient
 
 class SlowGpu:
@@ -347,6 +383,7 @@ FORK_SCRIPT = """
 import multiprocessing, sys
 import httpx
 import perseus.client
+from perseus.cli.job_views import format_job
 from perseus.client.api.client import PlannerClient
 
 class Gpu:
@@ -551,6 +588,7 @@ def test_an_exception_in_training_resets_the_clocks(app: TestClient, tmp_path: P
 OFF_SCRIPT = """
 import logging
 import perseus.client
+from perseus.cli.job_views import format_job
 
 logging.basicConfig(level=logging.WARNING)
 perseus.client.connect(server=None, install_signal_handlers=False)

@@ -12,14 +12,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.testclient import TestClient
 
+from perseus.client.api.client import PlannerClient
 from perseus.client.clocks.boundary import LogEntry, Stamp
 from perseus.client.reporter import Reporter
 from perseus.client.settings import ClientSettings
 from perseus.core.errors import JobStateError, PlannerUnavailable
-from perseus.schemas import IterationReport
+from perseus.schemas import (
+    ITERATIONS_PATH,
+    IterationAccepted,
+    IterationPhase,
+    IterationReport,
+    ProfilingProgress,
+)
+from perseus.server.app import _validation_error
+from perseus.wire.common import WireModel
 
 from .clocks import ManualClock
 
@@ -233,3 +246,64 @@ def test_a_full_disk_stops_the_clock_log_not_the_reporter(
     run.reporter.wake()
     run.reporter.thread.join(5.0)
     run.reporter.close()
+
+
+# ----------------------------------------------------------------------------- profiling progress
+
+
+class OlderIterationReport(WireModel):
+    """The iteration report of a planner from before the profiling progress."""
+
+    rank: int
+    iteration: int
+    time_s: float
+    energy_j: float
+    plan_version: int | None = None
+    phase: IterationPhase | None = None
+
+
+def _older_planner() -> tuple[TestClient, list[dict[str, Any]]]:
+    """A planner from before the profiling progress: its iteration report has no such field,
+    so one that carries it is refused (422), as the real planner refuses an unknown field."""
+    taken: list[dict[str, Any]] = []
+    app = FastAPI()
+    app.add_exception_handler(RequestValidationError, _validation_error)
+
+    @app.post(ITERATIONS_PATH)
+    def report(job_id: str, body: OlderIterationReport) -> IterationAccepted:
+        taken.append(body.model_dump())
+        return IterationAccepted(rank=body.rank, iteration=body.iteration, version=0)
+
+    return TestClient(app), taken
+
+
+def test_an_older_planner_gets_the_reports_without_the_profiling_progress(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    http, taken = _older_planner()
+    planner = PlannerClient(http, "a" * 32, "token")
+    run = Running(ClientSettings(rank=1), planner, Meter(), ManualClock())  # type: ignore[arg-type]
+    progress = ProfilingProgress(clocks_done=2, clocks_planned=110, elapsed_s=6.5)
+    run.reporter.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="perseus.client"):
+            run.registered.set()
+            run.reporter.queue_iteration(*iteration(0, 0.0, 1.0), None, "profiling", progress)
+            run.reporter.queue_iteration(*iteration(1, 1.0, 2.0), None, "profiling", progress)
+            run.until(lambda: len(taken) == 2)
+    finally:
+        run.stop.set()
+        run.reporter.wake()
+        run.reporter.thread.join(5.0)
+        run.reporter.close()
+    assert [(t["iteration"], t["phase"]) for t in taken] == [(0, "profiling"), (1, "profiling")]
+    refused = [r.getMessage() for r in caplog.records if "profiling progress" in r.getMessage()]
+    assert len(refused) == 1 and "profiling" in refused[0]  # asked once, then not sent
+
+
+def test_the_profiling_progress_travels_with_the_report(running: Running) -> None:
+    progress = ProfilingProgress(clocks_done=2, clocks_planned=110, elapsed_s=6.5, budget_s=600.0)
+    running.registered.set()
+    running.reporter.queue_iteration(*iteration(0, 0.0, 1.0), None, "profiling", progress)
+    running.until(running.planner.sent.is_set)
+    assert running.planner.reports[0].profiling == progress

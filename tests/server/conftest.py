@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from perseus.core import jobs as job_states
+from perseus.core.jobs import TRANSITIONS, JobState
 from perseus.schemas import JobCreate, ProfileReport, ProfileRow, RankRegistration
 from perseus.server.app import create_app
 from perseus.server.service import JobService
@@ -304,6 +306,40 @@ def report_iterations(
                     headers=job.auth,
                 )
                 assert r.status_code == 200, r.text
+
+
+# ----------------------------------------------------------------------------- job states
+
+# Every module that moves a job's state, through perseus.core.jobs.transition.
+MOVERS = (
+    "perseus.server.lifecycle.jobs",
+    "perseus.server.lifecycle.lease",
+    "perseus.server.lifecycle.choices",
+    "perseus.server.store.transaction",
+)
+
+Moves = list[tuple[str, JobState]]
+
+
+@pytest.fixture(autouse=True)
+def state_moves(monkeypatch: pytest.MonkeyPatch) -> Iterator[Moves]:
+    """Every job state move a server test makes, each checked against the table.
+
+    An illegal move raises JobStateError inside the server, which answers it as a 409: a test
+    that expects a 409 for another reason would pass over it. Recorded here, it fails the
+    test whatever the server answered.
+    """
+    moves: Moves = []
+
+    def recorded(current: str, to: JobState) -> JobState:
+        moves.append((current, to))
+        return job_states.transition(current, to)
+
+    for module in MOVERS:
+        monkeypatch.setattr(f"{module}.transition", recorded)
+    yield moves
+    illegal = [move for move in moves if move[1] not in TRANSITIONS.get(JobState(move[0]), ())]
+    assert not illegal, f"job state moves the table does not hold: {illegal}"
 
 
 # ----------------------------------------------------------------------------- the store

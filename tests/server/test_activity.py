@@ -65,3 +65,30 @@ def test_jobs_are_kept_apart_and_forgotten() -> None:
     forgotten = activity.view(0, "a", ranks(1))
     assert forgotten.iterations == [] and forgotten.ranks[0].last_report_age_s is None
     assert activity.view(0, "b", ranks(1)).iterations
+
+
+def test_a_profiling_rank_shows_its_clocks_and_the_time_left_until_it_reports_otherwise() -> None:
+    monotonic = Clock(100.0)
+    activity = Activity(clock=Clock(), monotonic=monotonic)
+    progress = {"clocks_done": 10, "clocks_planned": 110, "elapsed_s": 34.0, "budget_s": 600.0}
+    activity.record("j", report(0, 12, 0.8, phase="profiling", profiling=progress))
+    activity.record("j", report(1, 12, 0.8, phase="profiling"))  # an older rank: no progress
+    first = {"clocks_done": 0, "clocks_planned": 110, "elapsed_s": 0.0}
+    activity.record("j", report(2, 12, 0.8, phase="profiling", profiling=first))
+    monotonic.now_s += 2.0
+    (zero, two) = activity.profiling("j")
+    assert (zero.rank, zero.clocks_done, zero.clocks_planned) == (0, 10, 110)
+    assert zero.seconds_per_clock == 3.4 and zero.time_left_s == 340.0
+    assert zero.report_age_s == 2.0
+    assert two.rank == 2 and two.seconds_per_clock is None and two.time_left_s is None
+    statuses = activity.view(0, "j", ranks(3)).ranks
+    assert statuses[0].profiling == zero and statuses[1].profiling is None
+    # The sweep's time budget caps the time left.
+    late = progress | {"elapsed_s": 550.0}
+    activity.record("j", report(0, 13, 0.8, phase="profiling", profiling=late))
+    assert activity.profiling("j")[0].time_left_s == 50.0
+    # Done profiling: the next report has no progress, and the rank is no longer shown.
+    activity.record("j", report(0, 14, 0.8, phase="baseline"))
+    activity.record("j", report(2, 14, 0.8, phase="baseline"))
+    assert activity.profiling("j") == []
+    assert activity.view(0, "j", ranks(3)).ranks[0].profiling is None

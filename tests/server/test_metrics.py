@@ -12,7 +12,14 @@ from perseus.schemas import JOB_STATES
 from perseus.server.api.metrics import JobGauges, Metrics, method_label
 from perseus.server.settings import Settings
 
-from .conftest import Job, create_job, small_profile_rows
+from .conftest import (
+    Job,
+    ProfileRows,
+    clocks_of,
+    create_job,
+    job_spec,
+    small_profile_rows,
+)
 
 
 def test_metrics_count_requests_jobs_and_planning(ready_job: Job) -> None:
@@ -25,6 +32,26 @@ def test_metrics_count_requests_jobs_and_planning(ready_job: Job) -> None:
     assert 'perseus_jobs{state="ready"} 1' in text
     assert 'perseus_planning_seconds_count{outcome="ok"} 1' in text
     assert "perseus_http_request_duration_seconds_bucket" in text
+
+
+def test_a_job_planned_after_1000_unplanned_ones_has_its_gauges(
+    client: TestClient, example_rows: ProfileRows
+) -> None:
+    # The gauges once covered the 1,000 oldest jobs only, planned or not.
+    jobs = client.app.state.perseus.service.jobs  # type: ignore[attr-defined]
+    for _ in range(1000):
+        jobs.create(job_spec())
+    job = create_job(client)
+    job.register_all(clocks_of(example_rows))
+    job.report_all(example_rows)
+    assert job.wait_plan().status_code == 200
+    found = samples(client.get("/metrics").text)
+    assert found[f'perseus_job_plan_version{{job="{job.job_id}"}}'] == 1
+    assert f'perseus_job_predicted_iteration_seconds{{job="{job.job_id}"}}' in found
+    # Bounded by what is planned: the 1,000 unplanned jobs have no series.
+    assert [k for k in found if k.startswith("perseus_job_plan_version")] == [
+        f'perseus_job_plan_version{{job="{job.job_id}"}}'
+    ]
 
 
 def test_metrics_labels_come_from_a_closed_set(client: TestClient) -> None:

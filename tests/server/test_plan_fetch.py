@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import shutil
+import sqlite3
 import threading
 import time
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
+from fastapi.testclient import TestClient
 from starlette.types import Message, Receive, Scope, Send
 
 from perseus.schemas import PLAN_PATH
 from perseus.server.api.plan_fetch import PlanFastPath
+from perseus.server.app import create_app
+from perseus.server.settings import Settings
 
-from .conftest import Job
+from .conftest import Job, ProfileRows, clocks_of, create_job
 
 
 def test_plan_etag_gives_304_and_policy_makes_a_new_version(ready_job: Job) -> None:
@@ -74,6 +80,45 @@ def test_if_none_match_names_the_versions_the_rank_has(ready_job: Job) -> None:
         r = ready_job.client.get(ready_job.url("/plan"), params={"rank": 0}, headers=headers)
         assert r.status_code == status, if_none_match
         assert r.headers["etag"] == '"1"'
+
+
+def test_a_restored_backup_sends_its_plan_to_ranks_on_a_version_it_never_issued(
+    settings: Settings, example_rows: ProfileRows, tmp_path: Path
+) -> None:
+    """Back up at plan v1 while the ranks run v3, restore: the ranks' "3" names no plan of
+    the restored database. They once got 304 for ever (the restored job's v2 and v3 too)."""
+    database = Path(settings.database.removeprefix("sqlite:///"))
+    backup = tmp_path / "backup.db"
+    with TestClient(create_app(settings)) as client:
+        job = create_job(client)
+        job.register_all(clocks_of(example_rows))
+        job.report_all(example_rows)
+        assert job.wait_plan().headers["etag"] == '"1"'
+        with sqlite3.connect(database) as source, sqlite3.connect(backup) as copy:
+            source.backup(copy)
+        for factor in (1.05, 1.1):
+            put = client.put(job.url("/policy"), json=_slowdown(factor), headers=job.auth)
+            assert put.status_code == 200, put.text
+        assert job.wait_plan(etag='"3"', wait_s=0).status_code == 304
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{database}{suffix}").unlink(missing_ok=True)
+    shutil.copy(backup, database)
+
+    with TestClient(create_app(settings)) as client:
+        job.client = client
+        r = job.wait_plan(etag='"3"', wait_s=0)
+        assert (r.status_code, r.headers["etag"]) == (200, '"1"')
+        put = client.put(job.url("/policy"), json=_slowdown(1.2), headers=job.auth)
+        assert put.json()["version"] == 2
+        for etag, wait_s in (('"3"', 0.0), ('"3"', 5.0), ('"1", "3"', 0.0)):
+            r = job.wait_plan(etag=etag, wait_s=wait_s)
+            assert (r.status_code, r.headers["etag"]) == (200, '"2"'), etag
+            assert r.json()["version"] == 2
+        assert job.wait_plan(etag='"2", "3"', wait_s=0).status_code == 304
+
+
+def _slowdown(factor: float) -> dict[str, Any]:
+    return {"kind": "max-slowdown", "factor": factor}
 
 
 def test_bad_plan_query_is_422(ready_job: Job) -> None:

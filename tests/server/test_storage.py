@@ -9,6 +9,8 @@ where mounting is not allowed. The store's own test injects the check instead.
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 import subprocess
 import time
@@ -22,6 +24,8 @@ from perseus.server.app import create_app
 from perseus.server.settings import Settings
 from perseus.server.store.job_store import Store
 from perseus.server.store.storage import StorageFault, StorageProblem, storage_problem
+
+from .conftest import ProfileRows, clocks_of, create_job
 
 BODY = {
     "schedule": "1f1b",
@@ -109,3 +113,49 @@ def test_the_check_names_an_unwritable_directory(tmp_path: Path) -> None:
     db.write_bytes(b"")
     said = storage_problem(str(db), writable=lambda p: p != str(db))
     assert said is not None and not said.maps
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    where = tmp_path / "small"
+    where.mkdir()
+    if shutil.which("mount") is None or not _sh(f"mount -t tmpfs -o size=8m none {where}"):
+        pytest.skip("mounting a tmpfs is not allowed here")
+    try:
+        yield where
+    finally:
+        _sh(f"umount -l {where}")
+
+
+def test_a_full_disk_while_a_frontier_is_stored_is_temporary(
+    small_tmpfs: Path, example_rows: ProfileRows, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The disk fills while the job plans: storing its frontier (~260 KB of WAL) fails with
+    "database or disk is full", while smaller writes (a heartbeat, marking the job failed)
+    still fit. That once failed the job for good; now the frontier is stored once there is
+    room again, and the job is ready with its first plan."""
+    db = small_tmpfs / "perseus.db"
+    filler = small_tmpfs / "filler"
+    # A long lease: few heartbeats while the disk is full (each takes a few KB of the room).
+    settings = Settings(database=f"sqlite:///{db}", warm_planner=False, planning_lease_s=30.0)
+    with (
+        TestClient(create_app(settings)) as client,
+        caplog.at_level(logging.WARNING, logger="perseus.server"),
+    ):
+        job = create_job(client)
+        job.register_all(clocks_of(example_rows))
+        job.report_all(example_rows)  # the last profile claims the job's planning
+        room = os.statvfs(small_tmpfs)
+        filler.write_bytes(bytes(room.f_bavail * room.f_frsize - 96 * 1024))
+        deadline = time.monotonic() + 300
+        while "storing the frontier failed" not in caplog.text:
+            assert job.view()["state"] == "planning", job.view()["reason"]
+            assert time.monotonic() < deadline, "the frontier was never stored"
+            time.sleep(0.2)
+        assert "database or disk is full" in caplog.text
+        filler.unlink()
+        r = job.wait_plan(wait_s=60)
+        assert r.status_code == 200, r.text
+        assert r.headers["etag"] == '"1"'
+        view = job.view()
+        assert (view["state"], view["reason"], view["version"]) == ("ready", None, 1)

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 from sqlalchemy.exc import IntegrityError
 
+from perseus.core.jobs import JobState
 from perseus.schemas import StragglerView
 from perseus.server.service import JobService
 from perseus.server.store.job_store import FrontierRow, ProfileRecord, RankRow, Store
@@ -21,14 +22,14 @@ def test_job_rows_round_trip_and_update(store: Store) -> None:
     assert service.jobs.get(row.id) == row
     changed = dataclasses.replace(
         row,
-        state="failed",
+        state=JobState.PROFILING,
         reason="why",
         straggler=StragglerView(slowdown=1.5, data_parallel_ranks=[1]),
     )
     with store.write() as tx:
         tx.save_job(changed)
     assert service.jobs.get(row.id) == changed
-    assert service.jobs.count_by_state() == {"failed": 1}
+    assert service.jobs.count_by_state() == {"profiling": 1}
 
 
 def test_ranks_profiles_frontiers_and_delete(store: Store) -> None:

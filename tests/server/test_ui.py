@@ -7,6 +7,7 @@ Set ``PERSEUS_UI_SCREENSHOTS=DIR`` to keep the page's screenshots (``docs/ui.png
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ from perseus.solver import load_profile, profile_to_json
 
 ADMIN = "the-admin-token"
 STAGES = 4
+P_BLOCK_W = 100.0
 # Markup a job name must never become: shown as text, it stays these characters.
 MARKUP_NAME = '<img src=x onerror="window.pwned=1"><b>bert</b> & co'
 # Why a rank gave up, as a rank would say it; markup in it stays text too.
@@ -93,8 +95,26 @@ def _rows() -> dict[int, list[dict[str, Any]]]:
 
 
 def _job(http: httpx.Client, name: str, *, reports: bool) -> tuple[str, str]:
-    """A planned job; with ``reports``, recorded iterations: 6 at default clocks, then 10
-    under plan version 1, every rank."""
+    """A planned job; with ``reports``, recorded iterations as a fake-GPU run reports them
+    (:func:`_report_run`)."""
+    job, token = _registered(http, name)
+    auth = {"Authorization": f"Bearer {token}"}
+    rows = _rows()
+    for rank in range(STAGES):
+        body = {"rank": rank, "stage": rank, "rows": rows[rank]}
+        http.post(f"/v1/jobs/{job}/profiles", json=body, headers=auth).raise_for_status()
+    # Planning runs at the lowest CPU priority: on a busy host it may take more than one poll.
+    plan, deadline = f"/v1/jobs/{job}/plan", time.monotonic() + 180
+    while http.get(plan, params={"rank": 0, "wait_s": 30}, headers=auth).status_code != 200:
+        assert time.monotonic() < deadline, f"job {job} was never planned"
+        time.sleep(0.1)
+    if reports:
+        _report_run(http, job, auth)
+    return job, token
+
+
+def _registered(http: httpx.Client, name: str) -> tuple[str, str]:
+    """A job whose ranks registered (none profiled yet)."""
     created = (
         http.post(
             "/v1/jobs",
@@ -105,7 +125,7 @@ def _job(http: httpx.Client, name: str, *, reports: bool) -> tuple[str, str]:
                 "microbatches": 4,
                 "data_parallel": 1,
                 "tensor_parallel": 1,
-                "p_block_w": 100.0,
+                "p_block_w": P_BLOCK_W,
             },
             headers={"Authorization": f"Bearer {ADMIN}"},
         )
@@ -114,31 +134,46 @@ def _job(http: httpx.Client, name: str, *, reports: bool) -> tuple[str, str]:
     )
     job, token = created["job_id"], created["token"]
     auth = {"Authorization": f"Bearer {token}"}
-    rows = _rows()
-    clocks = sorted({r["frequency_mhz"] for stage in rows.values() for r in stage})
+    clocks = sorted({r["frequency_mhz"] for stage in _rows().values() for r in stage})
     for rank in range(STAGES):
         body = {"rank": rank, "stage": rank, "data_parallel_rank": 0, "tensor_parallel_rank": 0,
                 "gpu_name": "NVIDIA H200", "supported_clocks_mhz": clocks}  # fmt: skip
         http.post(f"/v1/jobs/{job}/ranks", json=body, headers=auth).raise_for_status()
-    for rank in range(STAGES):
-        body = {"rank": rank, "stage": rank, "rows": rows[rank]}
-        http.post(f"/v1/jobs/{job}/profiles", json=body, headers=auth).raise_for_status()
-    # Planning runs at the lowest CPU priority: on a busy host it may take more than one poll.
-    plan, deadline = f"/v1/jobs/{job}/plan", time.monotonic() + 180
-    while http.get(plan, params={"rank": 0, "wait_s": 30}, headers=auth).status_code != 200:
-        assert time.monotonic() < deadline, f"job {job} was never planned"
-        time.sleep(0.1)
-    if reports:
-        for it in range(16):
-            for rank in range(STAGES):
-                base = it < 6
-                body = {"rank": rank, "iteration": it, "phase": "baseline" if base else "plan",
-                        "plan_version": None if base else 1,
-                        "time_s": 1.10 + 0.002 * (it % 3) if base else 1.11 + 0.002 * (it % 2),
-                        "energy_j": 360.0 + rank if base else 330.0 + rank}  # fmt: skip
-                url = f"/v1/jobs/{job}/iterations"
-                http.post(url, json=body, headers=auth).raise_for_status()
     return job, token
+
+
+PROFILING_ITERATIONS, BASELINE_ITERATIONS, ITERATIONS = 40, 10, 200
+OUTLIER_S = 6.49  # one iteration while the ranks calibrate: the sweep's loops stall it
+
+
+def _report_run(http: httpx.Client, job: str, auth: dict[str, str]) -> None:
+    """Iterations as a fake-GPU run reports them, from the plan's replayed timeline with a
+    few per cent of noise: each rank's span (its first instruction to its last) and its share
+    of the span energy (the point's energy less the blocking outside the spans). Profiling
+    first (one iteration stalled to :data:`OUTLIER_S`), then baseline iterations at default
+    clocks (the default plan's energy), then plan version 1."""
+    timeline = http.get(f"/v1/jobs/{job}/timeline", headers=auth).raise_for_status().json()
+    frontier = http.get(f"/v1/jobs/{job}/frontier", headers=auth).raise_for_status().json()
+    spans = [row[-1]["finish_s"] - row[0]["start_s"] for row in timeline["gpus"]]
+    span_energy_j = timeline["energy_j"] - P_BLOCK_W * sum(timeline["time_s"] - s for s in spans)
+    default_share = frontier["baselines"]["default"]["energy_j"] / timeline["energy_j"]
+    for it in range(ITERATIONS):
+        noise = 1 + 0.01 * ((it * 7) % 5 - 2)
+        for rank in range(STAGES):
+            energy_j = span_energy_j * spans[rank] / sum(spans)
+            if it < PROFILING_ITERATIONS:
+                phase, version = "profiling", None
+                time_s, energy_j = spans[rank] * 1.02, energy_j * default_share
+                if it == 3:
+                    time_s, energy_j = OUTLIER_S, energy_j * OUTLIER_S / time_s
+            elif it < PROFILING_ITERATIONS + BASELINE_ITERATIONS:
+                phase, version = "baseline", None
+                time_s, energy_j = spans[rank] * 0.99, energy_j * default_share
+            else:
+                phase, version, time_s = "plan", 1, spans[rank]
+            body = {"rank": rank, "iteration": it, "phase": phase, "plan_version": version,
+                    "time_s": time_s * noise, "energy_j": energy_j * noise}  # fmt: skip
+            http.post(f"/v1/jobs/{job}/iterations", json=body, headers=auth).raise_for_status()
 
 
 def _pct(x: float | None) -> str:
@@ -296,7 +331,9 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
 
     _login(browser, planner, ADMIN)
     assert token not in browser.current_url and ADMIN not in browser.current_url
-    assert _job_rows(browser) == [job, other]
+    assert _job_rows(browser) == [other, job]  # newest first
+    _fresh(lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-job="{job}"]').click())
+    assert _until(lambda: job in browser.find_element(By.ID, "detail-title").text)
 
     # The numbers are the API's.
     assert _cell(browser, job, "state") == "ready"
@@ -315,7 +352,7 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
 
     # The detail: frontier with baselines and the chosen point, iterations, ranks.
     assert _until(lambda: browser.find_elements(By.ID, "chosen-point"))
-    assert browser.find_elements(By.CSS_SELECTOR, "#frontier [data-baseline=default]")
+    assert browser.find_elements(By.CSS_SELECTOR, "#frontier [data-baseline~=default]")
     _hover(browser, By.ID, "chosen-point")
     hover = _until(lambda: browser.find_element(By.ID, "hover").text)
     chosen = view["chosen"]
@@ -340,7 +377,9 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
     assert _until(lambda: browser.find_element(By.ID, "timeline-hover").text).startswith(
         f"GPU 0: F0 (forward, microbatch 0) at {first['frequency_mhz']} MHz"
     )
-    browser.set_window_size(1500, 1450)
+    _the_charts_read_at_a_glance(browser, activity=_activity(planner, job, token),
+                                 timeline=timeline)  # fmt: skip
+    browser.set_window_size(1500, 1550)  # the whole page, the charts taller than before
     _screenshot(browser, tmp_path, "ui.png")
     browser.set_window_size(1500, 1250)
 
@@ -378,6 +417,180 @@ def test_the_page_shows_the_apis_numbers_and_follows_a_policy_change(
     browser.set_window_size(1500, 1450)
     _screenshot(browser, tmp_path, "ui-gave-up.png")
     browser.set_window_size(1500, 1250)
+
+
+def _activity(planner: str, job: str, token: str) -> dict[str, Any]:
+    with httpx.Client(base_url=planner, timeout=60) as http:
+        url = f"/v1/jobs/{job}/activity"
+        reply = http.get(url, headers={"Authorization": f"Bearer {token}"})
+        return dict(reply.raise_for_status().json())
+
+
+# The boxes of the frontier's labels and markers, and whether any two of them overlap.
+_FRONTIER_BOXES = """
+const box = (n) => {
+  const r = n.getBoundingClientRect();
+  return [r.left, r.top, r.right, r.bottom];
+};
+const labels = [...document.querySelectorAll("#frontier text.label")].map(box);
+const markers = [...document.querySelectorAll("#frontier circle, #frontier .baseline rect")]
+  .map(box);
+return {labels, markers};
+"""
+
+
+def _overlap(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _the_charts_read_at_a_glance(
+    driver: Any, *, activity: dict[str, Any], timeline: dict[str, Any]
+) -> None:
+    """The iteration chart: a range robust to the stalled iteration (said to be off the
+    chart), whole iterations from 0 at round ticks, a legend, time and energy, each with the
+    prediction of what the ranks measure (a rank's span). The frontier: labels named as the
+    command line names them, overlapping no other label and no marker."""
+    from selenium.webdriver.common.by import By
+
+    def texts(selector: str) -> list[str]:
+        return _fresh(lambda: [e.text for e in driver.find_elements(By.CSS_SELECTOR, selector)])
+
+    assert _until(lambda: texts("#iterations-svg .off-note"))
+    stalled = max(i["time_s"] for i in activity["iterations"])
+    notes = texts("#iterations-svg .off-note")
+    assert notes[0] == f"1 iteration above the chart ({stalled:.4f} s)"
+    assert notes[1].startswith("1 iteration above the chart (") and notes[1].endswith(" J)")
+    ticks = texts("#iterations-svg text.tick.x")
+    assert ticks[0] == "0" and all(t.isdigit() for t in ticks)
+    steps = {int(b) - int(a) for a, b in itertools.pairwise(ticks)}
+    assert len(steps) == 1 and steps.pop() in (1, 2, 5, 10, 20, 25, 50, 100)
+    legend = " ".join(texts("#iterations-svg .legend text"))
+    assert legend == "profiling baseline plan predicted, plan v1"
+    spans = sorted(row[-1]["finish_s"] - row[0]["start_s"] for row in timeline["gpus"])
+    median = (spans[1] + spans[2]) / 2
+    span_energy = timeline["energy_j"] - timeline["p_block_w"] * sum(
+        timeline["time_s"] - s for s in spans
+    )
+    lines = _fresh(
+        lambda: [
+            float(e.get_attribute("data-value"))
+            for e in driver.find_elements(By.CSS_SELECTOR, "#iterations-svg line.predicted")
+        ]
+    )
+    assert lines == pytest.approx([median, span_energy])
+    caption = driver.find_element(By.ID, "iterations-caption").text
+    assert f"Predicted for plan v1: {median:.4f} s, {span_energy:.1f} J." in caption
+    assert f"the whole pipeline's {timeline['time_s']:.4f} s also counts the fill" in caption
+    # The frontier's labels.
+    labels = texts("#frontier text.label")
+    assert labels[0] == "chosen: no-slowdown (point 0)"
+    named = " = ".join(labels[1:]).split(" = ")
+    assert sorted(named) == sorted(
+        ["default (max clock)", "all-fastest", "global clock", "per-stage clock"]
+    )
+    boxes = driver.execute_script(_FRONTIER_BOXES)
+    for i, label in enumerate(boxes["labels"]):
+        assert not any(_overlap(label, other) for other in boxes["labels"][i + 1 :]), labels
+        assert not any(_overlap(label, marker) for marker in boxes["markers"]), labels[i]
+    # The helpers themselves, as the page runs them.
+    charts = "return window.perseusCharts."
+    assert driver.execute_script(charts + "niceTicks(-5.75, 33.6, 6, true)")["ticks"] == [
+        -10, -5, 0, 5, 10, 15, 20, 25, 30, 35
+    ]  # fmt: skip
+    assert driver.execute_script(charts + "niceTicks(0.4396, 4.856, 4)")["ticks"] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
+    outlier = driver.execute_script(
+        charts + "robustRange(arguments[0])", [0.76 + 0.001 * (i % 7) for i in range(200)] + [6.49]
+    )
+    assert outlier == pytest.approx([0.76, 0.766])
+
+
+def test_the_page_shows_how_far_each_rank_profiled(browser: Any, planner: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    with httpx.Client(base_url=planner, timeout=60) as http:
+        job, token = _registered(http, "profiling")
+        auth = {"Authorization": f"Bearer {token}"}
+        for rank in range(STAGES):
+            progress = {"clocks_done": 10 + rank, "clocks_planned": 110,
+                        "elapsed_s": 3.4 * (10 + rank), "budget_s": 600.0}  # fmt: skip
+            if rank == 3:
+                progress = {"clocks_done": 0, "clocks_planned": 110, "elapsed_s": 0.0}
+            body = {"rank": rank, "iteration": 12, "phase": "profiling", "time_s": 0.8,
+                    "energy_j": 300.0, "profiling": progress}  # fmt: skip
+            http.post(f"/v1/jobs/{job}/iterations", json=body, headers=auth).raise_for_status()
+        view = http.get(f"/v1/jobs/{job}", headers=auth).json()
+    assert [p["clocks_done"] for p in view["profiling"]] == [10, 11, 12, 0]
+    _login(browser, planner, token, job)
+    assert _until(lambda: _rank_state(browser, 0).startswith("profiling"))
+    assert _rank_state(browser, 0) == "profiling: 10 of 110 clocks, about 5 min 40 s left"
+    assert _rank_state(browser, 2) == "profiling: 12 of 110 clocks, about 5 min 33 s left"
+    assert _rank_state(browser, 3) == (
+        "profiling: 0 of 110 clocks (the time left is known once the first clock is measured)"
+    )
+    summary = browser.find_element(By.ID, "detail-summary").text
+    assert "4 ranks profiling, about 5 min 40 s left (the slowest)" in summary
+
+
+def _status(driver: Any) -> str:
+    from selenium.webdriver.common.by import By
+
+    return str(driver.find_element(By.ID, "status").text)
+
+
+def test_the_page_pages_through_every_job_newest_first(browser: Any, planner: str) -> None:
+    """1,050 jobs: the first page shows the newest, the status line the true total, and
+    the pager reaches the oldest (the page once showed the 100 oldest and said "100 jobs")."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    spec = {"schedule": "1f1b", "stages": 2, "microbatches": 2, "data_parallel": 1,
+            "tensor_parallel": 1}  # fmt: skip
+    with httpx.Client(base_url=planner, timeout=60, headers=admin) as http:
+        ids = [
+            http.post("/v1/jobs", json={**spec, "name": f"j{i}"})
+            .raise_for_status()
+            .json()["job_id"]
+            for i in range(1050)
+        ]
+    _login(browser, planner, ADMIN)
+    newest = ids[::-1]
+    assert _until(lambda: _job_rows(browser) == newest[:50])
+    assert _until(lambda: _status(browser).startswith("1,050 jobs, updated"))
+    page = browser.find_element(By.ID, "page")
+    assert page.text == "jobs 1-50 of 1,050"
+    assert browser.find_element(By.ID, "newer").get_property("disabled") is True
+
+    browser.find_element(By.ID, "older").click()
+    assert _until(lambda: _job_rows(browser) == newest[50:100])
+    assert _until(lambda: page.text == "jobs 51-100 of 1,050")
+    for _ in range(19):
+        browser.find_element(By.ID, "older").click()
+    assert _until(lambda: _job_rows(browser) == newest[1000:], timeout_s=60)
+    assert _until(lambda: page.text == "jobs 1,001-1,050 of 1,050")
+    assert browser.find_element(By.ID, "older").get_property("disabled") is True
+
+    # Oldest first at a switch; the job chosen on one page stays shown on another.
+    _fresh(lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-job="{ids[3]}"]').click())
+    assert _until(lambda: ids[3] in browser.find_element(By.ID, "detail-title").text)
+    Select(browser.find_element(By.ID, "order")).select_by_value("oldest")
+    assert _until(lambda: _job_rows(browser) == ids[:50])
+    browser.find_element(By.ID, "older").click()  # in the oldest-first order: back is older
+    assert browser.find_element(By.ID, "older").get_property("disabled") is True
+    browser.find_element(By.ID, "newer").click()
+    assert _until(lambda: _job_rows(browser) == ids[50:100])
+    _fresh(lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-job="{ids[60]}"]').click())
+    assert _until(lambda: ids[60] in browser.find_element(By.ID, "detail-title").text)
+    browser.find_element(By.ID, "older").click()
+    assert _until(lambda: _job_rows(browser) == ids[:50])
+    assert _until(lambda: ids[60] in browser.find_element(By.ID, "detail-title").text)
 
 
 def test_a_job_token_sees_its_job_only(browser: Any, planner: str) -> None:

@@ -27,6 +27,20 @@ def test_the_overview_shows_every_jobs_view_oldest_first(client: TestClient) -> 
     assert client.get(OVERVIEW_PATH, params={"limit": 0}).status_code == 422
 
 
+def test_the_overview_pages_newest_first_and_counts_every_job(client: TestClient) -> None:
+    ids = [create_job(client, name=f"j{i}").job_id for i in range(5)]
+    page = client.get(OVERVIEW_PATH, params={"limit": 2, "order": "newest"}).json()
+    assert [v["job_id"] for v in page["jobs"]] == ids[::-1][:2]
+    assert page["total"] == 5
+    page = client.get(OVERVIEW_PATH, params={"limit": 2, "offset": 4, "order": "newest"})
+    assert [v["job_id"] for v in page.json()["jobs"]] == [ids[0]]
+    oldest = client.get(OVERVIEW_PATH, params={"limit": 2, "order": "oldest"}).json()
+    assert [v["job_id"] for v in oldest["jobs"]] == ids[:2]
+    assert oldest["total"] == 5
+    r = client.get(OVERVIEW_PATH, params={"order": "random"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "order"]
+
+
 def test_the_overview_needs_the_admin_token_when_one_is_set(
     settings: Settings, make_client: Callable[[Settings], TestClient]
 ) -> None:

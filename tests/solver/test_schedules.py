@@ -39,6 +39,13 @@ def test_names() -> None:
     }
 
 
+def test_every_named_schedule_has_one_builder() -> None:
+    """The names live on the ground floor (perseus.core.pipeline), the builders here."""
+    from perseus.solver import schedules
+
+    assert tuple(schedules._BUILDERS) == SCHEDULE_NAMES
+
+
 def test_1f1b_stage0_of_4_is_the_textbook_order() -> None:
     order = make_schedule("1f1b", 4, 8).order
     assert short(tuples(make_schedule("1f1b", 4, 8))[0]) == (

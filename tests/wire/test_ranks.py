@@ -110,3 +110,15 @@ def test_the_plan_query_reads_text_and_refuses_unknown_parameters() -> None:
     ):
         with pytest.raises(ValidationError):
             PlanQuery.model_validate(query)
+
+
+def test_profiling_progress_is_optional_and_never_past_its_plan() -> None:
+    base = {"rank": 0, "iteration": 3, "time_s": 0.5, "energy_j": 1.0, "phase": "profiling"}
+    assert IterationReport.model_validate(base).profiling is None  # an older rank
+    progress = {"clocks_done": 3, "clocks_planned": 110, "elapsed_s": 9.5}
+    report = IterationReport.model_validate(base | {"profiling": progress})
+    assert report.profiling is not None and report.profiling.budget_s is None
+    with pytest.raises(ValidationError, match=r"clocks_done \(4\) exceeds clocks_planned \(3\)"):
+        IterationReport.model_validate(
+            base | {"profiling": {"clocks_done": 4, "clocks_planned": 3, "elapsed_s": 1.0}}
+        )

@@ -3,6 +3,7 @@ rendered from the solver's own values."""
 
 from __future__ import annotations
 
+from perseus.core.baselines import baseline_label
 from perseus.solver import compute_frontier, make_schedule, profile_from_rows
 from perseus.wire.views import Baseline, FrontierPoint, TimelineInstruction
 
@@ -19,9 +20,11 @@ def test_points_and_baselines_render_from_the_solvers() -> None:
         point = frontier.point(index)
         assert FrontierPoint.from_point(point).model_dump() == {
             "time_s": point.time_s, "energy_j": point.energy_j, "gap": point.gap}  # fmt: skip
-    for baseline in frontier.baselines.values():
-        assert Baseline.from_baseline(baseline).model_dump() == {
-            "time_s": baseline.time_s, "energy_j": baseline.energy_j}  # fmt: skip
+    for key, baseline in frontier.baselines.items():
+        assert Baseline.from_baseline(baseline, baseline_label(key)).model_dump() == {
+            "time_s": baseline.time_s, "energy_j": baseline.energy_j,
+            "label": baseline_label(key)}  # fmt: skip
+        assert Baseline.from_baseline(baseline).label is None
 
 
 def test_a_timeline_instruction_is_a_plan_instruction_with_its_times() -> None:

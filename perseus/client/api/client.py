@@ -217,13 +217,14 @@ class PlannerClient:
         body: BaseModel | None = None,
         *,
         expect: frozenset[int] = frozenset({200}),
+        exclude_none: bool = False,
     ) -> _M:
         response = call_planner(
             self._http,
             method,
             self._path(template),
             token=self._token,
-            json=None if body is None else body.model_dump(mode="json"),
+            json=None if body is None else body.model_dump(mode="json", exclude_none=exclude_none),
             expect=expect,
         )
         return parse_reply(model, response)
@@ -254,7 +255,9 @@ class PlannerClient:
             JobNotFound: no such job.
             RequestRejected: the rank is outside the job.
         """
-        body = GaveUpReport(rank=rank, reason=reason[:MAX_REASON_CHARS] or "unknown")
+        # NULs go before the cut: the wire drops them, and a reason of NULs alone is empty.
+        text = reason.replace("\x00", "")[:MAX_REASON_CHARS] or "unknown"
+        body = GaveUpReport(rank=rank, reason=text)
         return self._send("POST", GAVE_UP_PATH, GaveUpAccepted, body)
 
     def report_profile(self, body: ProfileReport) -> ProfileAccepted:
@@ -325,10 +328,13 @@ class PlannerClient:
     def report_iteration(self, body: IterationReport) -> IterationAccepted:
         """Report one measured iteration of a rank.
 
+        Fields left null are left out, so that a planner older than a field takes the
+        report.
+
         Raises:
             JobStateError: the rank has not registered.
         """
-        return self._send("POST", ITERATIONS_PATH, IterationAccepted, body)
+        return self._send("POST", ITERATIONS_PATH, IterationAccepted, body, exclude_none=True)
 
     def frontier(self) -> FrontierView:
         """The job's time-energy frontier, baselines and chosen index.

@@ -18,19 +18,14 @@ from pydantic import BaseModel, ValidationError
 
 from perseus.core.errors import (
     AuthError,
-    InfeasibleDeadline,
-    JobNotFound,
     JobStateError,
     PerseusError,
-    PlanError,
     PlannerUnavailable,
-    PlanningTooLarge,
     PlanNotReady,
-    PolicyError,
-    ProfileError,
-    QuotaExceeded,
+    PlanTooLarge,
+    RequestFieldError,
     RequestRejected,
-    ScheduleError,
+    error_named,
 )
 from perseus.schemas import (
     ErrorBody,
@@ -47,23 +42,6 @@ __all__ = [
 
 _M = TypeVar("_M", bound=BaseModel)
 
-# The server's error names read back into our classes: its status table (http_errors._STATUS)
-# inverted once, by name. 5xx answers (SolverTimeout among them) are PlannerUnavailable
-# whatever they name; names not listed here answer RequestRejected.
-_ERROR_CLASSES: Mapping[str, type[PerseusError]] = {
-    cls.__name__: cls
-    for cls in (
-        JobNotFound,
-        JobStateError,
-        PlanError,
-        ProfileError,
-        ScheduleError,
-        PolicyError,
-        InfeasibleDeadline,
-        PlanningTooLarge,
-        QuotaExceeded,
-    )
-}
 _GARBAGE_SHOWN = 200  # characters of an unexpected body quoted in the error
 
 
@@ -149,10 +127,12 @@ def _error_from_response(response: httpx.Response, where: str) -> PerseusError:
         if state is None:  # not ready, but the server did not say why: still a state error
             return JobStateError(message)
         return PlanNotReady(message, state, retry_after_s=_retry_after_s(response))
-    cls = _ERROR_CLASSES.get(name)
-    if cls is not None:
-        return cls(message)
-    return RequestRejected(message, status)
+    # The server's own status table (perseus.core.errors.HTTP_STATUS) read back by name. A
+    # RequestFieldError comes as fields, like pydantic's errors: RequestRejected, as those.
+    cls = error_named(name)
+    if cls is None or cls is RequestFieldError:
+        return RequestRejected(message, status)
+    return cls(message)
 
 
 def call_planner(
@@ -198,20 +178,6 @@ def call_planner(
     if response.status_code < 400:  # a redirect, or a success we did not ask for
         raise garbage_error(where, response.status_code, "not an answer this request can have")
     raise _error_from_response(response, where)
-
-
-class PlanTooLarge(PlanError):
-    """A plan's answer is longer than the rank allows; refused before it is read whole.
-
-    Attributes:
-        version: The plan's version from its ETag (None when the server sent none).
-        size_bytes: Its length as far as known (Content-Length, else what was read).
-    """
-
-    def __init__(self, message: str, version: int | None = None, size_bytes: int = 0) -> None:
-        super().__init__(message)
-        self.version = version
-        self.size_bytes = size_bytes
 
 
 def _etag_version(response: httpx.Response) -> int | None:

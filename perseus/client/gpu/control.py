@@ -8,6 +8,9 @@ the implementation from ``PERSEUS_GPU``:
   needs root or ``CAP_SYS_ADMIN``.
 - ``dry-run``: :class:`DryRunGpu` reads the real GPU but only logs the clocks it would set; for
   machines where clocks may not or must not change (shared machines, no root).
+- ``zeusd``: :class:`~perseus.client.gpu.zeusd.ZeusdGpu` sets clocks through zeusd, Zeus's
+  privileged daemon, and reads the GPU through NVML: clocks without root. Where zeusd is comes
+  from Zeus's variables (``ZEUSD_SOCK_PATH``, ``ZEUSD_HOST_PORT``, ``ZEUSD_TOKEN``).
 - ``fake``: :class:`~perseus.client.gpu.fake.FakeGpu`, a modelled H200 for tests and CPU runs.
   :func:`open_gpu` is the one place that imports it (lazily): the rest of the client knows a
   simulated GPU only through the optional :class:`WorkObserver` it offers.
@@ -23,6 +26,7 @@ renumber.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
@@ -45,7 +49,7 @@ __all__ = [
     "work_observer",
 ]
 
-GpuMode = Literal["nvml", "dry-run", "fake"]
+GpuMode = Literal["nvml", "dry-run", "fake", "zeusd"]
 
 
 @runtime_checkable
@@ -155,22 +159,29 @@ def open_gpu(
     *,
     fake_work: Mapping[str, FakeWork] | None = None,
     fake_clock_delay_s: float | None = None,
+    environ: Mapping[str, str] | None = None,
+    reader: GpuControl | None = None,
 ) -> GpuControl:
     """Open GPU ``index`` in the given mode (the value of ``PERSEUS_GPU``).
 
     Args:
-        mode: ``"nvml"`` (:class:`NvmlGpu`), ``"dry-run"`` (:class:`DryRunGpu`) or ``"fake"``
-            (:class:`~perseus.client.gpu.fake.FakeGpu` with the default model).
+        mode: ``"nvml"`` (:class:`NvmlGpu`), ``"dry-run"`` (:class:`DryRunGpu`), ``"fake"``
+            (:class:`~perseus.client.gpu.fake.FakeGpu` with the default model) or ``"zeusd"``
+            (:class:`~perseus.client.gpu.zeusd.ZeusdGpu`).
         index: NVML index of the GPU (reported as is by the fake).
         fake_work: The fake's work kinds; defaults to ``default_work(0, 1)``. Ignored otherwise.
         fake_clock_delay_s: The fake's clock-change delay (``PERSEUS_FAKE_CLOCK_DELAY_S``);
             None keeps the model's default (20 ms). Ignored otherwise.
+        environ: Where ``zeusd`` mode reads Zeus's variables (``os.environ`` when None).
+        reader: What reads the GPU in ``zeusd`` mode; None: NVML. Ignored otherwise.
 
     Returns:
         The GPU.
 
     Raises:
         GpuControlError: Unknown mode, or NVML cannot open the GPU.
+        ZeusdUnavailable: ``zeusd`` mode, and zeusd cannot be reached.
+        ZeusdRefused: ``zeusd`` mode, and zeusd refused this process clock changes.
     """
     if mode == "nvml":
         return NvmlGpu(index)
@@ -184,4 +195,9 @@ def open_gpu(
         if fake_clock_delay_s is not None:
             model = dataclasses.replace(model, clock_change_delay_s=fake_clock_delay_s)
         return FakeGpu(model, work, index=index)
-    raise GpuControlError(f"unknown GPU mode {mode!r}: use 'nvml', 'dry-run' or 'fake'")
+    if mode == "zeusd":
+        from perseus.client.gpu.zeusd import ZeusdEndpoint, open_zeusd_gpu
+
+        endpoint = ZeusdEndpoint.from_env(os.environ if environ is None else environ)
+        return open_zeusd_gpu(index, endpoint, reader=reader)
+    raise GpuControlError(f"unknown GPU mode {mode!r}: use 'nvml', 'dry-run', 'fake' or 'zeusd'")

@@ -55,6 +55,7 @@ from types import MappingProxyType
 from perseus.client.gpu.fake_model import FakeGpuModel, FakeWork, default_work
 from perseus.client.gpu.fake_probe import SweepProbe
 from perseus.core.errors import GpuControlError
+from perseus.core.settings import FAKE_TRACE
 
 __all__ = [
     "FakeGpu",
@@ -161,8 +162,8 @@ class _JsonLines:
 
 
 def _trace_from_env() -> Callable[[FakeRun], None] | None:
-    folder = os.environ.get("PERSEUS_FAKE_TRACE", "").strip()
-    if not folder:
+    folder = FAKE_TRACE.read(os.environ)
+    if folder is None:
         return None
     rank = os.environ.get("RANK", "").strip() or f"pid{os.getpid()}"
     return _JsonLines(Path(folder) / f"fake-rank{rank}.jsonl")

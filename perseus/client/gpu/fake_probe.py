@@ -8,12 +8,20 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from perseus.client.gpu.fake import FakeGpu
+__all__ = ["ProbedGpu", "SweepProbe"]
 
-__all__ = ["SweepProbe"]
+
+class ProbedGpu(Protocol):
+    """What the probe uses of a :class:`~perseus.client.gpu.fake.FakeGpu` (a protocol, so this
+    module needs nothing of the fake's: the fake re-exports the probe)."""
+
+    def begin(self, kind: str) -> object: ...
+
+    def end(self) -> object: ...
+
+    def true_energy_j(self) -> float: ...
 
 
 @dataclass
@@ -31,7 +39,7 @@ class SweepProbe:
     synchronizations.
     """
 
-    gpu: FakeGpu
+    gpu: ProbedGpu
     splits_backward: bool = False
     syncs: list[tuple[float, float]] = field(default_factory=list)  # (time, exact energy)
     brackets: list[tuple[int, str, float]] = field(default_factory=list)  # (sync no, kind, s)

@@ -63,7 +63,7 @@ from deepspeed.runtime.pipe.schedule import BackwardPass, ForwardPass, TrainSche
 from perseus.client.integrations.tensors import StateHook, detached, flatten_tensors, preserved
 from perseus.client.rank import Rank
 from perseus.core.errors import ProfileError, ScheduleError
-from perseus.solver import InstructionKind
+from perseus.core.pipeline import InstructionKind
 
 __all__ = ["EngineWorkload", "MicrobatchCounter", "instrument"]
 

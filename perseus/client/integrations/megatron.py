@@ -70,7 +70,7 @@ from perseus.client.integrations.megatron_outputs import ForwardOutputs
 from perseus.client.integrations.megatron_workload import ChunkWorkload
 from perseus.client.rank import Rank
 from perseus.core.errors import ScheduleError
-from perseus.solver import InstructionKind
+from perseus.core.pipeline import InstructionKind
 
 __all__ = [
     "ChunkWorkload",

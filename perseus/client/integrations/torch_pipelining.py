@@ -58,8 +58,7 @@ from torch.distributed.pipelining.schedules import (
 from perseus.client.integrations.tensors import detached, flatten_tensors, preserved, with_grad
 from perseus.client.rank import Rank
 from perseus.core.errors import ScheduleError
-from perseus.solver import InstructionKind
-from perseus.solver.schedules import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES
+from perseus.core.pipeline import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, InstructionKind
 
 __all__ = ["StageWorkload", "instrument", "schedule_name"]
 

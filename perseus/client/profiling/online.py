@@ -66,7 +66,7 @@ from perseus.client.profiling.wait_power import (
 from perseus.client.state import RankState
 from perseus.client.torch_env import distributed
 from perseus.core.errors import ProfileError
-from perseus.schemas import ProfileRow
+from perseus.schemas import ProfileRow, ProfilingProgress
 
 __all__ = [
     "IterationSpan",
@@ -166,23 +166,6 @@ class OnlineProfiling:
         self._calibration_waits = 0
         self._split = False
 
-    @property
-    def done_clocks(self) -> int:
-        """Clocks the sweep has measured so far (0 before it starts, and for a saved profile)."""
-        if self._sweep is not None:
-            return self._sweep.done_clocks
-        return len(self.profile.measurements) if self.profile is not None else 0
-
-    @property
-    def planned_clocks(self) -> int | None:
-        """Clocks measured plus those the sweep still means to measure as things stand
-        (:attr:`ClockSweep.planned_clocks`: an upper bound while the default sweep's coarse
-        pass runs, which shrinks once energy rises); :attr:`done_clocks` once it is over;
-        None before it starts and where nothing is measured."""
-        if self._sweep is not None:
-            return self._sweep.planned_clocks
-        return self.done_clocks if self.profile is not None else None
-
     def step(self) -> None:
         """One step between iterations (PENDING or SWEEPING only); never raises."""
         if self.state is not ProfilingState.PENDING and self.state is not ProfilingState.SWEEPING:
@@ -215,6 +198,24 @@ class OnlineProfiling:
             self._stop(ProfilingState.FAILED)
             self._controller.reset("profiling failed")
             self._rank.give_up(f"online profiling failed: {type(err).__name__}: {err}")
+
+    def progress(self) -> ProfilingProgress | None:
+        """How far the clock sweep got (clocks measured of planned, seconds so far); None
+        unless SWEEPING, and never raises. A sweep that ended early counts its measured
+        clocks as planned."""
+        sweep = self._sweep
+        if self.state is not ProfilingState.SWEEPING or sweep is None:
+            return None
+        done = sweep.done_clocks
+        try:
+            return ProfilingProgress(
+                clocks_done=done,
+                clocks_planned=max(done, 1) if sweep.done else sweep.planned_clocks,
+                elapsed_s=sweep.elapsed_s,
+                budget_s=min(self._rank.settings.budget.max_s, 1e7),
+            )
+        except ValueError:  # out of the wire's range (over MAX_CLOCKS clocks): not shown
+            return None
 
     def _stop(self, state: ProfilingState) -> None:
         self.state = state

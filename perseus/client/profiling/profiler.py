@@ -253,6 +253,11 @@ class ClockSweep:
         span = f"{len(self.clocks)} clocks ({self.clocks[-1]}-{self.clocks[0]} MHz)"
         return f"coarse then fine among {span}" if self._order.stride > 1 else span
 
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the first clock's measurement began (0 before it)."""
+        return 0.0 if self._started_s is None else self._clock() - self._started_s
+
     def run(self) -> StageProfile:
         """Measure every remaining clock now."""
         while not self.done:

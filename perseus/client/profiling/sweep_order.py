@@ -115,7 +115,8 @@ class SweepOrder:
     def planned_clocks(self) -> int:
         """Clocks measured plus those the sweep still means to measure as things stand.
 
-        While the coarse pass runs, an upper bound: its clocks down to the lowest, plus the
+        While the coarse pass runs, an upper bound (at most every clock): its clocks down to
+        the lowest, plus the
         most its fine pass could add (the every-2nd fill over all of them, and the clocks next
         to each bend: the least energy and each kind's fastest clock); it shrinks once energy
         rises and the fine pass is known. Then the exact count.
@@ -126,7 +127,7 @@ class SweepOrder:
         half = self.stride // 2
         fill = coarse * (self.stride // max(1, half) - 1)
         kinds = len(next(iter(self._times.values()))) if self._times else _MAX_KINDS
-        return coarse + fill + (1 + kinds) * 2 * half
+        return min(len(self.clocks), coarse + fill + (1 + kinds) * 2 * half)
 
     def next_clock(self) -> int | None:
         """The clock to measure next; None once the sweep is over."""

@@ -1,54 +1,25 @@
-"""Our errors as HTTP answers: the status table and the JSON body (never a traceback)."""
+"""Our errors as HTTP answers: the status (core's one table) and the JSON body (never a
+traceback)."""
 
 from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
 from perseus.core.errors import (
-    AuthError,
-    InfeasibleDeadline,
-    JobNotFound,
-    JobStateError,
     PerseusError,
-    PlanError,
-    PlanningTooLarge,
     PlanNotReady,
-    PolicyError,
-    ProfileError,
-    ScheduleError,
-    SolverTimeout,
+    RequestFieldError,
+    StorageFault,
+    http_status,
 )
-from perseus.server.lifecycle.jobs import RequestFieldError
-from perseus.server.lifecycle.quotas import QuotaExceeded
-from perseus.server.store.storage import StorageFault
 
 __all__ = ["error_response", "error_status"]
 
-_STATUS: tuple[tuple[type[PerseusError], int], ...] = (
-    (JobNotFound, 404),
-    (PlanNotReady, 409),
-    (JobStateError, 409),
-    (QuotaExceeded, 409),
-    (PlanError, 409),
-    (RequestFieldError, 422),
-    (ProfileError, 422),
-    (ScheduleError, 422),
-    (PolicyError, 422),
-    (InfeasibleDeadline, 422),
-    (PlanningTooLarge, 422),
-    (SolverTimeout, 503),
-    (StorageFault, 503),
-)
-
 
 def error_status(exc: PerseusError) -> int:
-    """The HTTP status for one of our errors (400 for any not listed)."""
-    if isinstance(exc, AuthError):
-        return exc.status_code
-    for cls, code in _STATUS:
-        if isinstance(exc, cls):
-            return code
-    return 400
+    """The HTTP status for one of our errors: :data:`perseus.core.errors.HTTP_STATUS`'s (400
+    for any not listed)."""
+    return http_status(exc)
 
 
 def error_response(exc: PerseusError) -> JSONResponse:

@@ -54,7 +54,7 @@ async def get_job(job: AuthorizedJob, state: State) -> JobView:
     """State, counts, policy, straggler, the chosen point, predicted against measured."""
     await state.telemetry.flush(job.id)
     view = await run_in_threadpool(state.service.jobs.view, job.id)
-    return view
+    return state.activity.with_profiling(view)
 
 
 @router.delete(JOB_PATH, status_code=status.HTTP_204_NO_CONTENT, tags=["jobs"])

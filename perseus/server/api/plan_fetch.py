@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from perseus.core.errors import PerseusError, PlanError
+from perseus.core.jobs import JobState
 from perseus.schemas import PLAN_PATH, PlanQuery
 from perseus.server.api.auth import bearer_token
 from perseus.server.api.deps import ServerState, job_for_token
@@ -51,7 +52,9 @@ async def plan_reply(
     A rank that names a version in If-None-Match is never sent an older one: versions only
     grow, so when this process's cached row is older than the rank's version, another
     process made a newer one; the row is re-read, and a long poll waits for a version
-    newer than every one named.
+    newer than every one named. A version newer than the database's own even then was
+    never issued by this database (a backup restored, a database replaced): it counts for
+    nothing, and the rank gets the current plan.
 
     Raises:
         PerseusError: unknown job (404), token (401/403), rank not registered or no plan (409).
@@ -62,13 +65,17 @@ async def plan_reply(
     newest_known = max(known, default=-1)
     if row.version < newest_known:
         row = await state.heads.refresh(job_id)
+        # Still newer than the database's: a version this database never issued (it was
+        # restored from a backup, or replaced). The rank's plan is not this job's: it gets
+        # the current one, or waits for the first, never for a version past its own.
+        newest_known = max((v for v in known if v <= row.version), default=-1)
     wait_s = min(query.wait_s, state.settings.max_wait_s)
     if wait_s > 0:
         row = await state.heads.wait_until(
             job_id,
             lambda r: (
                 (has_plan(r) and not anything and r.version > newest_known)
-                or (r.state == "failed" and not has_plan(r))
+                or (r.state == JobState.FAILED and not has_plan(r))
             ),
             wait_s,
         )

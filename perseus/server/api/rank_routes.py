@@ -11,7 +11,9 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from perseus.core.errors import JobStateError, PerseusError, ProfileError
+from perseus.core.profiles import Profile
 from perseus.formats.plan_files import FrontierFile, profile_fingerprint
+from perseus.formats.profiles import profile_to_csv, profile_to_json
 from perseus.schemas import (
     FRONTIER_FILE_PATH,
     FRONTIER_PATH,
@@ -53,7 +55,6 @@ from perseus.server.api.deps import (
 from perseus.server.api.plan_fetch import plan_reply
 from perseus.server.planning.plans import not_ready
 from perseus.server.planning.worker import PlanningInput, merged_profile, unprofiled_stages
-from perseus.solver.profiles import Profile, profile_to_csv, profile_to_json
 
 __all__ = [
     "P_BLOCK_HEADER",
@@ -126,7 +127,7 @@ async def compute_plan(job: AuthorizedJob, state: State) -> PlanVersion:
     row = await run_in_threadpool(state.service.lease.claim_planning, job.id)
     state.heads.put(row)
     state.runner.start(job.id)
-    return PlanVersion(version=row.version, state="planning", chosen=None)
+    return PlanVersion(version=row.version, state=row.state, chosen=None)
 
 
 @router.get(FRONTIER_PATH, response_model=FrontierView, tags=["plans"])

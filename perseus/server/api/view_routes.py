@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
@@ -17,7 +17,6 @@ from perseus.schemas import (
     TIMELINE_PATH,
     ActivityView,
     Health,
-    JobView,
     JobViews,
     TimelineView,
 )
@@ -69,21 +68,20 @@ async def metrics(state: State) -> Response:
     return Response(text, media_type="text/plain; version=0.0.4")
 
 
-_GAUGED_JOBS = 1000  # the most jobs /metrics reports gauges of (oldest first)
-
-
 def _job_gauges(state: ServerState) -> dict[str, JobGauges]:
     """Per planned job: predicted and measured iteration, ranks following (in a thread).
+
+    Every job with a plan version has its gauges, however many unplanned jobs came before
+    it: the series are bounded by the jobs planned (a job's gauges go with the job when it
+    is deleted), never cut by age.
 
     Complexity: one job view per planned job, O(ranks x window) each.
     """
     jobs = state.service.jobs
     gauges: dict[str, JobGauges] = {}
-    for summary in jobs.list(_GAUGED_JOBS, 0):
-        if summary.version == 0:
-            continue
+    for job_id in jobs.planned_ids():
         with contextlib.suppress(JobNotFound):  # deleted meanwhile
-            view = jobs.view(summary.job_id)
+            view = jobs.view(job_id)
             activity = state.activity.view(view.version, view.job_id, jobs.ranks(view.job_id))
             t = view.telemetry
             gauges[view.job_id] = JobGauges(
@@ -106,21 +104,26 @@ async def overview(
     credentials: Credentials,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+    order: Annotated[
+        Literal["oldest", "newest"],
+        Query(description="oldest first (the default) or newest first"),
+    ] = "oldest",
 ) -> JobViews:
-    """Every job's view, oldest first, as the web page shows them (needs the admin token
-    if one is set)."""
+    """A page of the jobs' views as the web page shows them, ``limit`` from ``offset``,
+    oldest first unless ``order=newest``, with the number of jobs in all (needs the admin
+    token if one is set)."""
     check_admin(credentials_token(credentials), state.admin_token_hash)
     await state.telemetry.flush()
     jobs = state.service.jobs
 
-    def views() -> list[JobView]:
+    def page() -> JobViews:
         found = []
-        for summary in jobs.list(limit, offset):
+        for summary in jobs.list(limit, offset, newest_first=order == "newest"):
             with contextlib.suppress(JobNotFound):  # deleted meanwhile
-                found.append(jobs.view(summary.job_id))
-        return found
+                found.append(state.activity.with_profiling(jobs.view(summary.job_id)))
+        return JobViews(jobs=found, total=jobs.count())
 
-    return JobViews(jobs=await run_in_threadpool(views))
+    return await run_in_threadpool(page)
 
 
 @router.get(ACTIVITY_PATH, response_model=ActivityView, tags=["jobs"])

@@ -1,4 +1,5 @@
-"""What the web page shows live: each rank's last report and the job's recent iterations.
+"""What the web page shows live: each rank's last report (with how far its clock sweep got,
+while it profiles) and the job's recent iterations.
 
 Kept in this process's memory, not in the store: the page needs when a rank last reported
 and each iteration's time (neither is stored per report), and losing them at a restart
@@ -20,6 +21,9 @@ from perseus.schemas import (
     IterationPhase,
     IterationPoint,
     IterationReport,
+    JobView,
+    ProfilingProgress,
+    RankProfiling,
     RankStatus,
 )
 from perseus.server.store.tables import RankRow
@@ -35,6 +39,7 @@ class _LastReport:
     phase: IterationPhase | None
     plan_version: int | None
     at_s: float  # monotonic
+    progress: ProfilingProgress | None = None  # the clock sweep's, while profiling
 
 
 @dataclass(slots=True)
@@ -78,7 +83,9 @@ class Activity:
         now_s, at_s = self._clock(), self._monotonic()
         with self._lock:
             job = self._jobs.setdefault(job_id, _Job())
-            job.ranks[report.rank] = _LastReport(report.phase, report.plan_version, at_s)
+            job.ranks[report.rank] = _LastReport(
+                report.phase, report.plan_version, at_s, report.profiling
+            )
             it = job.iterations.get(report.iteration)
             if it is None:
                 it = job.iterations[report.iteration] = _Iteration()
@@ -94,6 +101,26 @@ class Activity:
     def forget(self, job_id: str) -> None:
         with self._lock:
             self._jobs.pop(job_id, None)
+
+    def profiling(self, job_id: str) -> list[RankProfiling]:
+        """The ranks whose last report says how far their clock sweep got, by rank.
+
+        Complexity: O(ranks).
+        """
+        now = self._monotonic()
+        with self._lock:
+            job = self._jobs.get(job_id)
+            last = sorted(job.ranks.items()) if job is not None else []
+        return [
+            RankProfiling.from_progress(rank, heard.progress, max(0.0, now - heard.at_s))
+            for rank, heard in last
+            if heard.progress is not None
+        ]
+
+    def with_profiling(self, view: JobView) -> JobView:
+        """``view`` with its ranks' profiling progress (:meth:`profiling`)."""
+        profiling = self.profiling(view.job_id)
+        return view.model_copy(update={"profiling": profiling}) if profiling else view
 
     def view(self, version: int, job_id: str, ranks: Sequence[RankRow]) -> ActivityView:
         """The job's ranks (from the store, with what this process heard) and its recent
@@ -135,6 +162,11 @@ class Activity:
                     and version > 0
                     and heard.plan_version == version,
                     last_report_age_s=None if heard is None else max(0.0, now - heard.at_s),
+                    profiling=None
+                    if heard is None or heard.progress is None
+                    else RankProfiling.from_progress(
+                        row.rank, heard.progress, max(0.0, now - heard.at_s)
+                    ),
                 )
             )
         return ActivityView(version=version, ranks=statuses, iterations=iterations)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from perseus.core.jobs import JobState, transition
 from perseus.schemas import PlanVersion, PolicyModel, StragglerSpec, StragglerView
 from perseus.server.lifecycle.decisions import (
     choose,
@@ -65,8 +66,10 @@ class PlanChoices(JobPart):
                     chosen_index=choice.chosen_index,
                     version=job.version + 1,
                 )
-                if job.state == "failed":
-                    job = dataclasses.replace(job, state="ready", reason=None)
+                if job.state == JobState.FAILED:
+                    job = dataclasses.replace(
+                        job, state=transition(job.state, JobState.READY), reason=None
+                    )
             tx.save_job(job)
         return self._plans.version(job), job
 

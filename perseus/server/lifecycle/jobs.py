@@ -22,14 +22,14 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
-from perseus.core.errors import JobNotFound, JobStateError, PerseusError
+from perseus.core.errors import JobNotFound, JobStateError, RequestFieldError
+from perseus.core.jobs import CREATED, JobState, transition
 from perseus.schemas import (
     GaveUpAccepted,
     GaveUpReport,
     JobCounts,
     JobCreate,
     JobCreated,
-    JobState,
     JobSummary,
     JobView,
     RankGaveUp,
@@ -48,15 +48,6 @@ from perseus.solver import make_schedule
 __all__ = ["JobPart", "Jobs", "RequestFieldError", "existing", "stages_profiled"]
 
 log = logging.getLogger("perseus.server")
-
-
-class RequestFieldError(PerseusError):
-    """A request field is invalid for this job (422), with its path like pydantic's ``loc``."""
-
-    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
-        super().__init__(f"{'.'.join(str(p) for p in loc)}: {message}")
-        self.loc = loc
-        self.message = message
 
 
 RANK_LIVE_S = 120.0
@@ -143,7 +134,7 @@ class Jobs(JobPart):
             created_at_s=now_s,
             updated_at_s=now_s,
             spec=spec,
-            state="registering",
+            state=CREATED,
             reason=None,
             policy=spec.policy,
             straggler=None,
@@ -177,10 +168,10 @@ class Jobs(JobPart):
         with self._store.read() as tx:
             return existing(tx, job_id)
 
-    def list(self, limit: int, offset: int) -> list[JobSummary]:
-        """Jobs oldest first, ``limit`` of them from ``offset``."""
+    def list(self, limit: int, offset: int, *, newest_first: bool = False) -> list[JobSummary]:
+        """Jobs oldest first (or newest first), ``limit`` of them from ``offset``."""
         with self._store.read() as tx:
-            rows = tx.list_jobs(limit, offset)
+            rows = tx.list_jobs(limit, offset, newest_first=newest_first)
         return [
             JobSummary(
                 job_id=r.id,
@@ -191,6 +182,16 @@ class Jobs(JobPart):
             )
             for r in rows
         ]
+
+    def count(self) -> int:
+        """How many jobs the store holds."""
+        with self._store.read() as tx:
+            return tx.count_jobs()
+
+    def planned_ids(self) -> tuple[str, ...]:
+        """Every job planned at least once (a plan version above 0), oldest first."""
+        with self._store.read() as tx:
+            return tuple(tx.planned_job_ids())
 
     def count_by_state(self) -> dict[str, int]:
         with self._store.read() as tx:
@@ -382,14 +383,9 @@ class Jobs(JobPart):
                     new=True,
                 )
                 registered = job.ranks_registered + 1
-                job = dataclasses.replace(
-                    job,
-                    ranks_registered=registered,
-                    state="profiling"
-                    if job.state == "registering" and registered == spec.world_size
-                    else job.state,
-                    updated_at_s=now_s,
-                )
+                job = dataclasses.replace(job, ranks_registered=registered, updated_at_s=now_s)
+                if job.state == JobState.REGISTERING and registered == spec.world_size:
+                    job = dataclasses.replace(job, state=transition(job.state, JobState.PROFILING))
                 tx.save_job(job)
             else:
                 clocks = tuple(reg.supported_clocks_mhz)

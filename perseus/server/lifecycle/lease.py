@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from perseus.core.errors import InfeasibleDeadline, JobStateError, ProfileError
+from perseus.core.jobs import JobState, transition
 from perseus.formats.plan_files import frontier_from_json
 from perseus.schemas import ProfileAccepted, ProfileReport
 from perseus.server.lifecycle.decisions import choose
@@ -154,12 +155,14 @@ class PlanningLease:
         self._max_cells = max_cells
 
     def _owns(self, job: JobRow | None) -> bool:
-        return job is not None and job.state == "planning" and job.planning_owner == self.owner
+        return (
+            job is not None and job.state == JobState.PLANNING and job.planning_owner == self.owner
+        )
 
     def _claimed(self, job: JobRow, now_s: float) -> JobRow:
         return dataclasses.replace(
             job,
-            state="planning",
+            state=transition(job.state, JobState.PLANNING),
             reason=None,
             planning_owner=self.owner,
             planning_heartbeat_s=now_s,
@@ -243,10 +246,10 @@ class PlanningLease:
             )
             # A failed job replans on a profile re-reported to it (a corrected one); a ready
             # one once every rank re-reported since its plan (a re-run of the training).
-            claimed = job.state in ("registering", "profiling", "failed") and (
+            claimed = job.state in (JobState.REGISTERING, JobState.PROFILING, JobState.FAILED) and (
                 job.profiles_reported == job.spec.world_size
             )
-            if job.state == "ready" and job.planned_from_s is not None:
+            if job.state == JobState.READY and job.planned_from_s is not None:
                 newer = tx.profiles_reported_since(job_id, job.planned_from_s)
                 claimed = newer == job.spec.world_size
                 if claimed:
@@ -271,7 +274,7 @@ class PlanningLease:
         """
         with self._store.write() as tx:
             job = existing(tx, job_id)
-            if job.state == "planning":
+            if job.state == JobState.PLANNING:
                 raise JobStateError(f"job {job_id} is already planning")
             profiled = stages_profiled(job.spec, tx.profiled_coverage(job_id))
             missing = [stage for stage, done in enumerate(profiled) if not done]
@@ -294,7 +297,7 @@ class PlanningLease:
         for job_id in stale:
             with self._store.write() as tx:
                 job = tx.job(job_id)
-                if job is None or job.state != "planning":
+                if job is None or job.state != JobState.PLANNING:
                     continue
                 if (
                     job.planning_heartbeat_s is not None
@@ -318,7 +321,9 @@ class PlanningLease:
         with self._store.read() as tx:
             for job_id in job_ids:
                 job = tx.job(job_id)
-                if job is None or (job.state == "planning" and job.planning_owner != self.owner):
+                if job is None or (
+                    job.state == JobState.PLANNING and job.planning_owner != self.owner
+                ):
                     lost.append(job_id)
         return lost
 
@@ -400,7 +405,7 @@ class PlanningLease:
             except InfeasibleDeadline as exc:
                 job = dataclasses.replace(
                     job,
-                    state="failed",
+                    state=transition(job.state, JobState.FAILED),
                     reason=f"policy: {exc}",
                     policy_index=None,
                     chosen_index=None,
@@ -408,7 +413,7 @@ class PlanningLease:
             else:
                 job = dataclasses.replace(
                     job,
-                    state="ready",
+                    state=transition(job.state, JobState.READY),
                     reason=None,
                     policy_index=choice.policy_index,
                     chosen_index=choice.chosen_index,
@@ -425,7 +430,7 @@ class PlanningLease:
                 return None
             job = dataclasses.replace(
                 job,
-                state="failed",
+                state=transition(job.state, JobState.FAILED),
                 reason=reason,
                 planning_owner=None,
                 planning_heartbeat_s=None,

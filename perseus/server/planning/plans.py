@@ -15,8 +15,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from perseus.core.baselines import baseline_label
 from perseus.core.errors import PlanError, PlanNotReady, ProfileError
+from perseus.core.jobs import JobState
 from perseus.formats.plan_files import frontier_from_json
+from perseus.formats.profiles import profile_from_json
 from perseus.schemas import (
     Baseline,
     ChosenPoint,
@@ -28,7 +31,6 @@ from perseus.schemas import (
 from perseus.server.lifecycle.decisions import Choice, expected
 from perseus.server.store.job_store import JobRow, Store
 from perseus.solver import Frontier, Profile, instruction_times_s
-from perseus.solver.profiles import profile_from_json
 
 # Points whose instruction times are kept (each: every instruction of the schedule).
 _POINT_TIMES = 64
@@ -58,7 +60,7 @@ def choice_of(job: JobRow) -> Choice | None:
 
 def not_ready(job: JobRow) -> PlanNotReady:
     """The error for a job without a plan at its version."""
-    if job.state == "failed":
+    if job.state == JobState.FAILED:
         return PlanNotReady(f"job {job.id} failed: {job.reason}", job.state)
     return PlanNotReady(f"not ready yet: job {job.id} is {job.state}", job.state)
 
@@ -328,7 +330,10 @@ class Plans:
         return FrontierView(
             version=job.version,
             points=[FrontierPoint.from_point(frontier.point(i)) for i in range(len(frontier))],
-            baselines={name: Baseline.from_baseline(b) for name, b in frontier.baselines.items()},
+            baselines={
+                name: Baseline.from_baseline(b, baseline_label(name))
+                for name, b in frontier.baselines.items()
+            },
             policy_index=choice.policy_index,
             chosen_index=choice.chosen_index,
             policy=job.policy,

@@ -19,9 +19,10 @@ import multiprocessing.connection
 import signal
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
 
 from perseus.core.errors import PerseusError
@@ -36,11 +37,18 @@ from perseus.server.planning.worker import (
     sample_planning_work,
 )
 from perseus.server.runtime import JobHeads
+from perseus.server.store.job_store import JobRow
+from perseus.server.store.storage import StorageFault
 from perseus.solver.deadlines import MAX_CELLS
 
 __all__ = ["PlanningProcess", "PlanningRunner"]
 
 log = logging.getLogger("perseus.server")
+
+# The database cannot be written now: the store's own fault (SQLite: a full disk, a read-only
+# file) or the driver's (PostgreSQL: a full disk, a lost connection). Temporary, never the
+# planning's verdict on a job.
+_STORAGE_ERRORS = (StorageFault, OperationalError)
 
 # Planning runs at this lower CPU priority than the server (see planning.init_worker).
 _WORKER_NICENESS = 19
@@ -206,19 +214,26 @@ class PlanningRunner:
                 reason = outcome.reason
             else:
                 planning_s = time.perf_counter() - started_s
-                row = await run_in_threadpool(
-                    self._service.finish_planning,
+                row = await self._store_frontier(
                     job_id,
-                    outcome.frontier_json,
-                    planning_s,
-                    outcome.frontier,
-                    planning,
+                    lambda: self._service.finish_planning(
+                        job_id, outcome.frontier_json, planning_s, outcome.frontier, planning
+                    ),
                 )
                 self._metrics.observe_planning(planning_s, ok=True)
                 log.info("job %s: frontier computed in %.2f s", job_id, planning_s)
                 reason = None
         except asyncio.CancelledError:
             raise
+        except _STORAGE_ERRORS as exc:
+            # Reading the input failed: the job stays planning, its lease lapses (no more
+            # heartbeats) and it is planned again.
+            log.warning(
+                "job %s: planning could not read the database (%s); left to the planning lease",
+                job_id,
+                _first_line(exc),
+            )
+            reason, row = None, None
         except Exception as exc:
             if isinstance(exc, PerseusError):
                 reason = f"{type(exc).__name__}: {exc}"
@@ -230,9 +245,42 @@ class PlanningRunner:
         if reason is not None:
             self._metrics.observe_planning(time.perf_counter() - started_s, ok=False)
             log.warning("job %s: planning failed: %s", job_id, reason)
-            row = await run_in_threadpool(self._service.fail_planning, job_id, reason)
+            try:
+                row = await run_in_threadpool(self._service.fail_planning, job_id, reason)
+            except _STORAGE_ERRORS as exc:
+                # Not a verdict on the job: it stays planning, and once its lease lapses it
+                # is planned again (and fails again, then stored) when the storage is back.
+                log.warning(
+                    "job %s: could not store the failure (%s); left to the planning lease",
+                    job_id,
+                    _first_line(exc),
+                )
+                return
         if row is not None:
             self._heads.put(row)
+
+    async def _store_frontier(
+        self, job_id: str, store: Callable[[], JobRow | None]
+    ) -> JobRow | None:
+        """``store()``, retried while the database cannot be written (a full disk, a lost
+        connection): a storage fault is temporary, never the job's failure. The job stays
+        among those this process computes meanwhile, so heartbeats keep its lease where
+        they can; retries stop once ``store()`` says the job is no longer this process's
+        (None: deleted, or taken over after missed heartbeats).
+        """
+        delay_s = 0.5
+        while True:
+            try:
+                return await run_in_threadpool(store)
+            except _STORAGE_ERRORS as exc:
+                log.warning(
+                    "job %s: storing the frontier failed (%s); retrying in %.1f s",
+                    job_id,
+                    _first_line(exc),
+                    delay_s,
+                )
+            await asyncio.sleep(delay_s)
+            delay_s = min(2 * delay_s, max(self._lease_s / 3, 0.5))
 
     async def _slot(self, work: PlanningWork) -> bool:
         """Wait for a turn to run; True when it is the extra turn for small jobs."""
@@ -352,9 +400,13 @@ class PlanningRunner:
                     for job_id in await run_in_threadpool(self._service.lost, computing):
                         self.cancel(job_id)
                 for row in await run_in_threadpool(self._service.reclaim_stale, self._lease_s):
-                    log.warning("job %s: taking over planning from a silent server", row.id)
                     self._heads.put(row)
+                    if row.id in self._computing:
+                        continue  # its run here still stores its result (heartbeats failed)
+                    log.warning("job %s: taking over planning from a silent server", row.id)
                     self.start(row.id)
+            except _STORAGE_ERRORS as exc:
+                log.warning("planning maintenance: %s; retrying", _first_line(exc))
             except Exception:
                 # A database hiccup must not end the heartbeats for good.
                 log.exception("planning maintenance failed; retrying")
@@ -379,6 +431,11 @@ class PlanningRunner:
         for worker in idle:
             worker.kill()
             await asyncio.to_thread(worker.close)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _kill_started(starting: asyncio.Future[PlanningProcess]) -> None:

@@ -70,4 +70,5 @@ def timeline_view(job: JobRow, frontier: Frontier, profile: Profile | None) -> T
             ]
             for gpu, order in enumerate(schedule.order)
         ],
+        p_block_w=float(frontier.p_block_w),
     )

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from perseus.core.errors import PerseusError
+from perseus.core.errors import StorageFault
 
 __all__ = ["StorageFault", "StorageGuard", "StorageProblem", "storage_problem"]
 
@@ -41,11 +41,6 @@ _STORAGE_ERRORS = (
     "database or disk is full",
 )
 """Words of SQLite's messages for the storage failing (not a busy or locked database)."""
-
-
-class StorageFault(PerseusError):
-    """The job database's storage cannot be written (read-only file or filesystem, I/O
-    error): 503 until the store's probe finds it writable again."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -308,6 +308,8 @@ def job_row(values: Sequence[Any]) -> JobRow:
 def job_values(row: JobRow, names: Sequence[str]) -> dict[str, Any]:
     """The columns ``names`` of ``row``, JSON columns encoded."""
     values = {name: getattr(row, name) for name in names}
+    if "state" in values:
+        values["state"] = str(values["state"])  # the plain text, whatever the driver
     for name in _JSON_COLUMNS:
         if name in values and values[name] is not None:
             values[name] = values[name].model_dump(mode="json")

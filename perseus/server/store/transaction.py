@@ -25,7 +25,8 @@ from sqlalchemy import (
     update,
 )
 
-from perseus.schemas import JobState
+from perseus.core.errors import JobStateError
+from perseus.core.jobs import CREATED, JobState, transition
 from perseus.server.store.database import CHANGES_CHANNEL
 from perseus.server.store.tables import (
     FRONTIERS,
@@ -89,11 +90,27 @@ class Transaction:
         return row
 
     def insert_job(self, row: JobRow) -> None:
+        """Store a new job.
+
+        Raises:
+            JobStateError: it is not in the state jobs are created in.
+        """
+        if row.state != CREATED:
+            raise JobStateError(f"a job is created {CREATED}, not {row.state}")
         self._conn.execute(insert(JOBS).values(job_values(row, JOB_FIELDS)))
 
     def save_job(self, row: JobRow) -> None:
-        """Write ``row`` back: the columns that differ from the row as read here."""
+        """Write ``row`` back: the columns that differ from the row as read here.
+
+        Raises:
+            JobStateError: its state moved in a way :data:`perseus.core.jobs.TRANSITIONS`
+                does not hold.
+        """
         before = self._read.get(row.id)
+        if before is None:
+            before = self.job(row.id)  # every caller read it already; the check needs it
+        if before is not None and row.state != before.state:
+            transition(before.state, row.state)
         changed = [
             name
             for name in JOB_FIELDS
@@ -116,14 +133,20 @@ class Transaction:
         result = self._conn.execute(delete(JOBS).where(JOBS.c.id == job_id))
         return bool(result.rowcount)
 
-    def list_jobs(self, limit: int, offset: int) -> list[JobRow]:
+    def list_jobs(self, limit: int, offset: int, *, newest_first: bool = False) -> list[JobRow]:
+        order = (JOBS.c.created_at_s, JOBS.c.id)
         query = (
             select(*JOB_COLUMNS)
-            .order_by(JOBS.c.created_at_s, JOBS.c.id)
+            .order_by(*(column.desc() for column in order) if newest_first else order)
             .limit(limit)
             .offset(offset)
         )
         return [job_row(found) for found in self._conn.execute(query)]
+
+    def planned_job_ids(self) -> list[str]:
+        """Every job with a plan version (planned at least once), oldest first."""
+        query = select(JOBS.c.id).where(JOBS.c.version > 0).order_by(JOBS.c.created_at_s, JOBS.c.id)
+        return [str(job_id) for job_id in self._conn.execute(query).scalars()]
 
     def count_jobs(self) -> int:
         return int(self._conn.execute(select(func.count()).select_from(JOBS)).scalar_one())
@@ -150,7 +173,7 @@ class Transaction:
     def stale_planning_jobs(self, heartbeat_before_s: float) -> list[str]:
         """Ids of jobs in ``planning`` whose owner stopped sending heartbeats."""
         query = select(JOBS.c.id).where(
-            JOBS.c.state == "planning",
+            JOBS.c.state == JobState.PLANNING.value,
             or_(
                 JOBS.c.planning_heartbeat_s < heartbeat_before_s,
                 JOBS.c.planning_heartbeat_s.is_(None),
@@ -166,7 +189,7 @@ class Transaction:
             .where(
                 JOBS.c.id.in_(job_ids),
                 JOBS.c.planning_owner == owner,
-                JOBS.c.state == "planning",
+                JOBS.c.state == JobState.PLANNING.value,
             )
             .values(planning_heartbeat_s=now_s)
         )
