@@ -2,10 +2,12 @@
 
 The same measurement as online profiling (:mod:`perseus.client.profiling.profiler`): loops of the
 stage's forward and forward+backward at each clock, energy from the counter updates inside
-each loop's window, early stop once energy rises at several clocks in a row. The stage is
-:class:`perseus.client.profiling.standalone.SyntheticStage`, sized by the arguments. The result is a
-Zeus-compatible CSV (``.json``: ``perseus.profile/1`` with the measured idle power) that
-``perseus plan`` reads.
+each loop's window; by default coarse then fine where plans go
+(:mod:`perseus.client.profiling.sweep_order`), else the clocks listed until energy rises at
+several clocks in a row. It prints each clock as it is measured and how long the sweep took.
+The stage is :class:`perseus.client.profiling.standalone.SyntheticStage`, sized by the
+arguments. The result is a Zeus-compatible CSV (``.json``: ``perseus.profile/1`` with the
+measured idle power) that ``perseus plan`` reads.
 
 On a GPU whose clocks this process may not change (no root or CAP_SYS_ADMIN, or
 ``--gpu dry-run``), it measures at the current clock only and says so.
@@ -81,7 +83,10 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--sequence", type=int, help="tokens per sequence (2048 / 64)")
     size.add_argument("--microbatch-size", type=int, help="sequences per microbatch (2 / 2)")
     sweep = parser.add_argument_group("the sweep")
-    sweep.add_argument("--clocks", default="all", help="all, every:N or 1980,1500,... (all)")
+    sweep.add_argument(
+        "--clocks", default="auto",
+        help="auto (coarse then fine where plans go), all, every:N or 1980,1500,... (auto)",
+    )  # fmt: skip
     sweep.add_argument("--window", type=float, default=1.0, help="seconds per loop (1.0)")
     sweep.add_argument("--settle", type=float, default=0.5, help="seconds after a change (0.5)")
     sweep.add_argument("--max-seconds", type=float, default=1800.0, help="budget (1800)")
@@ -137,7 +142,7 @@ def run_profile(args: argparse.Namespace, out: Any = None) -> int:
     meter = EnergyMeter(gpu)
     meter.start()
     try:
-        profile, idle_w, locked = _measure(gpu, meter, workload, budget, stream)
+        profile, idle_w, locked, swept_s = _measure(gpu, meter, workload, budget, stream)
     finally:
         meter.stop()
         with contextlib.suppress(PerseusError):
@@ -147,7 +152,7 @@ def run_profile(args: argparse.Namespace, out: Any = None) -> int:
         _table(profile)
         + f"\nidle power {idle_w:.1f} W"
         + ("" if locked else f"  (measured at the current clock only: {_why_not(gpu)})")
-        + f"\n{profile.stopped}; wrote {os.path.abspath(args.output)}",
+        + f"\n{profile.stopped} in {swept_s:.0f} s; wrote {os.path.abspath(args.output)}",
         file=stream,
     )
     inverted = profile.inversions()
@@ -178,20 +183,23 @@ def _measure(
     workload: SyntheticStage,
     budget: ProfileBudget,
     stream: Any,
-) -> tuple[StageProfile, float, bool]:
+) -> tuple[StageProfile, float, bool, float]:
+    """The profile, the idle power, whether clocks were locked, and the sweep's seconds."""
     work = device_work(gpu)
     workload.warm_up()
     idle_w = measure_idle_power(meter, time.sleep, max(1.2, budget.window_s), time.perf_counter)
     lock = gpu.can_set_clocks
     sweep = ClockSweep(gpu, meter, workload, budget, work, lock=lock)
+    started = time.perf_counter()
     if lock:
-        print(f"sweeping {len(sweep.clocks)} clocks: {budget.describe()}", file=stream, flush=True)
+        print(f"sweeping {sweep.describe()}: {budget.describe()}", file=stream, flush=True)
     try:
         while not sweep.done:
             measured = sweep.step()
             if measured is not None:
                 print(
-                    f"  {measured.frequency_mhz} MHz  forward "
+                    f"  {measured.frequency_mhz} MHz ({sweep.done_clocks} of "
+                    f"{sweep.planned_clocks}, {time.perf_counter() - started:.0f} s)  forward "
                     f"{measured.forward_time_s * 1e3:.2f} ms "
                     f"{measured.forward_energy_j:.3f} J  backward "
                     f"{measured.backward_time_s * 1e3:.2f} ms {measured.backward_energy_j:.3f} J",
@@ -203,7 +211,7 @@ def _measure(
         lock = False
         sweep = ClockSweep(gpu, meter, workload, budget, work, lock=False)
         sweep.run()
-    return sweep.result(), idle_w or 0.0, lock
+    return sweep.result(), idle_w or 0.0, lock, time.perf_counter() - started
 
 
 def _why_not(gpu: GpuControl) -> str:

@@ -27,7 +27,8 @@ variable                      meaning                             default
 ``PERSEUS_PROFILE``           a saved profile to upload instead    unset (profile online)
 ``PERSEUS_PROFILE_WINDOW_S``  seconds measured per loop and clock  0.6
 ``PERSEUS_PROFILE_SETTLE_S``  seconds after a clock change         0.2
-``PERSEUS_PROFILE_CLOCKS``    ``all``, ``every:N`` or ``1980,1900``  ``all``
+``PERSEUS_PROFILE_CLOCKS``    ``auto``, ``all``, ``every:N`` or    ``auto``
+                              ``1980,1900``
 ``PERSEUS_PROFILE_MAX_S``     stop the sweep after this long       600
 ``PERSEUS_CLOCK_LOG``         directory for ``rank{R}.jsonl``      unset
 ``PERSEUS_CLOCK_LATENCY_S``   clock-change latency assumed until   0.03
@@ -75,8 +76,9 @@ class ProfileBudget:
             after ``settle_s``; the energy counter moves every ~0.1 s, so a window holds
             several updates.
         settle_s: Seconds a loop runs after a clock change before it is measured.
-        clocks: ``"all"``, ``"every:N"`` (every N-th supported clock from the top), or an
-            explicit comma-separated list of MHz.
+        clocks: ``"auto"`` (coarse then fine where plans go: see
+            :mod:`perseus.client.profiling.sweep_order`), ``"all"``, ``"every:N"`` (every N-th
+            supported clock from the top), or an explicit comma-separated list of MHz.
         max_s: The sweep stops (keeping what it has) after this many seconds.
         rising_stop: Stop after energy per instruction rose at this many clocks in a row.
         blocking_s: Seconds the blocking power is measured while the rank waits on peers.
@@ -85,7 +87,7 @@ class ProfileBudget:
 
     window_s: float = 0.6
     settle_s: float = 0.2
-    clocks: str = "all"
+    clocks: str = "auto"
     max_s: float = 600.0
     rising_stop: int = 5
     blocking_s: float = 1.2
@@ -107,7 +109,7 @@ class ProfileBudget:
         """
         ordered = tuple(sorted(set(supported_mhz), reverse=True))
         text = self.clocks.strip()
-        if text == "all":
+        if text in ("all", "auto"):  # auto: the sweep picks among them as it goes
             return ordered
         if text.startswith("every:"):
             step = _int(text.removeprefix("every:"), self.clocks_setting, minimum=1)
@@ -298,7 +300,7 @@ def _int(text: str, variable: str, *, minimum: int) -> int:
 def _check_clocks_syntax(text: str, setting: str = "PERSEUS_PROFILE_CLOCKS") -> None:
     # Whether the clocks exist is known only once the GPU is open; the syntax is known now.
     text = text.strip()
-    if text == "all":
+    if text in ("all", "auto"):
         return
     if text.startswith("every:"):
         _int(text.removeprefix("every:"), setting, minimum=1)

@@ -279,7 +279,10 @@ PROFILE_SETTLE_S = Variable(
     "PERSEUS_PROFILE_SETTLE_S", Number(minimum=0.0), 0.2, "seconds after a clock change"
 )
 PROFILE_CLOCKS = Variable(
-    "PERSEUS_PROFILE_CLOCKS", Text(), "all", "``all``, ``every:N`` or ``1980,1900``"
+    "PERSEUS_PROFILE_CLOCKS",
+    Text(),
+    "auto",
+    "``auto`` (coarse then fine where plans go), ``all``, ``every:N`` or ``1980,1900``",
 )
 PROFILE_MAX_S = Variable(
     "PERSEUS_PROFILE_MAX_S", Number(minimum=1.0), 600.0, "stop the sweep after this long"

@@ -159,6 +159,7 @@ def fast() -> Iterator[tuple[RecordingFake, RecordingMeter]]:
     ("clocks", "expected"),
     [
         ("all", FAST.clocks_mhz),
+        ("auto", FAST.clocks_mhz),  # the candidates: the sweep picks among them as it goes
         ("every:10", FAST.clocks_mhz[::10]),
         ("every:1", FAST.clocks_mhz),
         ("1200, 1980,600,1200", (1980, 1200, 600)),
@@ -180,6 +181,29 @@ def test_unsupported_or_malformed_clocks_are_a_settings_error(clocks: str) -> No
     gpu = FakeGpu(FAST, FAST_WORK)
     with pytest.raises(SettingsError, match="PERSEUS_PROFILE_CLOCKS"):
         ClockSweep(gpu, EnergyMeter(gpu), IdleWork(), ProfileBudget(clocks=clocks), bracket(gpu))
+
+
+def test_the_default_sweep_measures_coarse_then_fine(
+    fast: tuple[RecordingFake, RecordingMeter],
+) -> None:
+    gpu, meter = fast
+    budget = replace(FAST_BUDGET, clocks="auto")
+    sweep = ClockSweep(gpu, meter, IdleWork(), budget, bracket(gpu))
+    assert sweep.describe() == "coarse then fine among 110 clocks (345-1980 MHz)"
+    first = sweep.planned_clocks
+    assert sweep.done_clocks == 0 and first < len(FAST.clocks_mhz)
+    while not sweep.done:
+        sweep.step()
+        assert sweep.planned_clocks >= sweep.done_clocks
+    measured = [m.frequency_mhz for m in sweep.result().measurements]
+    assert sweep.done_clocks == sweep.planned_clocks == len(measured) < len(FAST.clocks_mhz) / 2
+    # the top first; then clocks off the coarse grid (where the fake's energy was least: near
+    # its 1200 MHz knee on a quiet host, anywhere on a busy one, whose CPU the fake bills)
+    assert measured[0] == 1980
+    assert any(FAST.clocks_mhz.index(f) % 4 for f in measured)
+    assert "coarse then fine" in sweep.result().stopped
+    # every clock measured was locked once and reset after
+    assert sorted(f for kind, f in gpu.calls if kind == "lock") == sorted(measured)
 
 
 # ClockSweep: loops, windows, locks ----------------------------------------------------------------

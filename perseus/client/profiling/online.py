@@ -255,11 +255,9 @@ class OnlineProfiling:
             split=self._split,
         )
         _log.warning(
-            "perseus: rank %d profiling %d clocks (%d-%d MHz) online%s: %s%s",
+            "perseus: rank %d profiling %s online%s: %s%s",
             settings.rank,
-            len(sweep.clocks),
-            sweep.clocks[-1],
-            sweep.clocks[0],
+            sweep.describe(),
             ", the backward's halves too" if self._split else "",
             settings.budget.describe(),
             "" if lock else "; this GPU's clocks may not be changed: only the current clock",

@@ -16,11 +16,13 @@ read competes with the loop's kernel launches in between). Then, per instruction
     t_B = t_FB - t_F                        e_B = P_FB-loop * t_FB - e_F
 
 Time is taken around whole loops between two device synchronizations, so it needs no CUDA
-events and the same code times the CPU. The clocks are swept from high to low; the sweep
-stops early once the energy of a microbatch (``e_F + e_B``) rose at ``rising_stop`` clocks in
-a row (below the most efficient clock, slower is only costlier), or when its time budget is
-spent. A caller can run one clock per call (:meth:`ClockSweep.step`) so that training goes on
-between clocks.
+events and the same code times the CPU. Which clocks are measured, and in what order, is
+:class:`~perseus.client.profiling.sweep_order.SweepOrder`'s decision from the energy of a
+microbatch (``e_F + e_B``) and the times measured so far: by default every 4th clock from the
+top until energy rises past its least, then finer where plans go (about 33 of an H200's 110
+clocks); with an explicit list, each in turn from high to low until energy rose at
+``rising_stop`` clocks in a row. The sweep also stops when its time budget is spent. A caller
+can run one clock per call (:meth:`ClockSweep.step`) so that training goes on between clocks.
 
 Split backward (zero-bubble schedules, ``split=True``). The schedule runs each backward as two
 instructions, ``backward_input`` (``I``: the gradient sent to the previous stage) and
@@ -62,6 +64,7 @@ from perseus.client.profiling.measurements import (
     profile_csv,
     split_backward,
 )
+from perseus.client.profiling.sweep_order import AUTO, STRIDE, SweepOrder
 from perseus.client.profiling.wait_power import (
     MIN_WAIT_S,
     MIN_WAIT_SHARE,
@@ -212,32 +215,43 @@ class ClockSweep:
         self._work = device_work
         self._clock = clock
         self._lock = lock
+        stride = 1
         if lock:
             self.clocks = budget.select(gpu.supported_clocks_mhz())
+            stride = STRIDE if budget.clocks.strip() == AUTO else 1
         else:
             # The clock this GPU runs by itself, whatever it reads at this instant: the
             # plan can only mean "the default" on a GPU whose clocks may not change.
             self.clocks = (gpu.default_clock_mhz(),)
-        self._next = 0
+        """The clocks the sweep may measure, high to low (the default sweep measures some)."""
+        self._order = SweepOrder(self.clocks, rising_stop=budget.rising_stop, stride=stride)
         self._measured: list[ClockMeasurement] = []
-        self._rising = 0
         self._started_s: float | None = None
         self._stopped: str | None = None
 
     @property
     def done(self) -> bool:
-        """True once the sweep has ended (all clocks, early stop, or budget)."""
+        """True once the sweep has ended (all its clocks, early stop, or budget)."""
         return self._stopped is not None
-
-    @property
-    def planned_clocks(self) -> int:
-        """Clocks the sweep means to measure (it may stop earlier: see :attr:`done`)."""
-        return len(self.clocks)
 
     @property
     def done_clocks(self) -> int:
         """Clocks measured so far."""
         return len(self._measured)
+
+    @property
+    def planned_clocks(self) -> int:
+        """Clocks measured plus those still to measure as things stand (an upper bound while
+        the default sweep's coarse pass runs; exact afterwards, and for a list of clocks
+        until energy rises): :attr:`SweepOrder.planned_clocks`. Equals :attr:`done_clocks`
+        once the sweep is over."""
+        return self.done_clocks if self.done else self._order.planned_clocks
+
+    def describe(self) -> str:
+        """What the sweep measures, for the log: ``"coarse then fine among 110 clocks
+        (1980-345 MHz)"`` or ``"14 clocks (1980-1005 MHz)"``."""
+        span = f"{len(self.clocks)} clocks ({self.clocks[-1]}-{self.clocks[0]} MHz)"
+        return f"coarse then fine among {span}" if self._order.stride > 1 else span
 
     @property
     def elapsed_s(self) -> float:
@@ -265,8 +279,10 @@ class ClockSweep:
         elif now - self._started_s > self._budget.max_s:
             self._stopped = f"time budget of {self._budget.max_s:g} s spent"
             return None
-        frequency = self.clocks[self._next]
-        self._next += 1
+        frequency = self._order.next_clock()
+        if frequency is None:
+            self._stopped = self._order.stopped
+            return None
         try:
             if self._lock:
                 self._gpu.lock_clock(frequency)
@@ -293,20 +309,13 @@ class ClockSweep:
         )
 
     def _note(self, measured: ClockMeasurement) -> None:
-        if self._measured and (
-            measured.microbatch_energy_j > self._measured[-1].microbatch_energy_j
-        ):
-            self._rising += 1
-        else:
-            self._rising = 0
         self._measured.append(measured)
-        if self._rising >= self._budget.rising_stop:
-            self._stopped = (
-                f"energy rose at {self._rising} clocks in a row "
-                f"(down to {measured.frequency_mhz} MHz)"
-            )
-        elif self._next >= len(self.clocks):
-            self._stopped = f"all {len(self.clocks)} clocks measured"
+        self._order.record(
+            measured.frequency_mhz,
+            measured.microbatch_energy_j,
+            [measured.time_s(kind) for kind in measured.kinds],
+        )
+        self._stopped = self._order.stopped
 
     def _measure(self, frequency_mhz: int) -> ClockMeasurement:
         def forward() -> None:
