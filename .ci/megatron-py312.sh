@@ -3,8 +3,8 @@
 # venv of their own (removed at exit); .ci/run covers Python 3.11 with megatron-core 0.16.
 # PyPI's torch for Python 3.12 is the CUDA build: torch and its nvidia-* wheels are about 4.7 GB
 # installed; this script took 10 min 17 s on the (loaded, 2-core) development machine with pip's
-# cache warm, 25 s of it the tests (-m "not slow"), so .ci/run does not call it. Run it by hand,
-# or from CI where that time is affordable:
+# cache warm, 25 s of it the tests (-m "not slow"). .ci/run calls it with one end-to-end run;
+# by hand:
 #
 #     bash .ci/megatron-py312.sh          # PYTHON312=/path/to/python3.12 to pick the interpreter
 set -euo pipefail
