@@ -93,6 +93,11 @@ class JobCreate(WireModel):
     )
     straggler_threshold: Annotated[StrictFloat, Field(gt=1.0, le=10.0)] = 1.05
     straggler_window: Annotated[StrictInt, Field(ge=2, le=1000)] = 5
+    priority: Annotated[StrictFloat, Field(gt=0, le=1000)] = Field(
+        default=1.0,
+        description="Weight of the job's slowdown under a cluster power budget; changeable "
+        "later (PUT /v1/jobs/{id}/priority).",
+    )
 
     @model_validator(mode="after")
     def _check_sizes(self) -> JobCreate:

@@ -7,6 +7,7 @@ from pydantic import Field
 
 from perseus.core.baselines import Baseline as CoreBaseline
 from perseus.core.points import Point
+from perseus.wire.cluster import JobBudget
 from perseus.wire.common import JobState, WireModel, core_fields
 from perseus.wire.jobs import ChosenPoint, JobCounts, JobCreate, PolicySpec, StragglerView
 from perseus.wire.ranks import IterationPhase, PlanInstruction
@@ -124,6 +125,14 @@ class JobView(WireModel):
         description="Ranks that stopped planning and run at default clocks, with why and "
         "when (the latest report of each rank); empty while every rank follows the job.",
     )
+    priority: float = Field(
+        default=1.0, description="Weight of the job's slowdown under a cluster power budget."
+    )
+    budget: JobBudget | None = Field(
+        default=None,
+        description="What the cluster's power budget does to the job; null while none "
+        "moves it from its policy's point.",
+    )
 
 
 class JobViews(WireModel):
@@ -172,6 +181,11 @@ class FrontierView(WireModel):
     straggler_time_s: float | None = Field(
         default=None,
         description="The iteration time a straggler imposes (chosen_index is its point), if any.",
+    )
+    budget_index: int | None = Field(
+        default=None,
+        description="The point a cluster power budget holds the job at (never faster than "
+        "policy_index); null while none does.",
     )
 
 

@@ -19,7 +19,7 @@ import multiprocessing.connection
 import signal
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -130,6 +130,9 @@ class PlanningRunner:
         self._starting = False
         self._closing = False
         self._maintenance: asyncio.Task[None] | None = None
+        self.after_plan: Callable[[], Awaitable[object]] | None = None
+        """Awaited once a planning run stored its frontier or failed (the cluster budget
+        re-balances then)."""
         if warm:
             self._idle.append(self._new_process())
 
@@ -233,6 +236,8 @@ class PlanningRunner:
             row = await run_in_threadpool(self._service.fail_planning, job_id, reason)
         if row is not None:
             self._heads.put(row)
+            if self.after_plan is not None:
+                await self.after_plan()
 
     async def _slot(self, work: PlanningWork) -> bool:
         """Wait for a turn to run; True when it is the extra turn for small jobs."""
