@@ -6,22 +6,32 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from perseus.cli.cluster_budget import parse_when, watts
-from tests.cli.test_job import (  # noqa: F401 - fixtures
-    ADMIN,
-    Planner,
-    clean_env,
-    create,
-    error_line,
-    make_ready,
-    planner,
-    planners,
-    run,
-)
+from tests.cli import test_job as cli
+from tests.cli.test_job import ADMIN, Planner, create, error_line, make_ready, run
+
+clean_env = cli.clean_env  # no PERSEUS_* variable of the caller's shell reaches the commands
+
+
+@pytest.fixture
+def planners(tmp_path: Path) -> Iterator[Callable[..., Planner]]:
+    """Start real planners on loopback (as tests/cli/test_job.py does); stopped at teardown."""
+    started: list[Planner] = []
+
+    def start(admin_token: str | None = None) -> Planner:
+        started.append(cli._start(tmp_path, f"planner{len(started)}", admin_token))
+        return started[-1]
+
+    yield start
+    for planner in started:
+        planner.server.should_exit = True
+    for planner in started:
+        planner.thread.join(30)
 
 
 def test_when_is_relative_or_an_iso_time() -> None:
@@ -75,9 +85,11 @@ def test_budget_status_and_off_with_the_admin_token(
 
 
 def test_priority_with_the_jobs_token(
-    planner: Planner, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    planners: Callable[..., Planner],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    env = create(capsys, monkeypatch, planner.url)
+    env = create(capsys, monkeypatch, planners().url)
     r = run(capsys, "cluster", "priority", env["PERSEUS_JOB"], "2.5")
     assert r.status == 0, r.err
     assert r.out == f"job {env['PERSEUS_JOB']}: priority 2.5 (plan version 0)\n"
