@@ -14,6 +14,16 @@ This module re-exports them all, so ``from perseus.schemas import X`` keeps work
 
 from __future__ import annotations
 
+from perseus.wire.cluster import (
+    CLUSTER_BUDGET_PATH,
+    PRIORITY_PATH,
+    BudgetSet,
+    BudgetWindow,
+    ClusterBudgetView,
+    JobBudget,
+    JobPower,
+    PrioritySet,
+)
 from perseus.wire.common import (
     ACTIVITY_PATH,
     API_PREFIX,
@@ -140,6 +150,7 @@ from perseus.wire.views import (
 __all__ = [
     "ACTIVITY_PATH",
     "API_PREFIX",
+    "CLUSTER_BUDGET_PATH",
     "FRONTIER_FILE_PATH",
     "FRONTIER_PATH",
     "GAVE_UP_PATH",
@@ -157,6 +168,7 @@ __all__ = [
     "PLAN_COMPUTE_PATH",
     "PLAN_PATH",
     "POLICY_PATH",
+    "PRIORITY_PATH",
     "PROFILES_PATH",
     "PROFILE_CSV_PATH",
     "PROFILE_JSON_PATH",
@@ -165,7 +177,10 @@ __all__ = [
     "TIMELINE_PATH",
     "ActivityView",
     "Baseline",
+    "BudgetSet",
+    "BudgetWindow",
     "ChosenPoint",
+    "ClusterBudgetView",
     "DeadlinePolicy",
     "ErrorBody",
     "FieldError",
@@ -178,10 +193,12 @@ __all__ = [
     "IterationPhase",
     "IterationPoint",
     "IterationReport",
+    "JobBudget",
     "JobCounts",
     "JobCreate",
     "JobCreated",
     "JobList",
+    "JobPower",
     "JobState",
     "JobSummary",
     "JobView",
@@ -195,6 +212,7 @@ __all__ = [
     "PlanVersion",
     "PolicyModel",
     "PolicySpec",
+    "PrioritySet",
     "ProfileAccepted",
     "ProfileReport",
     "ProfileRow",

@@ -38,6 +38,7 @@ __all__ = [
     "job_id_of",
     "job_path",
     "open_client",
+    "send_answer",
     "server_url",
     "token_of",
 ]
@@ -123,6 +124,47 @@ def get_answer(
     if response.status_code == 200:
         return response
     raise _answer_error(response, f"GET {path}")
+
+
+def send_answer(
+    ctx: JobContext,
+    args: argparse.Namespace,
+    method: str,
+    path: str,
+    token: str | None,
+    body: object | None = None,
+) -> httpx.Response:
+    """``method path`` (with a JSON ``body``) on the planner; a failed answer becomes the
+    error it stands for, a 422 naming each rejected field."""
+    import httpx
+
+    from perseus.client.api.client import DEFAULT_TIMEOUT
+
+    timeout = DEFAULT_TIMEOUT if args.timeout is None else httpx.Timeout(args.timeout)
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    try:
+        with httpx.Client(base_url=ctx.server, timeout=timeout) as http:
+            response = http.request(method, path, headers=headers, json=body)
+    except httpx.HTTPError as err:
+        raise PlannerUnavailable(
+            f"planner {ctx.server} unreachable ({method} {path}): {type(err).__name__}: {err}"
+        ) from err
+    if response.is_success:
+        return response
+    if response.status_code == 422:
+        try:
+            detail = response.json().get("detail")
+        except (ValueError, AttributeError):
+            detail = None
+        if isinstance(detail, list):
+            fields = "; ".join(
+                f"{'.'.join(str(p) for p in d.get('loc', []) if p != 'body') or 'request'}: "
+                f"{d.get('msg', '')}"
+                for d in detail
+                if isinstance(d, dict)
+            )
+            raise PerseusError(f"the planner refused it: {fields}")
+    raise _answer_error(response, f"{method} {path}")
 
 
 def _answer_error(response: httpx.Response, where: str) -> PerseusError:

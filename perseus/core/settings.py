@@ -504,6 +504,13 @@ MAX_CONNECTIONS = Variable(
     "(raised to its hard limit at start) less 128.",
 )
 LOG_LEVEL = Variable("PERSEUS_LOG_LEVEL", Text(), "info")
+BUDGET_DEFAULT_GPU_W = Variable(
+    "PERSEUS_BUDGET_DEFAULT_GPU_W",
+    Number(above=0, maximum=100_000),
+    700.0,
+    "Under a cluster power budget, what each GPU of a job without a plan or measured "
+    "iterations is counted at (watts).",
+)
 
 
 VARIABLES: tuple[Variable[Any], ...] = tuple(

@@ -30,11 +30,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from perseus import __version__
 from perseus.core.errors import PerseusError
 from perseus.schemas import JOBS_PATH, OVERVIEW_PATH, ErrorBody, ValidationErrorBody
+from perseus.server.api import cluster_routes
 from perseus.server.api.auth import hash_token
 from perseus.server.api.edge import AuthBeforeBody, bounded_accept_errors
 from perseus.server.api.metrics import BodyLimitMiddleware, Metrics, MetricsMiddleware
 from perseus.server.api.routes import PlanFastPath, ServerState, error_response, router
 from perseus.server.api.ui import add_ui_routes
+from perseus.server.budget_runtime import BudgetKeeper
 from perseus.server.lifecycle.jobs import RequestFieldError
 from perseus.server.lifecycle.quotas import Quotas
 from perseus.server.planning.runner import PlanningRunner
@@ -251,7 +253,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             max_profile_rows=settings.max_profile_rows,
             max_job_profile_bytes=settings.max_job_profile_bytes,
         )
-        service = JobService(store, max_cells=settings.planning_max_cells, quotas=quotas)
+        service = JobService(
+            store,
+            max_cells=settings.planning_max_cells,
+            quotas=quotas,
+            default_gpu_w=settings.budget_default_gpu_w,
+        )
         heads = JobHeads(
             service.jobs,
             settings.cache_ttl_s,
@@ -275,6 +282,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         telemetry = TelemetryBuffer(
             service.iterations, service.choices, heads, settings.telemetry_flush_s
         )
+        budget = BudgetKeeper(service.budget, heads)
+        runner.after_plan = budget.rebalance
+        telemetry.after_straggler = budget.rebalance
         admin = settings.admin_token.get_secret_value() if settings.admin_token else None
         app.state.perseus = ServerState(
             settings=settings,
@@ -284,9 +294,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             metrics=metrics,
             telemetry=telemetry,
             admin_token_hash=hash_token(admin) if admin else None,
+            budget=budget,
         )
         runner.start_maintenance()
         telemetry.start()
+        budget.start()
         storage_probe = (
             asyncio.create_task(_probe_storage(store), name="perseus storage probe")
             if store.guard is not None
@@ -304,6 +316,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 storage_probe.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await storage_probe
+            await budget.close()
             await telemetry.close()
             await runner.close()
             await heads.close()
@@ -322,6 +335,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # "/v1/jobs/" is a 404, not a redirect to a path that then answers 405.
     app.router.redirect_slashes = False
     app.include_router(router)
+    app.include_router(cluster_routes.router)
     _docs_routes(app)
     add_ui_routes(app)
     _document_errors(app, admin=settings.admin_token is not None)

@@ -301,6 +301,9 @@ class TelemetryBuffer:
         self._checked_s: dict[str, float] = {}
         self._flushing = asyncio.Lock()  # keeps each rank's reports in order
         self._task: asyncio.Task[None] | None = None
+        self.after_straggler: Callable[[], Awaitable[object]] | None = None
+        """Awaited after a detected straggler moved a job's plans (the cluster budget
+        re-balances then)."""
 
     def add(self, job: JobRow, report: IterationReport) -> None:
         """Keep a checked report of ``job`` for the next batch."""
@@ -351,6 +354,8 @@ class TelemetryBuffer:
                     continue  # the job changed or went away meanwhile; checked next time
                 if moved is not None:
                     self._heads.put(moved)
+                    if self.after_straggler is not None:
+                        await self.after_straggler()
 
     def _write(self, batch: dict[str, list[IterationReport]], jobs: dict[str, JobRow]) -> None:
         for job_id, reports in batch.items():

@@ -6,6 +6,7 @@
 :class:`~.choices.PlanChoices`  policy and stragglers: which point the plans follow
 :class:`~.telemetry.IterationLog`  ranks' measured iterations
 :class:`~.plans.Plans`      plans rendered by their wire model, cached per version
+:class:`~.budget.ClusterBudget`  the cluster's power budget: each planned job's point
 =========================  ============================================================
 
 Pure rules (choosing a point, detecting a straggler) are functions in
@@ -17,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from perseus.server.lifecycle.budget import DEFAULT_GPU_W, ClusterBudget
 from perseus.server.lifecycle.choices import PlanChoices
 from perseus.server.lifecycle.jobs import Jobs
 from perseus.server.lifecycle.lease import PlanningLease
@@ -39,6 +41,8 @@ class JobService:
         plan_cache_size: rendered plans kept.
         max_cells: the most planning work a job may imply (None: no limit).
         quotas: what one job, and all of them, may hold (none by default).
+        default_gpu_w: what a GPU of a job without plan or telemetry is counted at under
+            a cluster power budget.
     """
 
     def __init__(
@@ -51,6 +55,7 @@ class JobService:
         plan_cache_size: int = 4096,
         max_cells: int | None = None,
         quotas: Quotas | None = None,
+        default_gpu_w: float = DEFAULT_GPU_W,
     ) -> None:
         quotas = quotas or Quotas()
         self.store = store
@@ -62,6 +67,7 @@ class JobService:
         )
         self.choices = PlanChoices(store, self.frontiers, self.plans, clock=clock)
         self.iterations = IterationLog(store)
+        self.budget = ClusterBudget(store, self.frontiers, clock=clock, default_gpu_w=default_gpu_w)
 
     @property
     def owner(self) -> str:

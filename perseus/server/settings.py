@@ -75,6 +75,7 @@ class Settings(BaseSettings):
     cached_jobs: int = variable_field(variables.CACHED_JOBS)
     max_connections: int | None = variable_field(variables.MAX_CONNECTIONS)
     log_level: str = variable_field(variables.LOG_LEVEL)
+    budget_default_gpu_w: float = variable_field(variables.BUDGET_DEFAULT_GPU_W)
 
     @field_validator("max_wait_s")
     @classmethod

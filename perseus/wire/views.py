@@ -7,6 +7,7 @@ from pydantic import Field
 
 from perseus.core.baselines import Baseline as CoreBaseline
 from perseus.core.points import Point
+from perseus.wire.cluster import JobBudget
 from perseus.wire.common import JobState, WireModel, core_fields
 from perseus.wire.jobs import ChosenPoint, JobCounts, JobCreate, PolicySpec, StragglerView
 from perseus.wire.ranks import IterationPhase, PlanInstruction, ProfilingProgress
@@ -133,6 +134,20 @@ class JobView(WireModel):
         # view with a field they do not know, and read this one before they profile.
         exclude_if=lambda ranks: not ranks,
     )
+    priority: float = Field(
+        default=1.0,
+        description="Weight of the job's slowdown under a cluster power budget; left out of "
+        "the answer at 1.",
+        exclude_if=lambda priority: priority == 1.0,
+    )
+    budget: JobBudget | None = Field(
+        default=None,
+        description="What the cluster's power budget does to the job; null while none "
+        "moves it from its policy's point, and then left out of the answer.",
+        # Left out while unset, as profiling is: ranks from before answers were read
+        # tolerantly refuse a job view with a field they do not know.
+        exclude_if=lambda budget: budget is None,
+    )
 
 
 class JobViews(WireModel):
@@ -192,6 +207,11 @@ class FrontierView(WireModel):
     straggler_time_s: float | None = Field(
         default=None,
         description="The iteration time a straggler imposes (chosen_index is its point), if any.",
+    )
+    budget_index: int | None = Field(
+        default=None,
+        description="The point a cluster power budget holds the job at (never faster than "
+        "policy_index); null while none does.",
     )
 
 

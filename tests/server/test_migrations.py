@@ -160,7 +160,7 @@ def test_a_database_at_0001_with_data_upgrades_to_the_head(
     engine.dispose()
     assert current_revision(sqlite_url) == "0001"
     client = make_client(Settings(database=sqlite_url, warm_planner=False))
-    assert current_revision(sqlite_url) == "0003" == head_revision()
+    assert current_revision(sqlite_url) == "0004" == head_revision()
     auth = {"Authorization": f"Bearer {TOKEN}"}
     r = client.get(f"/v1/jobs/{JOB_ID}/plan", params={"rank": 2}, headers=auth)
     assert r.status_code == 200, r.text
@@ -169,5 +169,10 @@ def test_a_database_at_0001_with_data_upgrades_to_the_head(
     r = client.post(f"/v1/jobs/{JOB_ID}/iterations", headers=auth,
                     json={"rank": 2, "iteration": 99, "time_s": 1.0, "energy_j": 3.0})  # fmt: skip
     assert r.status_code == 200, r.text
-    savings = client.get(f"/v1/jobs/{JOB_ID}", headers=auth).json()["savings"]
+    view = client.get(f"/v1/jobs/{JOB_ID}", headers=auth).json()
+    savings = view["savings"]
     assert savings["plan"]["iterations"] == 1 and savings["energy_j"] == 3.0
+    # 0004: jobs made before weigh 1 under a budget, and no budget holds them anywhere.
+    assert view.get("priority", 1.0) == 1.0 and view.get("budget") is None
+    r = client.get("/v1/cluster/budget")
+    assert r.status_code == 200 and r.json()["budget_w"] is None, r.text

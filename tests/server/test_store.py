@@ -85,6 +85,9 @@ def test_a_database_from_before_rank_hosts_gains_the_column(database_url: str) -
         conn.exec_driver_sql("ALTER TABLE perseus_jobs DROP COLUMN planned_from_s")
         conn.exec_driver_sql("ALTER TABLE perseus_ranks DROP COLUMN instance")
         conn.exec_driver_sql("ALTER TABLE perseus_ranks DROP COLUMN seen_at_s")
+        conn.exec_driver_sql("DROP TABLE perseus_cluster_budget")
+        conn.exec_driver_sql("ALTER TABLE perseus_jobs DROP COLUMN priority")
+        conn.exec_driver_sql("ALTER TABLE perseus_jobs DROP COLUMN budget_index")
     engine.dispose()
     store = Store(database_url)
     store.create_schema()  # what a newer server does at start

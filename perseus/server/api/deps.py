@@ -18,6 +18,7 @@ from perseus.core.errors import JobNotFound
 from perseus.schemas import ErrorBody
 from perseus.server.api.auth import check_job_token
 from perseus.server.api.metrics import Metrics
+from perseus.server.budget_runtime import BudgetKeeper
 from perseus.server.lifecycle.activity import Activity
 from perseus.server.planning.runner import PlanningRunner
 from perseus.server.runtime import Coalescer, JobHeads, RankPlace, TelemetryBuffer
@@ -63,6 +64,8 @@ class ServerState:
     foreign_reports: set[tuple[str, int]] = field(default_factory=set)
     # Each rank's last report and the recent iterations, for the web page.
     activity: Activity = field(default_factory=Activity)
+    # The cluster power budget's re-balances and window timer (None: tests without one).
+    budget: BudgetKeeper | None = None
 
     def check_host(self, job_id: str, rank: int, place: RankPlace, host: str | None) -> None:
         """Warn once per rank when a report comes from another host than its registration."""

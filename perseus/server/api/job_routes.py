@@ -72,4 +72,6 @@ async def delete_job(state: State, job_id: JobIdPath, credentials: Credentials) 
     state.telemetry.forget(job_id)
     state.activity.forget(job_id)
     state.foreign_reports = {key for key in state.foreign_reports if key[0] != job_id}
+    if state.budget is not None:
+        await state.budget.rebalance()  # its power is free for the others
     return Response(status_code=status.HTTP_204_NO_CONTENT)

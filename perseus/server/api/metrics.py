@@ -17,9 +17,16 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from perseus.schemas import JOB_STATES
+from perseus.schemas import JOB_STATES, ClusterBudgetView
 
-__all__ = ["BodyLimitMiddleware", "JobGauges", "Metrics", "MetricsMiddleware", "method_label"]
+__all__ = [
+    "BodyLimitMiddleware",
+    "JobGauges",
+    "Metrics",
+    "MetricsMiddleware",
+    "method_label",
+    "render_cluster",
+]
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:
@@ -304,3 +311,53 @@ class BodyLimitMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": payload})
+
+
+# ----------------------------------------------------------------------------- cluster budget
+
+_CLUSTER_GAUGES = (
+    ("perseus_cluster_power_budget_watts", "budget_w",
+     "The cluster power budget in force (absent while none is)."),
+    ("perseus_cluster_power_predicted_watts", "predicted_w",
+     "Every job's predicted power at its current point, summed."),
+    ("perseus_cluster_power_measured_watts", "measured_w",
+     "Every job's power from its ranks' recent iterations, summed."),
+    ("perseus_cluster_power_policy_watts", "policy_w",
+     "What the jobs would draw at their own policies."),
+    ("perseus_cluster_power_least_watts", "least_w", "The least the jobs can draw."),
+    ("perseus_cluster_budget_met", "met",
+     "1 while the predicted power is within the budget, 0 while it is not (absent: no budget)."),
+    ("perseus_cluster_budget_meetable", "meetable",
+     "1 while the jobs can meet the budget at all, 0 while they cannot (absent: no budget)."),
+    ("perseus_cluster_budget_shortfall_watts", "shortfall_w",
+     "How far the predicted power exceeds the budget."),
+    ("perseus_cluster_budget_weighted_slowdown_ratio", "weighted_slowdown",
+     "Sum over jobs of priority times slowdown against their policies."),
+)  # fmt: skip
+
+_JOB_POWER_GAUGES = (
+    ("perseus_job_power_predicted_watts", "predicted_w", "The job's predicted power."),
+    ("perseus_job_power_measured_watts", "measured_w",
+     "The job's power from its ranks' recent iterations."),
+    ("perseus_job_power_share_ratio", "share", "The job's share of the cluster's predicted power."),
+    ("perseus_job_budget_slowdown_ratio", "slowdown",
+     "How much slower than its policy the cluster budget runs the job (0.018: 1.8 %)."),
+    ("perseus_job_priority", "priority", "The weight of the job's slowdown under a budget."),
+)  # fmt: skip
+
+
+def render_cluster(view: ClusterBudgetView) -> str:
+    """The cluster budget's gauges (Prometheus text), appended to :meth:`Metrics.render`'s."""
+    out: list[str] = []
+    for name, field, help_text in _CLUSTER_GAUGES:
+        out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        value = getattr(view, field)
+        if value is not None:
+            out.append(f"{name} {float(value)!r}")
+    for name, field, help_text in _JOB_POWER_GAUGES:
+        out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        for job in view.jobs:
+            value = getattr(job, field)
+            if value is not None:
+                out.append(f'{name}{{job="{_label(job.job_id)}"}} {float(value)!r}')
+    return "\n".join(out) + "\n"

@@ -43,6 +43,7 @@ from perseus.schemas import (
     RankRegistration,
     StragglerSpec,
 )
+from perseus.server.api.cluster_routes import rebalanced
 from perseus.server.api.deps import (
     ERROR_RESPONSES,
     AuthorizedJob,
@@ -143,7 +144,9 @@ async def set_policy(job: AuthorizedJob, body: PolicySpec, state: State) -> Plan
     policy: PolicyModel = body
     reply, row = await run_in_threadpool(state.service.choices.set_policy, job.id, policy)
     state.heads.put(row)
-    return reply
+    if state.budget is None:
+        return reply
+    return await rebalanced(state, row)
 
 
 @router.put(STRAGGLER_PATH, response_model=PlanVersion, tags=["plans"])
@@ -151,7 +154,9 @@ async def set_straggler(job: AuthorizedJob, body: StragglerSpec, state: State) -
     """Another pipeline takes this long (or this much slower): plans move along the frontier."""
     reply, row = await run_in_threadpool(state.service.choices.set_straggler, job.id, body)
     state.heads.put(row)
-    return reply
+    if state.budget is None:
+        return reply
+    return await rebalanced(state, row)
 
 
 @router.delete(STRAGGLER_PATH, response_model=PlanVersion, tags=["plans"])
@@ -159,7 +164,9 @@ async def clear_straggler(job: AuthorizedJob, state: State) -> PlanVersion:
     """No straggler any more: plans go back to the policy's point."""
     reply, row = await run_in_threadpool(state.service.choices.clear_straggler, job.id)
     state.heads.put(row)
-    return reply
+    if state.budget is None:
+        return reply
+    return await rebalanced(state, row)
 
 
 def _merged(inp: PlanningInput) -> Profile:

@@ -29,7 +29,7 @@ from perseus.server.api.deps import (
     State,
     credentials_token,
 )
-from perseus.server.api.metrics import JobGauges
+from perseus.server.api.metrics import JobGauges, render_cluster
 from perseus.server.planning.plans import not_ready
 from perseus.server.planning.timeline import timeline_view
 
@@ -65,7 +65,13 @@ async def metrics(state: State) -> Response:
     gauges = await run_in_threadpool(_job_gauges, state)
     # Rendering is O(routes + jobs) string formatting: in the pool too, off the event loop.
     text = await run_in_threadpool(state.metrics.render, jobs_by_state, energy, gauges)
+    text += await run_in_threadpool(_cluster_gauges, state)
     return Response(text, media_type="text/plain; version=0.0.4")
+
+
+def _cluster_gauges(state: ServerState) -> str:
+    """The cluster power budget's gauges (in a thread)."""
+    return render_cluster(state.service.budget.status())
 
 
 def _job_gauges(state: ServerState) -> dict[str, JobGauges]:

@@ -59,11 +59,12 @@ class PlanChoices(JobPart):
             job = dataclasses.replace(change(existing(tx, job_id)), updated_at_s=self._clock())
             frontier = self._frontiers.of(job)
             if frontier is not None:
-                choice = choose(frontier, job.policy, job.straggler)
+                choice = choose(frontier, job.policy, job.straggler, job.budget_index)
                 job = dataclasses.replace(
                     job,
                     policy_index=choice.policy_index,
                     chosen_index=choice.chosen_index,
+                    budget_index=choice.budget_index,
                     version=job.version + 1,
                 )
                 if job.state == JobState.FAILED:
@@ -112,12 +113,13 @@ class PlanChoices(JobPart):
             locked = existing(tx, job_id)
             if locked.version != job.version or locked.straggler != job.straggler:
                 return None  # someone else moved the plans meanwhile
-            choice = choose(frontier, locked.policy, change.straggler)
+            choice = choose(frontier, locked.policy, change.straggler, locked.budget_index)
             job = dataclasses.replace(
                 locked,
                 straggler=change.straggler,
                 policy_index=choice.policy_index,
                 chosen_index=choice.chosen_index,
+                budget_index=choice.budget_index,
                 version=locked.version + 1,
                 updated_at_s=self._clock(),
             )

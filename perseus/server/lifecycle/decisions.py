@@ -44,10 +44,18 @@ versions."""
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """The frontier points the plans follow: the policy's, and the one the others run."""
+    """The frontier points the plans follow: the policy's, the one a cluster power budget
+    holds the job at (never faster than the policy's; None: no budget moves it), and the
+    one the replicas other than a straggler run."""
 
     policy_index: int
     chosen_index: int
+    budget_index: int | None = None
+
+    @property
+    def base_index(self) -> int:
+        """The point the job runs but for a straggler: the budget's, else the policy's."""
+        return self.policy_index if self.budget_index is None else self.budget_index
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,19 +97,36 @@ def _straggler_time_s(frontier: Frontier, policy_index: int, straggler: Straggle
     return slowdown * float(frontier.times_s[policy_index])
 
 
-def choose(frontier: Frontier, policy: PolicyModel, straggler: StragglerView | None) -> Choice:
-    """Policy point, then the straggler's: the least energy within the imposed time.
+def choose(
+    frontier: Frontier,
+    policy: PolicyModel,
+    straggler: StragglerView | None,
+    budget_index: int | None = None,
+) -> Choice:
+    """Policy point, held back to the budget's point (when slower), then the straggler's:
+    the least energy within the imposed time.
+
+    Args:
+        frontier: the job's frontier.
+        policy: the job's own policy.
+        straggler: a declared or detected straggler, if any.
+        budget_index: the point a cluster power budget holds the job at; ignored where it
+            is not slower than the policy's point (a budget never speeds a job up) or not a
+            point of this frontier.
 
     Raises:
         InfeasibleDeadline: the policy's deadline is shorter than the fastest plan.
     """
     policy_index = choose_point(frontier, policy_to_solver(policy))
+    if budget_index is not None and not policy_index < budget_index < len(frontier):
+        budget_index = None
+    base = policy_index if budget_index is None else budget_index
     if straggler is None:
-        return Choice(policy_index, policy_index)
-    imposed_s = _straggler_time_s(frontier, policy_index, straggler)
-    if imposed_s <= float(frontier.times_s[policy_index]):
-        return Choice(policy_index, policy_index)
-    return Choice(policy_index, straggler_point(frontier, imposed_s))
+        return Choice(policy_index, base, budget_index)
+    imposed_s = _straggler_time_s(frontier, base, straggler)
+    if imposed_s <= float(frontier.times_s[base]):
+        return Choice(policy_index, base, budget_index)
+    return Choice(policy_index, straggler_point(frontier, imposed_s), budget_index)
 
 
 def expected(
@@ -110,15 +135,16 @@ def expected(
     """Iteration time and pipeline energy at the chosen point once a straggler stretches it."""
     time_s = float(frontier.times_s[choice.chosen_index])
     if straggler is not None:
-        time_s = max(time_s, _straggler_time_s(frontier, choice.policy_index, straggler))
+        time_s = max(time_s, _straggler_time_s(frontier, choice.base_index, straggler))
     return time_s, float(frontier.energy_at(choice.chosen_index, time_s))
 
 
 def predicted_time_s(
     frontier: Frontier, choice: Choice, stragglers: Collection[int], data_parallel_rank: int
 ) -> float:
-    """The iteration time a replica's plan predicts: stragglers run the policy point."""
-    index = choice.policy_index if data_parallel_rank in stragglers else choice.chosen_index
+    """The iteration time a replica's plan predicts: stragglers run the policy point (or
+    the budget's)."""
+    index = choice.base_index if data_parallel_rank in stragglers else choice.chosen_index
     return float(frontier.times_s[index])
 
 

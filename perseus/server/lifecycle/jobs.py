@@ -37,6 +37,7 @@ from perseus.schemas import (
     RankRegistration,
 )
 from perseus.server.api.auth import hash_token, new_token
+from perseus.server.lifecycle.budget import job_budget
 from perseus.server.lifecycle.decisions import policy_to_solver
 from perseus.server.lifecycle.quotas import QuotaExceeded, Quotas
 from perseus.server.lifecycle.savings import BASELINE, PLAN, savings_view
@@ -148,6 +149,7 @@ class Jobs(JobPart):
             planning_owner=None,
             planning_heartbeat_s=None,
             planning_s=None,
+            priority=spec.priority,
         )
         with self._store.write() as tx:
             most_jobs = self._quotas.max_jobs
@@ -278,6 +280,8 @@ class Jobs(JobPart):
             planned_from_s=since,
             profiles_since_plan=newer,
             gave_up=[RankGaveUp(rank=r, reason=why, at_s=t) for r, why, t in gave_up],
+            priority=job.priority,
+            budget=job_budget(job, frontier),
         )
 
     def rank_gave_up(self, job_id: str, report: GaveUpReport) -> GaveUpAccepted:

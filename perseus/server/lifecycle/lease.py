@@ -409,6 +409,7 @@ class PlanningLease:
                     reason=f"policy: {exc}",
                     policy_index=None,
                     chosen_index=None,
+                    budget_index=None,
                 )
             else:
                 job = dataclasses.replace(
@@ -417,6 +418,9 @@ class PlanningLease:
                     reason=None,
                     policy_index=choice.policy_index,
                     chosen_index=choice.chosen_index,
+                    # A new frontier's points are others: the cluster budget, if any, places
+                    # the job again once it is stored (ClusterBudget.rebalance).
+                    budget_index=None,
                 )
             tx.save_job(job)
         self._frontiers.put(job_id, rev, frontier, profile)

@@ -55,7 +55,7 @@ def choice_of(job: JobRow) -> Choice | None:
     """The points the job's plans follow, once it has a frontier and a chosen point."""
     if job.policy_index is None or job.chosen_index is None or not job.frontier_rev:
         return None
-    return Choice(job.policy_index, job.chosen_index)
+    return Choice(job.policy_index, job.chosen_index, job.budget_index)
 
 
 def not_ready(job: JobRow) -> PlanNotReady:
@@ -121,7 +121,7 @@ def render_plan(
 
 def point_index(job: JobRow, straggler_replica: bool) -> int:
     """The frontier point a rank's plan follows: the straggler replica keeps the policy
-    point, the others run the chosen one.
+    point (or the cluster budget's), the others run the chosen one.
 
     Raises:
         PlanNotReady: there is no plan at this version.
@@ -129,7 +129,7 @@ def point_index(job: JobRow, straggler_replica: bool) -> int:
     choice = choice_of(job)
     if choice is None:
         raise not_ready(job)
-    return choice.policy_index if straggler_replica else choice.chosen_index
+    return choice.base_index if straggler_replica else choice.chosen_index
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +337,7 @@ class Plans:
             policy_index=choice.policy_index,
             chosen_index=choice.chosen_index,
             policy=job.policy,
+            budget_index=choice.budget_index,
             straggler_time_s=None
             if job.straggler is None
             else expected(frontier, choice, job.straggler)[0],

@@ -138,6 +138,9 @@ class PlanningRunner:
         self._starting = False
         self._closing = False
         self._maintenance: asyncio.Task[None] | None = None
+        self.after_plan: Callable[[], Awaitable[object]] | None = None
+        """Awaited once a planning run stored its frontier or failed (the cluster budget
+        re-balances then)."""
         if warm:
             self._idle.append(self._new_process())
 
@@ -258,6 +261,8 @@ class PlanningRunner:
                 return
         if row is not None:
             self._heads.put(row)
+            if self.after_plan is not None:
+                await self.after_plan()
 
     async def _store_frontier(
         self, job_id: str, store: Callable[[], JobRow | None]

@@ -28,15 +28,18 @@ from sqlalchemy import (
 from perseus.schemas import JobCreate, JobState, PolicyModel, PolicySpec, StragglerView
 
 __all__ = [
+    "CLUSTER_BUDGET",
     "FRONTIERS",
     "GAVE_UP",
     "JOBS",
     "PROFILES",
     "RANKS",
     "SAMPLES",
+    "BudgetRow",
     "FrontierRow",
     "IterationWindow",
     "JobRow",
+    "PowerWindow",
     "ProfileRecord",
     "RankRow",
     "RankWindow",
@@ -72,6 +75,10 @@ JOBS = Table(
     Column("planning_heartbeat_s", Float),
     Column("planning_s", Float),
     Column("planned_from_s", Float),
+    # The weight of the job's slowdown under a cluster power budget (0004).
+    Column("priority", Float, nullable=False, server_default="1"),
+    # The frontier point a cluster power budget holds the job at; null: none (0004).
+    Column("budget_index", Integer),
 )
 
 FRONTIERS = Table(
@@ -146,6 +153,21 @@ GAVE_UP = Table(
 """Ranks that stopped planning (the latest report of each): registered or not, since a rank
 may reject its job before it registers."""
 
+CLUSTER_BUDGET = Table(
+    "perseus_cluster_budget",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("standing_w", Float),
+    Column("window_w", Float),
+    Column("window_from_s", Float),
+    Column("window_to_s", Float),
+    Column("applied_w", Float),
+    Column("changed_at_s", Float),
+    Column("balanced_at_s", Float),
+)
+"""The cluster's power budget: one row (id 1), absent until a budget is first set. Every
+re-balance locks it first, so server processes sharing a database take turns."""
+
 
 # ----------------------------------------------------------------------------- row values
 
@@ -177,6 +199,11 @@ class JobRow:
     planned_from_s: float | None = None
     """When the planning behind the current frontier began: profiles reported after it are
     newer than the plan (a re-run of the training)."""
+    priority: float = 1.0
+    """The weight of the job's slowdown under a cluster power budget."""
+    budget_index: int | None = None
+    """The frontier point a cluster power budget holds the job at (never faster than its
+    policy's); None while no budget moves it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +279,40 @@ class FrontierRow:
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetRow:
+    """The cluster's power budget as stored.
+
+    Attributes:
+        standing_w: The budget outside any window; None: no standing budget.
+        window_w: The scheduled window's budget; None: no window.
+        window_from_s: When the window starts (Unix time); None: at once.
+        window_to_s: When it ends; None: never.
+        applied_w: The budget the jobs' points were last chosen for; None: none (every job
+            at its own policy).
+        changed_at_s: When the budget was last set or lifted.
+        balanced_at_s: When the jobs' points were last chosen.
+    """
+
+    standing_w: float | None = None
+    window_w: float | None = None
+    window_from_s: float | None = None
+    window_to_s: float | None = None
+    applied_w: float | None = None
+    changed_at_s: float | None = None
+    balanced_at_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PowerWindow:
+    """A rank's recent iterations as cluster power sees them (any plan version)."""
+
+    job_id: str
+    recent_times_s: tuple[float, ...]
+    recent_energies_j: tuple[float, ...]
+    seen_at_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class SampleBucket:
     """A rank's iterations of one phase: ``baseline`` (default clocks), ``plan`` (under plan
     ``version``), or a phase kept only for its totals (``profiling``, ``default``,
@@ -281,6 +342,8 @@ WINDOW_FIELDS = tuple(f.name for f in dataclasses.fields(IterationWindow))
 WINDOW_COLUMNS = [RANKS.c[name] for name in WINDOW_FIELDS]
 SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(SampleBucket))
 SAMPLE_COLUMNS = [SAMPLES.c[name] for name in SAMPLE_FIELDS]
+BUDGET_FIELDS = tuple(f.name for f in dataclasses.fields(BudgetRow))
+BUDGET_COLUMNS = [CLUSTER_BUDGET.c[name] for name in BUDGET_FIELDS]
 PROFILE_COLUMNS = [
     PROFILES.c[name] for name in ("job_id", "rank", "stage", "rows", "p_block_w", "reported_at_s")
 ]

@@ -29,6 +29,9 @@ from perseus.core.errors import JobStateError
 from perseus.core.jobs import CREATED, JobState, transition
 from perseus.server.store.database import CHANGES_CHANNEL
 from perseus.server.store.tables import (
+    BUDGET_COLUMNS,
+    BUDGET_FIELDS,
+    CLUSTER_BUDGET,
     FRONTIERS,
     GAVE_UP,
     JOB_COLUMNS,
@@ -44,9 +47,11 @@ from perseus.server.store.tables import (
     STATE,
     WINDOW_COLUMNS,
     WINDOW_FIELDS,
+    BudgetRow,
     FrontierRow,
     IterationWindow,
     JobRow,
+    PowerWindow,
     ProfileRecord,
     RankRow,
     RankWindow,
@@ -503,3 +508,46 @@ class Transaction:
             str(job_id): (float(energy or 0.0), float(saved or 0.0))
             for job_id, energy, saved in self._conn.execute(query)
         }
+
+    # the cluster's power budget (one row; a re-balance locks it before any job row)
+
+    def budget(self) -> BudgetRow:
+        """The cluster's budget (all None before one is first set), its row locked for the
+        rest of a write transaction: re-balances take turns on it, across processes."""
+        query = select(*BUDGET_COLUMNS).where(CLUSTER_BUDGET.c.id == 1)
+        if self._locking:
+            query = query.with_for_update()
+        found = self._conn.execute(query).first()
+        if found is None and self._locking:
+            # Made by the schema revision (0004); a database whose tables were made some
+            # other way gets it here.
+            self._conn.execute(insert(CLUSTER_BUDGET).values(id=1))
+            found = self._conn.execute(query).first()
+        if found is None:
+            return BudgetRow()
+        return BudgetRow(**dict(zip(BUDGET_FIELDS, found, strict=True)))
+
+    def save_budget(self, row: BudgetRow) -> None:
+        """Write the budget back (after :meth:`budget` in this transaction)."""
+        values = {name: getattr(row, name) for name in BUDGET_FIELDS}
+        self._conn.execute(update(CLUSTER_BUDGET).where(CLUSTER_BUDGET.c.id == 1).values(values))
+
+    def all_jobs(self) -> list[JobRow]:
+        """Every job, by id, locked for the rest of a write transaction (a re-balance: the
+        budget row is locked first, then the jobs in one order, so writers never deadlock)."""
+        query = select(*JOB_COLUMNS).order_by(JOBS.c.id)
+        if self._locking:
+            query = query.with_for_update()
+        rows = [job_row(found) for found in self._conn.execute(query)]
+        self._read.update((row.id, row) for row in rows)
+        return rows
+
+    def power_windows(self) -> list[PowerWindow]:
+        """Every rank's recent iterations, whatever plan version they ran under."""
+        query = select(
+            RANKS.c.job_id, RANKS.c.recent_times_s, RANKS.c.recent_energies_j, RANKS.c.seen_at_s
+        ).where(RANKS.c.iterations > 0)
+        return [
+            PowerWindow(str(job_id), tuple(times), tuple(energies), seen)
+            for job_id, times, energies, seen in self._conn.execute(query)
+        ]
