@@ -63,6 +63,17 @@ SHAPES = {  # schedule -> (job create arguments, ranks, example arguments)
         2,
         ["--schedule", "interleaved-1f1b"],
     ),
+    "zbv": (
+        ["--stages", "2", "--microbatches", "8", "--schedule", "zbv", "--virtual-stages", "2"],
+        2,
+        ["--schedule", "zbv"],
+    ),
+    "dualpipev": (
+        ["--stages", "2", "--microbatches", "8", "--schedule", "dualpipev",
+         "--virtual-stages", "2"],
+        2,
+        ["--schedule", "dualpipev"],
+    ),  # fmt: skip
 }
 THROTTLED_MHZ = default_throttled_clocks_mhz()
 LOSING_S = 0.0001

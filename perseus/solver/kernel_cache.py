@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
 import importlib.util
 import os
 import platform
@@ -82,31 +81,41 @@ def numba_cache_dir() -> Path | None:
 
 def numba_installed() -> bool:
     """Whether numba can be found (without importing it: that takes half a second)."""
+    return _numba_origin() is not None
+
+
+def _numba_origin() -> str | None:
+    """The file numba would be imported from, or None where it cannot be found."""
     try:
-        return importlib.util.find_spec("numba") is not None
+        spec = importlib.util.find_spec("numba")
     except (ImportError, ValueError):
-        return False
+        return None
+    return None if spec is None else spec.origin or ""
 
 
 def _marker_name() -> str:
     """The ready marker's file name: it names this installation's kernels (their file, its
-    size and time), numba's version, Python's and the machine's architecture, so that a
-    change of any of them (which makes numba compile again) reads as not ready."""
+    size and time), numba's installation (its file and time), Python's version and the
+    machine's architecture, so that a change of any of them (after which numba compiles
+    again) reads as not ready."""
+    origin = _numba_origin()
     try:
         stat = _KERNELS.stat()
-        numba_version = importlib.metadata.version("numba")
-    except (OSError, importlib.metadata.PackageNotFoundError):
+        numba_stat = os.stat(origin) if origin else None
+    except OSError:
+        return ""
+    if numba_stat is None:
         return ""
     key = "\0".join([str(_KERNELS.resolve()), str(stat.st_size), str(stat.st_mtime_ns),
-                     numba_version, sys.version, platform.machine()])  # fmt: skip
+                     str(origin), str(numba_stat.st_mtime_ns), sys.version,
+                     platform.machine()])  # fmt: skip
     return "ready-" + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 def ready() -> bool:
     """Whether the kernels are compiled and cached for this installation, so that a process
-    loads them (about 0.5 s with numba's import) rather than compiling them. O(1) file checks."""
-    if not numba_installed():
-        return False
+    loads them (about 0.5 s with numba's import) rather than compiling them. A few file
+    checks."""
     name = _marker_name()
     return bool(name) and (cache_root() / "numba" / name).is_file()
 
