@@ -4,6 +4,7 @@
     python benchmarks/solver.py --quick    # small grid
     python benchmarks/solver.py --scale    # doubling series up to 32 x 256 (synthetic H200)
     python benchmarks/solver.py --versus /tmp/perseus-base  # planning call against older code
+    python benchmarks/solver.py --matrix --base old=/tmp/perseus-old --repeat 3  # cold and warm
 
 Each run (one case, one solver) happens in a fresh Python process, so its peak memory is its own:
 "peak MiB" is the growth of the process's ru_maxrss over the solve (after imports and profile
@@ -42,6 +43,18 @@ bloom+a100), the two alternating run by run so that both see the same load; it p
 medians of ``--repeat`` runs, their ratio, and the two frontiers compared point by point: at
 every deadline where either has a point, the least energy each takes within it ("worse" is
 this checkout's largest excess over the older, "better" its largest saving).
+
+``--matrix`` times whole `perseus plan` processes (default settings) of this checkout and of
+each ``--base LABEL=DIR`` (older code, e.g. ``git archive 45a2241 | tar -x -C DIR``) on every
+shared profile and three synthetic 8-stage ones with 20, 38 and 110 clocks (the A100's and
+H200's shapes, ``perseus.solver.synthetic``, blocking power 100 W), at 1F1B 8 x 12, 24, 48 and
+96, interleaved 1F1B 8 x 32 (V=2) and ZBV 8 x 24 (V=2; skipped for code without it). Each
+cell is run **cold** (an empty kernel cache, as after an install: ``PERSEUS_CACHE_DIR`` and
+``NUMBA_CACHE_DIR`` point at a new empty folder) and **warm** (the checkout's kernels cached
+first by its ``warm_kernels``); code without compiled kernels runs once, for both. Where a
+cold run starts compiling the kernels for the next process, the next run waits until that
+has finished. Checkouts alternate run by run; the table holds the medians of ``--repeat``
+runs and this checkout's time over each base's; ``--profiles`` and ``--sizes`` pick a subset.
 """
 
 from __future__ import annotations
@@ -504,6 +517,7 @@ def run_matrix(bases: list[tuple[str, str]], repeat: int, only_profiles: list[st
                         ours, theirs = medians.get(("this", state)), medians.get((key, state))
                         row.append("-" if not (ours and theirs) else f"{ours / theirs:.2f}")
                 rows.append(tuple(row))
+                print("  ".join(row), file=sys.stderr, flush=True)  # as it comes
     header = ["profile", "schedule", "size", "instr"]
     header += [f"{key} {state}" for key, _ in checkouts for state in ("cold", "warm")]
     header += [f"/{key} {state}" for key, _ in bases for state in ("cold", "warm")]
@@ -520,6 +534,81 @@ def run_matrix(bases: list[tuple[str, str]], repeat: int, only_profiles: list[st
     for r in rows:
         print("  ".join(c.ljust(widths[i]) if i < 3 else c.rjust(widths[i])
                         for i, c in enumerate(r)))  # fmt: skip
+
+
+MARGIN_GAP_SIZES = [  # (schedule, stages, microbatches, virtual stages)
+    ("1f1b", 8, 12, 1),
+    ("1f1b", 8, 24, 1),
+    ("1f1b", 8, 48, 1),
+    ("1f1b", 8, 96, 1),
+    ("interleaved-1f1b", 8, 32, 2),
+    ("zbv", 8, 24, 2),
+]
+
+
+def _margin_gap_child(label: str, size: list[Any]) -> dict[str, float]:
+    """One artifact case's frontier at the default margin: its largest reported gap, and per
+    point the same plan's gap without transitions and the transitions' energy over the bound."""
+    import numpy as np
+
+    from perseus.defaults import CLOCK_CHANGE_MARGIN_S
+    from perseus.solver import build_dag, compute_frontier, load_profile, make_schedule
+    from perseus.solver.transitions import clock_tables, evaluate_plans
+
+    file_name, p_block_w = PROFILES[label]
+    profile = load_profile(PROFILES_DIR / file_name)
+    schedule = make_schedule(*size)
+    frontier = compute_frontier(profile, schedule, p_block_w=p_block_w,
+                                clock_change_margin_s=CLOCK_CHANGE_MARGIN_S)  # fmt: skip
+    bound = frontier.energies_j / (1.0 + frontier.gaps)
+    plans = np.asarray(frontier.frequencies_mhz).T.astype(np.int64)
+    tables, dag = clock_tables(profile, schedule), build_dag(schedule)
+    _, without = evaluate_plans(tables, dag, p_block_w, plans, 0.0)
+    share = (frontier.energies_j - without) / bound
+    return {
+        "points": len(frontier),
+        "max_gap": float(frontier.gaps.max()),
+        "max_gap_without": float((without / bound - 1.0).max()),
+        "max_share": float(share.max()),
+        "over_1": int((frontier.gaps > 0.01).sum()),
+    }
+
+
+def run_margin_gaps(only_profiles: list[str] | None, only_sizes: list[str] | None) -> None:
+    """The artifact cases' gaps at the default clock-change margin, one fresh process each."""
+    rows = []
+    for label in PROFILES:
+        if only_profiles and label not in only_profiles:
+            continue
+        for schedule, stages, microbatches, chunks in MARGIN_GAP_SIZES:
+            name = f"{stages}x{microbatches}" + (f"v{chunks}" if chunks > 1 else "")
+            if only_sizes and name not in only_sizes:
+                continue
+            print(f"running {label} {schedule} {name} ...", file=sys.stderr, flush=True)
+            child = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve()), "--margin-gap-child",
+                 json.dumps([label, [schedule, stages, microbatches, chunks]])],
+                capture_output=True, text=True, cwd=REPO, timeout=TIMEOUT_S,
+            )  # fmt: skip
+            lines = child.stdout.strip().splitlines()
+            if child.returncode != 0 or not lines:
+                raise SystemExit(f"{label} {name}: {child.stderr.strip()[-300:]}")
+            r = json.loads(lines[-1])
+            rows.append((label, schedule, name, str(r["points"]),
+                         f"{100 * r['max_gap']:.3f}", f"{100 * r['max_gap_without']:.3f}",
+                         f"{100 * r['max_share']:.3f}", str(r["over_1"])))  # fmt: skip
+    header = ("profile", "schedule", "size", "points", "max gap %", "max gap w/o transitions %",
+              "max transitions' share %", "points over 1 %")  # fmt: skip
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print("# compute_frontier, default settings (5 ms clock-change margin): the largest gap "
+          "reported; the same plans' gap without transitions and the transitions' energy, "
+          "each over the point's bound")  # fmt: skip
+    print("  ".join(h.ljust(w) if i < 3 else h.rjust(w)
+                    for i, (h, w) in enumerate(zip(header, widths, strict=True))))  # fmt: skip
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(c.ljust(widths[i]) if i < 3 else c.rjust(widths[i])
+                        for i, c in enumerate(row)))  # fmt: skip
 
 
 def _peak_rss_mib() -> float:
@@ -746,6 +835,10 @@ def main() -> None:
         "--sizes", nargs="+", metavar="SxM[vV]",
         help="--matrix: only these sizes (e.g. 8x12 8x96 8x32v2 8x24v2)",
     )  # fmt: skip
+    parser.add_argument(
+        "--margin-gaps", action="store_true", help="the artifact cases' gaps at the default margin"
+    )
+    parser.add_argument("--margin-gap-child", help=argparse.SUPPRESS)
     parser.add_argument("--scale-child", help=argparse.SUPPRESS)
     parser.add_argument("--versus-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -755,6 +848,13 @@ def main() -> None:
         return
     if args.versus:
         run_versus(args.versus, args.repeat)
+        return
+    if args.margin_gap_child:
+        label, size = json.loads(args.margin_gap_child)
+        print(json.dumps(_margin_gap_child(label, size)))
+        return
+    if args.margin_gaps:
+        run_margin_gaps(args.profiles, args.sizes)
         return
     if args.matrix:
         bases = [tuple(b.split("=", 1)) for b in args.base]
