@@ -48,7 +48,8 @@ this checkout's largest excess over the older, "better" its largest saving).
 each ``--base LABEL=DIR`` (older code, e.g. ``git archive 45a2241 | tar -x -C DIR``) on every
 shared profile and three synthetic 8-stage ones with 20, 38 and 110 clocks (the A100's and
 H200's shapes, ``perseus.solver.synthetic``, blocking power 100 W), at 1F1B 8 x 12, 24, 48 and
-96, interleaved 1F1B 8 x 32 (V=2) and ZBV 8 x 24 (V=2; skipped for code without it). Each
+96, interleaved 1F1B 8 x 32 (V=2) and ZBV 8 x 24 (V=2; on the synthetic profiles alone, with
+the backward's halves: the artifact's have none; skipped for code without ZBV). Each
 cell is run **cold** (an empty kernel cache, as after an install: ``PERSEUS_CACHE_DIR`` and
 ``NUMBA_CACHE_DIR`` point at a new empty folder) and **warm** (the checkout's kernels cached
 first by its ``warm_kernels``); code without compiled kernels runs once, for both. Where a
@@ -392,8 +393,19 @@ def _matrix_profiles(folder: Path) -> dict[str, tuple[Path, float]]:
     for label, clocks in MATRIX_SYNTHETIC.items():
         path = folder / f"{label}.csv"
         path.write_text(to_csv(synthetic_profile(8, clocks, SEED, split_backward=False)))
+        split = folder / f"{label}-split.csv"  # the zero-bubble schedules' (see _profile_for)
+        split.write_text(to_csv(synthetic_profile(8, clocks, SEED, split_backward=True)))
         profiles[label] = (path, SCALE_P_BLOCK_W)
     return profiles
+
+
+def _profile_for(profile: Path, schedule: str) -> Path | None:
+    """The file to plan ``schedule`` on: zero-bubble schedules need the backward's halves
+    measured (the synthetic profiles' split file; None for the artifact's, which have none)."""
+    if schedule not in ("zbv", "dualpipev", "interleaved-zb"):
+        return profile
+    split = profile.with_name(profile.stem + "-split.csv")
+    return split if split.exists() else None
 
 
 def _matrix_env(root: str, cache: Path) -> dict[str, str]:
@@ -488,6 +500,9 @@ def run_matrix(bases: list[tuple[str, str]], repeat: int, only_profiles: list[st
                 name = f"{stages}x{microbatches}" + (f"v{chunks}" if chunks > 1 else "")
                 if only_sizes and name not in only_sizes:
                     continue
+                planned_on = _profile_for(profile, schedule)
+                if planned_on is None:
+                    continue  # no backward halves measured: no zero-bubble plan
                 print(f"running {label} {schedule} {name} ...", file=sys.stderr, flush=True)
                 times: dict[tuple[str, str], list[float]] = {}
                 for _ in range(repeat):
@@ -496,12 +511,12 @@ def run_matrix(bases: list[tuple[str, str]], repeat: int, only_profiles: list[st
                             continue
                         if warm[key] is not None:  # cold: an empty cache, as after an install
                             cold = Path(tempfile.mkdtemp(dir=scratch, prefix="cold-"))
-                            seconds = _matrix_plan(root, cold, profile, power, size)
+                            seconds = _matrix_plan(root, cold, planned_on, power, size)
                             times.setdefault((key, "cold"), []).append(seconds)
                             _await_compile_for_later(cold)
                             shutil.rmtree(cold, ignore_errors=True)
                         cache = warm[key] or scratch / "no-kernels"
-                        seconds = _matrix_plan(root, cache, profile, power, size)
+                        seconds = _matrix_plan(root, cache, planned_on, power, size)
                         times.setdefault((key, "warm"), []).append(seconds)
                         if warm[key] is None:  # no kernels: a cold start is a warm one
                             times.setdefault((key, "cold"), []).append(seconds)
