@@ -1,10 +1,11 @@
 """What a plan saves as it runs: the README's flow, end to end, on CPU ranks with the fake GPU.
 
-    python benchmarks/realized_saving.py                      # 1f1b and interleaved, 20 and 40 ms
-    python benchmarks/realized_saving.py --cases 1f1b:0.02 --steps 110
+    python benchmarks/realized_saving.py           # every schedule, 20 and 40 ms, 3 runs each
+    python benchmarks/realized_saving.py --cases 1f1b:0.02,zbv:0.04 --runs 1
 
-Each case is ``SCHEDULE:DELAY``: ``1f1b`` is 4 ranks x 8 microbatches, ``interleaved`` 2 ranks
-x 2 chunks x 8 microbatches, and ``DELAY`` the fake GPU's clock-change delay in seconds
+Each case is ``SCHEDULE:DELAY``: ``1f1b`` is 4 ranks x 8 microbatches, ``interleaved``, ``zbv``
+and ``dualpipev`` 2 ranks x 2 chunks x 8 microbatches (the zero-bubble ones with split
+backwards), and ``DELAY`` the fake GPU's clock-change delay in seconds
 (``PERSEUS_FAKE_CLOCK_DELAY_S``; 0.02 is its default). Per case, as a user would: a planner
 (``perseus serve`` on loopback, SQLite in a scratch folder), ``perseus job create``, ``torchrun``
 of ``examples/torch_pipeline.py`` with ``PERSEUS_GPU=fake`` for ``--steps`` steps (profiling,
@@ -34,6 +35,7 @@ import json
 import os
 import shlex
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,12 +58,23 @@ PROFILING_ENV = {
     "PERSEUS_PROFILE_BLOCKING_S": "0.5",
     "OMP_NUM_THREADS": "1",
 }
+TWO_CHUNKS = ["--virtual-stages", "2"]
 SHAPES = {  # schedule -> (job create arguments, ranks, example arguments)
     "1f1b": (["--stages", "4", "--microbatches", "8"], 4, ["--schedule", "1f1b"]),
     "interleaved": (
         ["--stages", "2", "--microbatches", "8", "--schedule", "interleaved-1f1b"],
         2,
         ["--schedule", "interleaved-1f1b"],
+    ),
+    "zbv": (
+        ["--stages", "2", "--microbatches", "8", "--schedule", "zbv", *TWO_CHUNKS],
+        2,
+        ["--schedule", "zbv"],
+    ),
+    "dualpipev": (
+        ["--stages", "2", "--microbatches", "8", "--schedule", "dualpipev", *TWO_CHUNKS],
+        2,
+        ["--schedule", "dualpipev"],
     ),
 }
 THROTTLED_MHZ = default_throttled_clocks_mhz()
@@ -222,10 +235,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--cases",
-        default="1f1b:0.02,1f1b:0.04,interleaved:0.02,interleaved:0.04",
-        help="comma-separated SCHEDULE:DELAY (schedules: 1f1b, interleaved)",
+        default=",".join(f"{s}:{d}" for s in SHAPES for d in ("0.02", "0.04")),
+        help=f"comma-separated SCHEDULE:DELAY (schedules: {', '.join(SHAPES)})",
     )
     parser.add_argument("--steps", type=int, default=110, help="training steps per case")
+    parser.add_argument("--runs", type=int, default=3, help="runs per case (medians printed)")
     parser.add_argument("--keep", help="keep each case's logs under this folder")
     args = parser.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
@@ -235,18 +249,31 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--cases: {case!r} is not SCHEDULE:DELAY with SCHEDULE in {list(SHAPES)}")
     scratch = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="perseus-realized-"))
     print(
+        f"# median of {args.runs} run(s) per case, each figure's own median; "
+        f"{os.cpu_count()} CPUs\n"
         "case               baseline   plan (s)  baseline   plan (J)  slowdown: real / pred"
-        "  saving: real / pred  off clock (warm-up) of planned  lost to clocks"
+        "  saving: real / pred  off clock (warm-up) of planned  lost to clocks",
+        flush=True,
     )
     for case in cases:
-        o = run_case(case, args.steps, scratch)
+        runs = []
+        for k in range(args.runs):
+            runs.append(run_case(case, args.steps, scratch / f"run{k}"))
+        o = Outcome(
+            case=case,
+            **{
+                name: statistics.median(getattr(r, name) for r in runs)
+                for name in Outcome.__dataclass_fields__
+                if name != "case"
+            },
+        )
         slowdown = f"{o.realized_slowdown:+9.1%} / {o.predicted_slowdown:+.1%}"
         saving = f"{o.realized_saving:+9.1%} / {o.predicted_saving:+.1%}"
         print(
             f"{o.case:<17} {o.baseline_s:9.4f} {o.plan_s:10.4f} {o.baseline_j:9.1f} "
             f"{o.plan_j:10.1f} {slowdown} {saving}"
-            f"  {o.off_clock:5d} ({o.off_clock_warm_up}) of {o.planned}"
-            f"  {o.lost_ms:5.2f} ms/it, {o.losing} instr.",
+            f"  {o.off_clock:5.0f} ({o.off_clock_warm_up:.0f}) of {o.planned:.0f}"
+            f"  {o.lost_ms:5.2f} ms/it, {o.losing:.0f} instr.",
             flush=True,
         )
 

@@ -4,6 +4,7 @@
     python benchmarks/solver.py --quick    # small grid
     python benchmarks/solver.py --scale    # doubling series up to 32 x 256 (synthetic H200)
     python benchmarks/solver.py --versus /tmp/perseus-base  # planning call against older code
+    python benchmarks/solver.py --matrix --base old=/tmp/perseus-old --repeat 3  # cold and warm
 
 Each run (one case, one solver) happens in a fresh Python process, so its peak memory is its own:
 "peak MiB" is the growth of the process's ru_maxrss over the solve (after imports and profile
@@ -42,6 +43,19 @@ bloom+a100), the two alternating run by run so that both see the same load; it p
 medians of ``--repeat`` runs, their ratio, and the two frontiers compared point by point: at
 every deadline where either has a point, the least energy each takes within it ("worse" is
 this checkout's largest excess over the older, "better" its largest saving).
+
+``--matrix`` times whole `perseus plan` processes (default settings) of this checkout and of
+each ``--base LABEL=DIR`` (older code, e.g. ``git archive 45a2241 | tar -x -C DIR``) on every
+shared profile and three synthetic 8-stage ones with 20, 38 and 110 clocks (the A100's and
+H200's shapes, ``perseus.solver.synthetic``, blocking power 100 W), at 1F1B 8 x 12, 24, 48 and
+96, interleaved 1F1B 8 x 32 (V=2) and ZBV 8 x 24 (V=2; on the synthetic profiles alone, with
+the backward's halves: the artifact's have none; skipped for code without ZBV). Each
+cell is run **cold** (an empty kernel cache, as after an install: ``PERSEUS_CACHE_DIR`` and
+``NUMBA_CACHE_DIR`` point at a new empty folder) and **warm** (the checkout's kernels cached
+first by its ``warm_kernels``); code without compiled kernels runs once, for both. Where a
+cold run starts compiling the kernels for the next process, the next run waits until that
+has finished. Checkouts alternate run by run; the table holds the medians of ``--repeat``
+runs and this checkout's time over each base's; ``--profiles`` and ``--sizes`` pick a subset.
 """
 
 from __future__ import annotations
@@ -54,6 +68,7 @@ import random
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -353,6 +368,264 @@ def run_versus(base: str, repeat: int) -> None:
                         for i, c in enumerate(r)))  # fmt: skip
 
 
+# --matrix: every shared profile and synthetic ones of the A100's and H200's shapes
+MATRIX_SYNTHETIC = {  # label -> clocks (MHz); blocking power SCALE_P_BLOCK_W, 8 stages
+    "synthetic-20": tuple(range(1410, 839, -30)),
+    "synthetic-38": tuple(range(1410, 854, -15)),
+    "synthetic-110": SCALE_CLOCKS_MHZ,
+}
+MATRIX_SIZES = [  # (schedule, stages, microbatches, virtual stages)
+    ("1f1b", 8, 12, 1),
+    ("1f1b", 8, 24, 1),
+    ("1f1b", 8, 48, 1),
+    ("1f1b", 8, 96, 1),
+    ("interleaved-1f1b", 8, 32, 2),
+    ("zbv", 8, 24, 2),
+]
+
+
+def _matrix_profiles(folder: Path) -> dict[str, tuple[Path, float]]:
+    """Label -> (CSV file, blocking power W): the shared profiles and synthetic ones written
+    into ``folder`` (without split backward rows, which older checkouts do not read)."""
+    from perseus.solver.synthetic import synthetic_profile, to_csv
+
+    profiles = {label: (PROFILES_DIR / name, power) for label, (name, power) in PROFILES.items()}
+    for label, clocks in MATRIX_SYNTHETIC.items():
+        path = folder / f"{label}.csv"
+        path.write_text(to_csv(synthetic_profile(8, clocks, SEED, split_backward=False)))
+        split = folder / f"{label}-split.csv"  # the zero-bubble schedules' (see _profile_for)
+        split.write_text(to_csv(synthetic_profile(8, clocks, SEED, split_backward=True)))
+        profiles[label] = (path, SCALE_P_BLOCK_W)
+    return profiles
+
+
+def _profile_for(profile: Path, schedule: str) -> Path | None:
+    """The file to plan ``schedule`` on: zero-bubble schedules need the backward's halves
+    measured (the synthetic profiles' split file; None for the artifact's, which have none)."""
+    if schedule not in ("zbv", "dualpipev", "interleaved-zb"):
+        return profile
+    split = profile.with_name(profile.stem + "-split.csv")
+    return split if split.exists() else None
+
+
+def _matrix_env(root: str, cache: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root
+    # the kernels' cache: this checkout's folder (PERSEUS_CACHE_DIR), older ones' numba default
+    # moved there too (NUMBA_CACHE_DIR), so that an empty folder is a cold start for each
+    env["PERSEUS_CACHE_DIR"] = str(cache)
+    env["NUMBA_CACHE_DIR"] = str(cache / "numba-default")
+    env.pop("PERSEUS_COMPILE_KERNELS", None)
+    return env
+
+
+def _matrix_plan(root: str, cache: Path, profile: Path, p_block_w: float,
+                 size: tuple[str, int, int, int]) -> float:  # fmt: skip
+    """Wall seconds of one whole `perseus plan` process of the checkout under ``root``, default
+    settings, with its kernels' cache in ``cache``."""
+    schedule, _, microbatches, chunks = size
+    argv = ["plan", str(profile), "--microbatches", str(microbatches), "--p-block",
+            repr(p_block_w), "--schedule", schedule]  # fmt: skip
+    if chunks > 1:
+        argv += ["--virtual-stages", str(chunks)]
+    code = (f"import sys; sys.path.insert(0, {root!r}); from perseus.cli import main; "
+            f"sys.exit(main({argv!r}))")  # fmt: skip
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=_matrix_env(root, cache), cwd=tempfile.gettempdir(),
+                          timeout=TIMEOUT_S)  # fmt: skip
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{root}: perseus {' '.join(argv)}: {proc.stderr.strip()[-400:]}")
+    return seconds
+
+
+def _await_compile_for_later(cache: Path, limit_s: float = 600.0) -> None:
+    """Where a cold run started compiling the kernels for the next process (this checkout's
+    kernel_cache.compile_later), wait until that has finished, so that it shares no core with
+    the next timed run."""
+    folder = cache / "numba"
+    if not folder.is_dir():
+        return
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if any(folder.glob("ready-*")) and not (folder / "compiling").exists():
+            return
+        time.sleep(0.5)
+
+
+def _warm_cache(root: str, cache: Path) -> bool:
+    """Fill ``cache`` with the checkout's compiled kernels (its warm_kernels, as a planner
+    server's worker calls it); False where the checkout has none."""
+    code = (f"import sys; sys.path.insert(0, {root!r})\n"
+            "try:\n    from perseus.solver.planner import warm_kernels\n"
+            "except ImportError:\n    sys.exit(3)\nwarm_kernels()")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=_matrix_env(root, cache), timeout=TIMEOUT_S)  # fmt: skip
+    if proc.returncode == 3:
+        return False
+    if proc.returncode != 0:
+        raise SystemExit(f"{root}: warm_kernels: {proc.stderr.strip()[-400:]}")
+    return True
+
+
+def _supports(root: str, schedule: str) -> bool:
+    text = (Path(root) / "perseus" / "solver" / "schedules.py").read_text()
+    return f'"{schedule}"' in text
+
+
+def run_matrix(bases: list[tuple[str, str]], repeat: int, only_profiles: list[str] | None,
+               only_sizes: list[str] | None) -> None:  # fmt: skip
+    """The matrix (see the module's docstring): every profile and size, each checkout cold
+    and warm, runs alternating checkout by checkout; medians of ``repeat``."""
+    import shutil
+    import statistics
+
+    from perseus.solver import build_dag, make_schedule
+
+    checkouts = [*bases, ("this", str(REPO))]
+    rows: list[tuple[str, ...]] = []
+    with tempfile.TemporaryDirectory(prefix="perseus-matrix-") as tmp:
+        scratch = Path(tmp)
+        profiles = _matrix_profiles(scratch)
+        warm: dict[str, Path | None] = {}
+        for label, root in checkouts:
+            cache = scratch / f"warm-{label}"
+            warm[label] = cache if _warm_cache(root, cache) else None
+        for label, (profile, power) in profiles.items():
+            if only_profiles and label not in only_profiles:
+                continue
+            for size in MATRIX_SIZES:
+                schedule, stages, microbatches, chunks = size
+                name = f"{stages}x{microbatches}" + (f"v{chunks}" if chunks > 1 else "")
+                if only_sizes and name not in only_sizes:
+                    continue
+                planned_on = _profile_for(profile, schedule)
+                if planned_on is None:
+                    continue  # no backward halves measured: no zero-bubble plan
+                print(f"running {label} {schedule} {name} ...", file=sys.stderr, flush=True)
+                times: dict[tuple[str, str], list[float]] = {}
+                for _ in range(repeat):
+                    for key, root in checkouts:
+                        if not _supports(root, schedule):
+                            continue
+                        if warm[key] is not None:  # cold: an empty cache, as after an install
+                            cold = Path(tempfile.mkdtemp(dir=scratch, prefix="cold-"))
+                            seconds = _matrix_plan(root, cold, planned_on, power, size)
+                            times.setdefault((key, "cold"), []).append(seconds)
+                            _await_compile_for_later(cold)
+                            shutil.rmtree(cold, ignore_errors=True)
+                        cache = warm[key] or scratch / "no-kernels"
+                        seconds = _matrix_plan(root, cache, planned_on, power, size)
+                        times.setdefault((key, "warm"), []).append(seconds)
+                        if warm[key] is None:  # no kernels: a cold start is a warm one
+                            times.setdefault((key, "cold"), []).append(seconds)
+                medians = {k: statistics.median(v) for k, v in times.items()}
+                n = build_dag(make_schedule(schedule, stages, microbatches, chunks)).size
+                row = [label, schedule, name, f"{n:,}"]
+                for key, _ in checkouts:
+                    for state in ("cold", "warm"):
+                        value = medians.get((key, state))
+                        row.append("-" if value is None else f"{value:.2f}")
+                for key, _ in bases:
+                    for state in ("cold", "warm"):
+                        ours, theirs = medians.get(("this", state)), medians.get((key, state))
+                        row.append("-" if not (ours and theirs) else f"{ours / theirs:.2f}")
+                rows.append(tuple(row))
+                print("  ".join(row), file=sys.stderr, flush=True)  # as it comes
+    header = ["profile", "schedule", "size", "instr"]
+    header += [f"{key} {state}" for key, _ in checkouts for state in ("cold", "warm")]
+    header += [f"/{key} {state}" for key, _ in bases for state in ("cold", "warm")]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print(f"# perseus plan, default settings, whole process (s), median of {repeat} runs "
+          f"alternating checkout by checkout; cold: an empty kernel cache (as after an "
+          f"install), warm: the kernels cached; /base: this checkout's time over that "
+          f"one's; {os.cpu_count()} CPUs")  # fmt: skip
+    for key, root in bases:
+        print(f"# {key}: {root}")
+    print("  ".join(h.ljust(w) if i < 3 else h.rjust(w)
+                    for i, (h, w) in enumerate(zip(header, widths, strict=True))))  # fmt: skip
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(c.ljust(widths[i]) if i < 3 else c.rjust(widths[i])
+                        for i, c in enumerate(r)))  # fmt: skip
+
+
+MARGIN_GAP_SIZES = [  # (schedule, stages, microbatches, virtual stages)
+    ("1f1b", 8, 12, 1),
+    ("1f1b", 8, 24, 1),
+    ("1f1b", 8, 48, 1),
+    ("1f1b", 8, 96, 1),
+    ("interleaved-1f1b", 8, 32, 2),
+    ("zbv", 8, 24, 2),
+]
+
+
+def _margin_gap_child(label: str, size: list[Any]) -> dict[str, float]:
+    """One artifact case's frontier at the default margin: its largest reported gap, and per
+    point the same plan's gap without transitions and the transitions' energy over the bound."""
+    import numpy as np
+
+    from perseus.core.defaults import CLOCK_CHANGE_MARGIN_S
+    from perseus.solver import build_dag, compute_frontier, load_profile, make_schedule
+    from perseus.solver.transitions import clock_tables, evaluate_plans
+
+    file_name, p_block_w = PROFILES[label]
+    profile = load_profile(PROFILES_DIR / file_name)
+    schedule = make_schedule(*size)
+    frontier = compute_frontier(profile, schedule, p_block_w=p_block_w,
+                                clock_change_margin_s=CLOCK_CHANGE_MARGIN_S)  # fmt: skip
+    bound = frontier.energies_j / (1.0 + frontier.gaps)
+    plans = np.asarray(frontier.frequencies_mhz).T.astype(np.int64)
+    tables, dag = clock_tables(profile, schedule), build_dag(schedule)
+    _, without = evaluate_plans(tables, dag, p_block_w, plans, 0.0)
+    share = (frontier.energies_j - without) / bound
+    return {
+        "points": len(frontier),
+        "max_gap": float(frontier.gaps.max()),
+        "max_gap_without": float((without / bound - 1.0).max()),
+        "max_share": float(share.max()),
+        "over_1": int((frontier.gaps > 0.01).sum()),
+    }
+
+
+def run_margin_gaps(only_profiles: list[str] | None, only_sizes: list[str] | None) -> None:
+    """The artifact cases' gaps at the default clock-change margin, one fresh process each."""
+    rows = []
+    for label in PROFILES:
+        if only_profiles and label not in only_profiles:
+            continue
+        for schedule, stages, microbatches, chunks in MARGIN_GAP_SIZES:
+            name = f"{stages}x{microbatches}" + (f"v{chunks}" if chunks > 1 else "")
+            if only_sizes and name not in only_sizes:
+                continue
+            print(f"running {label} {schedule} {name} ...", file=sys.stderr, flush=True)
+            child = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve()), "--margin-gap-child",
+                 json.dumps([label, [schedule, stages, microbatches, chunks]])],
+                capture_output=True, text=True, cwd=REPO, timeout=TIMEOUT_S,
+            )  # fmt: skip
+            lines = child.stdout.strip().splitlines()
+            if child.returncode != 0 or not lines:
+                raise SystemExit(f"{label} {name}: {child.stderr.strip()[-300:]}")
+            r = json.loads(lines[-1])
+            rows.append((label, schedule, name, str(r["points"]),
+                         f"{100 * r['max_gap']:.3f}", f"{100 * r['max_gap_without']:.3f}",
+                         f"{100 * r['max_share']:.3f}", str(r["over_1"])))  # fmt: skip
+    header = ("profile", "schedule", "size", "points", "max gap %", "max gap w/o transitions %",
+              "max transitions' share %", "points over 1 %")  # fmt: skip
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print("# compute_frontier, default settings (5 ms clock-change margin): the largest gap "
+          "reported; the same plans' gap without transitions and the transitions' energy, "
+          "each over the point's bound")  # fmt: skip
+    print("  ".join(h.ljust(w) if i < 3 else h.rjust(w)
+                    for i, (h, w) in enumerate(zip(header, widths, strict=True))))  # fmt: skip
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(c.ljust(widths[i]) if i < 3 else c.rjust(widths[i])
+                        for i, c in enumerate(row)))  # fmt: skip
+
+
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
@@ -562,6 +835,25 @@ def main() -> None:
                         help="--scale, --versus: runs per case (median)")  # fmt: skip
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--versus", metavar="DIR", help="planning call against the perseus in DIR")
+    parser.add_argument(
+        "--matrix", action="store_true", help="cold and warm process times against --base"
+    )
+    parser.add_argument(
+        "--base", action="append", default=[], metavar="LABEL=DIR",
+        help="--matrix: an older checkout to compare with (repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profiles", nargs="+", metavar="LABEL",
+        help="--matrix: only these profiles (e.g. gpt3-a40 synthetic-110)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sizes", nargs="+", metavar="SxM[vV]",
+        help="--matrix: only these sizes (e.g. 8x12 8x96 8x32v2 8x24v2)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--margin-gaps", action="store_true", help="the artifact cases' gaps at the default margin"
+    )
+    parser.add_argument("--margin-gap-child", help=argparse.SUPPRESS)
     parser.add_argument("--scale-child", help=argparse.SUPPRESS)
     parser.add_argument("--versus-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -571,6 +863,19 @@ def main() -> None:
         return
     if args.versus:
         run_versus(args.versus, args.repeat)
+        return
+    if args.margin_gap_child:
+        label, size = json.loads(args.margin_gap_child)
+        print(json.dumps(_margin_gap_child(label, size)))
+        return
+    if args.margin_gaps:
+        run_margin_gaps(args.profiles, args.sizes)
+        return
+    if args.matrix:
+        bases = [tuple(b.split("=", 1)) for b in args.base]
+        if any(len(b) != 2 for b in bases):
+            parser.error("--base: LABEL=DIR")
+        run_matrix([(k, v) for k, v in bases], args.repeat, args.profiles, args.sizes)
         return
     if args.scale_child:
         case_fields, path, with_gaps = json.loads(args.scale_child)

@@ -9,7 +9,8 @@ import pytest
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Compile the solver's kernels into numba's cache once, before any test: every planner
+    """Compile the solver's kernels into their cache (the per-user folder of
+    ``perseus.solver.kernel_cache``) once, before any test: every planner
     server the tests start loads them in each planning process ahead of its jobs
     (``perseus.server.planning.worker.warm_up``), which takes 6-15 s where the cache is empty (a
     fresh

@@ -148,19 +148,10 @@ def _offenders(
     return found
 
 
-#: Arrows inside functions that still close a cycle, each being taken apart elsewhere:
-#: ``solver.planner.warm_kernels`` plans the example profile through ``solver.frontier`` (which
-#: imports the planner); the solver's kernels branch moves the warm-up out. Delete the entry
-#: when that lands.
-_PENDING = {("perseus.solver.planner", "perseus.solver.frontier")}
-
-
 def test_the_package_has_no_import_cycle() -> None:
     """Not at module level, and not through imports inside functions either."""
     for lazy in (False, True):
         graph = _graph(lazy=lazy)
-        for importer, imported in _PENDING:
-            graph[importer].discard(imported)
         try:
             tuple(graphlib.TopologicalSorter(graph).static_order())
         except graphlib.CycleError as err:

@@ -50,7 +50,12 @@ _CHUNK = 1024  # grid deadlines per vectorised batch, at most
 # relaxation's dual simplex iterations among two threads where the process has two cores
 # (see Relaxation's ``threads``): the same frontier, bloom+a100 8 x 96 1F1B 5.56 -> 5.05 s,
 # 8 x 64 4.69 -> 4.43 s; smaller solves are too short to share (8 x 24: 1.23 -> 1.33 s).
+# Only where a core is idle, though: HiGHS's threads wait on each other every iteration, and
+# where the machine's other work keeps both cores busy each wait lasts a time slice. On a
+# 2-core machine at a load average of 12-20 (other users' jobs), gpt3-175b+a40 8 x 96 took
+# 282 s and 66 s with two threads, 18 s and 14 s with one, the same frontier.
 _SHARED_SIMPLEX_FROM = 1024
+_SPARE_CORES = 1.0  # idle cores the second thread needs: cores minus the 1-minute load average
 # (instruction, deadline) cells per batch: a batch's temporaries (a dozen (n, chunk) arrays)
 # stay near 16 MiB each however large the DAG (DAGs up to 2,048 instructions: _CHUNK deadlines)
 _CHUNK_CELLS = 1 << 21
@@ -91,9 +96,24 @@ def _cores() -> int:
     return os.cpu_count() or 1
 
 
+def _spare_cores() -> float:
+    """Cores this process may run on that the machine's load leaves idle (all of them where
+    the load average cannot be read): its cores minus the 1-minute load average, which counts
+    this process's own running thread too."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return float(_cores())
+    return _cores() - load
+
+
 def _simplex_threads(instructions: int, fine: bool) -> int:
-    """The threads each relaxation solve shares (see :data:`_SHARED_SIMPLEX_FROM`)."""
-    return 2 if fine and instructions >= _SHARED_SIMPLEX_FROM and _cores() >= 2 else 1
+    """The threads each relaxation solve shares (see :data:`_SHARED_SIMPLEX_FROM`): two on a
+    fine DAG from that size where the process has two cores and the machine leaves one idle.
+    Either way the same frontier, bit for bit."""
+    if not fine or instructions < _SHARED_SIMPLEX_FROM or _cores() < 2:
+        return 1
+    return 2 if _spare_cores() >= _SPARE_CORES else 1
 
 
 def fast_frontier(

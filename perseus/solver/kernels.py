@@ -3,9 +3,12 @@
 The refill's passes (see :meth:`perseus.solver.planner.Planner.refill_evaluated`) walk the DAG
 level by level; as vectorised numpy over ``(level, plans)`` slices each level costs a dozen
 array calls, which on pipeline DAGs (thousands of narrow levels) is most of the planning time.
-Here each pass is one loop over the nodes in level order, compiled by numba (``cache=True``:
-compiled once per installation, then loaded). The results equal the numpy passes' exactly: the
-same float operations in the same order per element.
+Here each pass is one loop over the nodes in level order, compiled by numba (once per
+installation, then loaded from its cache; where, and when a process uses them, see
+:mod:`perseus.solver.kernel_cache`). The results equal the numpy passes' exactly: the same
+float operations in the same order per element. Each kernel is called with one set of
+argument types (arrays copied to them where a caller's differ), so that the few calls of
+``planner.warm_kernels`` compile or load everything a plan uses.
 
 Rows are nodes in level order (``Planner._order``); row ``n`` is "none" (finishes at 0, and in
 the backward pass is the ceiling). ``pred`` and ``succ`` hold rows.
@@ -22,16 +25,44 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from perseus.solver.kernel_cache import numba_cache_dir
+
 __all__ = ["FitTable", "Network", "evaluate", "longest_path", "refill", "with_transitions"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-# Compiled on first use, cached beside this file (numba's cache) for later processes.
-_compiled = cast(Callable[[_F], _F], numba.njit(cache=True, nogil=True))
-_parallel = cast(Callable[[_F], _F], numba.njit(cache=True, nogil=True, parallel=True))
-_inlined = cast(Callable[[_F], _F], numba.njit(cache=True, nogil=True, inline="always"))
+# Where numba caches the kernels for later processes: the per-user folder of
+# perseus.solver.kernel_cache, never beside this file (numba's default, inside the installed
+# package). None: not writable, so compiled in memory for this process alone.
+_CACHE_DIR = numba_cache_dir()
+
+
+def _jit(**options: Any) -> Callable[[_F], _F]:
+    """``numba.njit(nogil=True, **options)``, cached in :data:`_CACHE_DIR` where there is one.
+
+    numba picks a function's cache folder when it is decorated, from ``numba.config.CACHE_DIR``
+    (``NUMBA_CACHE_DIR``): set for the decoration alone, so that the process's other numba
+    functions keep their own setting."""
+
+    def decorate(function: _F) -> _F:
+        if _CACHE_DIR is None:
+            return cast(_F, numba.njit(cache=False, nogil=True, **options)(function))
+        config: Any = numba.config
+        previous = config.CACHE_DIR
+        config.CACHE_DIR = str(_CACHE_DIR)
+        try:
+            return cast(_F, numba.njit(cache=True, nogil=True, **options)(function))
+        finally:
+            config.CACHE_DIR = previous
+
+    return decorate
+
+
+_compiled = _jit()
+_parallel = _jit(parallel=True)
+_inlined = _jit(inline="always")
 
 
 @_inlined
@@ -152,7 +183,7 @@ def refill(
     energy = np.zeros(plans)
     args = (
         np.ascontiguousarray(choices, dtype=np.int64),
-        np.ascontiguousarray(np.broadcast_to(ceiling, (plans,)), dtype=np.float64),
+        np.array(np.broadcast_to(ceiling, (plans,)), dtype=np.float64),  # writable: one type
         network.arrays(), fit.arrays(), fit.one_step, energy_j, float(p_block_w), int(num_gpus),
         out, total, energy,
     )  # fmt: skip
@@ -304,8 +335,9 @@ def evaluate(
     integer type): ``Planner.evaluate``'s values, without its ``(n, P)`` temporaries."""
     plans = choices.shape[1]
     total, energy = np.zeros(plans), np.empty(plans)
-    _evaluate(np.ascontiguousarray(choices), network.order, network.pred, network.start, time_s,
-              energy_j, float(p_block_w), int(num_gpus), total, energy)  # fmt: skip
+    _evaluate(np.ascontiguousarray(choices, dtype=np.int64), network.order, network.pred,
+              network.start, time_s, energy_j, float(p_block_w), int(num_gpus), total,
+              energy)  # fmt: skip
     return total, energy
 
 

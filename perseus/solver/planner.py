@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from types import ModuleType
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from perseus.solver.costs import CostTable
-from perseus.solver.dag import PipelineDag
+from perseus.solver.costs import CostTable, build_costs
+from perseus.solver.dag import PipelineDag, build_dag
+from perseus.solver.kernel_cache import compile_later, mark_ready, ready
 from perseus.solver.programs import hull_options
+from perseus.solver.schedules import make_schedule
+from perseus.solver.synthetic import EXAMPLE_P_BLOCK_W, example_profile
 
 __all__ = [
     "COMPILED_FROM",
@@ -40,14 +44,16 @@ Evaluated = tuple[IntArray, FloatArray, FloatArray]
 
 FIT_BINS = 1024  # table bins per class's time range, at least (see Planner.__init__)
 FIT_BINS_MAX = 1 << 15
-# DAGs of this many instructions or more refill with the compiled loops (perseus.solver.kernels):
-# below, numba's import and first calls (about 0.8 s a process) cost more than they save
-# (8 x 12: 192 instructions), above they save seconds (8 x 96: the refill 2x faster). A process
-# that plans job after job (a planner server's worker) compiles them ahead of its jobs instead
+# DAGs of this many instructions or more refill with the compiled loops (perseus.solver.kernels)
+# where they are ready (compiled and cached for this installation: kernel_cache.ready): below,
+# numba's import and loading them (about 0.8 s a process) cost more than they save (8 x 12:
+# 192 instructions), above they save seconds (8 x 96: the refill 2x faster). Where they are not
+# ready (a fresh installation, an emptied cache), compiling them takes 6-15 s, more than numpy's
+# passes take to plan such a DAG: the process plans with numpy's passes and compiles them for
+# the next process, once it has exited (kernel_cache.compile_later). A process that plans job
+# after job (a planner server's worker) compiles or loads them ahead of its jobs instead
 # (warm_kernels) and plans every DAG with them: there 8 x 12's planning call took 0.50 s
-# against numpy's 0.79 s. A one-off command keeps numpy's passes on small DAGs: on a fresh
-# installation the first compiled call compiles every kernel (6-15 s), which the demo and every
-# small plan would wait for.
+# against numpy's 0.79 s. Without numba, every DAG plans with numpy's passes.
 COMPILED_FROM = 1024
 _FIT_MARGIN = 1e-6  # of a bin: a table entry fits this far below its bin (rounding's room)
 _CROSSOVER_SHARES = 31  # plans between two neighbouring anchors, per node order
@@ -65,9 +71,14 @@ class Planner:
             below what a class needs, the fit steps until exact instead.
         compiled: Refill and take longest paths with the compiled loops of
             :mod:`perseus.solver.kernels` (True) or with numpy, a level at a time (False);
-            None: compiled from :data:`COMPILED_FROM` instructions, or for every DAG once
-            :func:`warm_kernels` has run in this process. Both give the same plans, times
-            and energies.
+            None: compiled from :data:`COMPILED_FROM` instructions where the kernels are
+            ready (:func:`perseus.solver.kernel_cache.ready`), or for every DAG once
+            :func:`warm_kernels` has loaded them in this process; numpy otherwise, and
+            always where numba is not installed. Both give the same plans, times and
+            energies.
+
+    Raises:
+        ModuleNotFoundError: ``compiled=True`` where numba is not installed.
     """
 
     def __init__(
@@ -158,10 +169,12 @@ class Planner:
         self._table_time = self._padded[table_first]
         self._table_next = self._padded[table_first + 1]
         if compiled is None:
-            compiled = dag.size >= COMPILED_FROM or _kernel_state["warm"]
-        self.compiled = compiled
-        if self.compiled:
-            self._compile(order, place)
+            kernels = _kernels_for(dag.size)
+        else:
+            kernels = _load_kernels() if compiled else None
+        self.compiled = kernels is not None
+        if kernels is not None:
+            self._compile(kernels, order, place)
         else:
             self._first_ordered = self.fit_node[0][order][:, None]
             pred, succ = place[dag.pred], place[dag.succ]
@@ -179,11 +192,7 @@ class Planner:
         # The slowest plan's time (every instruction at its slowest option): the grid's end.
         self.slowest_time_s = float(dag.iteration_time(self.durations(self.last[:, None]))[0])
 
-    def _compile(self, order: IntArray, place: IntArray) -> None:
-        # imported here, not with the module: numba takes half a second to import (and every
-        # process that reads a profile, a training rank too, imports perseus.solver)
-        from perseus.solver import kernels
-
+    def _compile(self, kernels: ModuleType, order: IntArray, place: IntArray) -> None:
         first, scale, offset, low, high = (np.ascontiguousarray(a[order]) for a in self.fit_node)
         self._kernels = kernels
         # what the compiled refill reads (perseus.solver.kernels.refill's arguments)
@@ -210,10 +219,11 @@ class Planner:
         # compiled, save for one plan: numpy sums one column pairwise, not node by node
         if self.compiled and choices.shape[1] > 1:
             costs = self.costs
-            return self._kernels.evaluate(
+            evaluated = self._kernels.evaluate(
                 choices, self.network, costs.time_s, costs.energy_j, costs.p_block_w,
                 costs.num_gpus,
             )  # fmt: skip
+            return cast(tuple[FloatArray, FloatArray], evaluated)
         flat = self.start[:, None] + choices
         times = self.costs.time_s.take(flat)
         total = self.iteration_time(times)
@@ -298,10 +308,11 @@ class Planner:
         """:meth:`refill`, with the exact iteration time and energy of the refilled plans (as
         :meth:`evaluate` gives them; the forward pass has the finish times already)."""
         if self.compiled:
-            return self._kernels.refill(
+            refilled = self._kernels.refill(
                 choices, ceiling, self.network, self.fit_table, self.costs.energy_j,
                 self.costs.p_block_w, self.costs.num_gpus,
             )  # fmt: skip
+            return cast(Evaluated, refilled)
         n = self.dag.size
         plans = choices.shape[1]
         steps = self._steps
@@ -454,34 +465,72 @@ class Planner:
         return chosen, chosen_time, chosen_energy
 
 
-def warm_kernels() -> None:
+def warm_kernels() -> bool:
     """Load the compiled kernels now, and plan every DAG with them from then on, small ones too.
 
     For a process that plans job after job, ahead of its jobs (a planner server's workers,
-    :func:`perseus.server.planning.worker.warm_up`): it plans the shipped example profile at 4 x 4
-    with the kernels, clock-change transitions included, so that each is compiled (the first
-    time on an installation, 6-15 s) or loaded from numba's cache (about 0.3 s) before a job
-    needs it. The plans, times and energies are the same either way.
+    :func:`perseus.server.planning.worker.warm_up`): it calls each kernel once on the shipped
+    example profile at 4 x 4, with the argument types every plan uses, so that each is compiled (the
+    first time on an installation, 6-15 s) or loaded from the cache (about 0.5 s with numba's
+    import) before a job needs it, and records them ready for later processes
+    (:mod:`perseus.solver.kernel_cache`). The plans, times and energies are the same either way.
+
+    Returns:
+        Whether the kernels are loaded; False where numba is not installed (every DAG then
+        plans with numpy's passes).
     """
     if _kernel_state["warm"]:
-        return
-    # imported here: the frontier's module imports this one
-    from perseus.solver.frontier import compute_frontier
-    from perseus.solver.schedules import make_schedule
-    from perseus.solver.synthetic import EXAMPLE_P_BLOCK_W, example_profile
-
-    profile = example_profile()
-    _kernel_state["warm"] = True
+        return True
     try:
-        compute_frontier(
-            profile,
-            make_schedule("1f1b", 4, 4),
-            p_block_w=EXAMPLE_P_BLOCK_W,
-            clock_change_margin_s=1e-3,
-        )
-    except BaseException:
-        _kernel_state["warm"] = False
-        raise
+        kernels = _load_kernels()
+    except ImportError:
+        return False
+    profile = example_profile()
+    schedule = make_schedule("1f1b", 4, 4)
+    dag = build_dag(schedule)
+    planner = Planner(dag, build_costs(profile, schedule, EXAMPLE_P_BLOCK_W), compiled=True)
+    plans = np.zeros((dag.size, 2), dtype=np.int64)
+    planner.refill_evaluated(plans, np.full(2, planner.slowest_time_s))  # one block
+    kernels.refill(plans, np.full(2, planner.slowest_time_s), planner.network, planner.fit_table,
+                   planner.costs.energy_j, planner.costs.p_block_w, planner.costs.num_gpus,
+                   blocks=2)  # fmt: skip
+    planner.evaluate(plans)
+    planner.iteration_time(planner.durations(plans))
+    times = planner.durations(plans).ravel()
+    higher = np.arange(times.size) % 2 == 0
+    kernels.with_transitions(times, times, (higher, times, times), (~higher, times, times), 1e-3)
+    mark_ready()
+    _kernel_state["warm"] = True
+    return True
+
+
+def _load_kernels() -> ModuleType:
+    """The compiled kernels' module (numba's import: half a second).
+
+    Raises:
+        ImportError: numba is not installed, or cannot be imported.
+    """
+    # imported here, not with the module: every process that reads a profile (a training
+    # rank too) imports perseus.solver, and numba is optional
+    import perseus.solver.kernels as kernels
+
+    return kernels
+
+
+def _kernels_for(size: int) -> ModuleType | None:
+    """The kernels for a DAG of ``size`` instructions where its planner should use them
+    (see :data:`COMPILED_FROM`), else None; starts compiling them for the next process where
+    a large DAG finds them not ready."""
+    if not _kernel_state["warm"]:
+        if size < COMPILED_FROM:
+            return None
+        if not ready():
+            compile_later()
+            return None
+    try:
+        return _load_kernels()
+    except ImportError:
+        return None
 
 
 def pareto(times: FloatArray, energies: FloatArray) -> IntArray:

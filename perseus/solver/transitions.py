@@ -253,9 +253,8 @@ def plan_costs(
     time_s, energy_j = tables.time_s.ravel(), tables.energy_j.ravel()
     adjusted = with_transitions
     if compiled and margin_s > 0:
-        from perseus.solver import kernels  # loaded: the compiled planner imported it
-
-        adjusted = kernels.with_transitions
+        # loaded already: the compiled planner imported it
+        from perseus.solver.kernels import with_transitions as adjusted
     return adjusted(
         time_s.take(at),
         energy_j.take(at),

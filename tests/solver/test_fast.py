@@ -240,7 +240,27 @@ def test_a_fine_dag_whose_solves_share_two_threads_plans_the_same_frontier(
     case = Case(rows, stages=4, microbatches=24, p_block_w=100.0)
     one = fast(case)
     monkeypatch.setattr(fast_module, "_SHARED_SIMPLEX_FROM", 0)
+    monkeypatch.setattr(fast_module, "_spare_cores", lambda: 2.0)  # an idle machine
     two = fast(case)
     assert asked[0] == 1 and asked[-1] == (2 if fast_module._cores() >= 2 else 1)
     for a, b in zip(one[1:], two[1:], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_busy_machine_solves_each_relaxation_on_one_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the machine's load leaves no core idle, a large fine DAG's relaxation keeps one
+    thread (HiGHS's threads would wait on each other a time slice at a time); with a core
+    idle it takes two, on a process with two cores."""
+    from perseus.solver import fast as fast_module
+
+    monkeypatch.setattr(fast_module, "_cores", lambda: 2)
+    monkeypatch.setattr(fast_module.os, "getloadavg", lambda: (1.6, 1.0, 1.0))
+    assert fast_module._simplex_threads(1024, fine=True) == 1
+    monkeypatch.setattr(fast_module.os, "getloadavg", lambda: (0.9, 1.0, 1.0))
+    assert fast_module._simplex_threads(1024, fine=True) == 2
+    assert fast_module._simplex_threads(1023, fine=True) == 1
+    assert fast_module._simplex_threads(1024, fine=False) == 1
+    monkeypatch.setattr(fast_module, "_cores", lambda: 1)
+    assert fast_module._simplex_threads(1024, fine=True) == 1

@@ -1,8 +1,11 @@
-"""The compiled loops of :mod:`perseus.solver.kernels` against plain-Python passes."""
+"""The compiled loops of :mod:`perseus.solver.kernels` against plain-Python passes (skipped
+where numba is not installed: see test_kernel_cache.py for the solver without it)."""
 
 from __future__ import annotations
 
 import bisect
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +16,6 @@ from perseus.solver import (
     build_costs,
     build_dag,
     compute_frontier,
-    kernels,
     make_schedule,
 )
 from perseus.solver import planner as planner_module
@@ -22,6 +24,8 @@ from perseus.solver.synthetic import example_profile
 from perseus.solver.transitions import with_transitions
 
 from .cases import Case, cases, examples
+
+kernels = pytest.importorskip("perseus.solver.kernels", reason="numba is not installed")
 
 
 def _fit(times: list[float], room: float) -> int:
@@ -193,3 +197,31 @@ def test_after_warm_kernels_small_dags_plan_compiled_with_the_same_frontier(
         np.testing.assert_array_equal(getattr(after, field), getattr(before, field))
     planner_module.warm_kernels()  # once is enough: a second call returns at once
     assert Planner(small, costs).compiled
+
+
+_SIGNATURES = """
+from perseus.solver import compute_frontier, kernels, make_schedule
+from perseus.solver.planner import warm_kernels
+from perseus.solver.synthetic import example_profile
+
+dispatchers = (kernels._refill_block, kernels._refill_blocks, kernels._evaluate,
+               kernels.longest_path, kernels._with_transitions)
+assert warm_kernels()
+print([len(d.signatures) for d in dispatchers])
+for name, microbatches, chunks in (("1f1b", 6, 1), ("gpipe", 4, 1), ("interleaved-1f1b", 8, 2),
+                                   ("interleaved-zb", 8, 2), ("zbv", 8, 2), ("dualpipev", 8, 2)):
+    schedule = make_schedule(name, 4, microbatches, chunks)
+    compute_frontier(example_profile(), schedule, p_block_w=100.0, clock_change_margin_s=5e-3)
+print([len(d.signatures) for d in dispatchers])
+"""
+
+
+def test_warm_kernels_loads_every_kernel_a_plan_calls() -> None:
+    """warm_kernels calls each kernel with the argument types plans use: in a fresh process,
+    frontiers of every schedule afterwards (clock-change transitions included) compile no
+    kernel again (each has the one signature warm_kernels gave it)."""
+    lines = subprocess.run(
+        [sys.executable, "-c", _SIGNATURES], check=True, capture_output=True, text=True,
+        timeout=600,
+    ).stdout.splitlines()  # fmt: skip
+    assert lines == ["[1, 1, 1, 1, 1]", "[1, 1, 1, 1, 1]"]
