@@ -17,6 +17,7 @@
     │   ├── ZeusdUnavailable        zeusd (the clock daemon) cannot be reached
     │   └── ZeusdRefused            zeusd answered a request with an error
     ├── PlannerUnavailable      the planner server cannot be reached
+    │   └── AnswerNotUnderstood     an answer is not what this client reads (another version?)
     ├── RequestRejected         the planner refused a request as malformed (400, 413, 422)
     ├── RequestFieldError       a request field is invalid for its job (server side, 422)
     ├── JobNotFound             no job with that id
@@ -43,6 +44,7 @@ from typing import Any
 
 __all__ = [
     "HTTP_STATUS",
+    "AnswerNotUnderstood",
     "AuthError",
     "CommandError",
     "GpuControlError",
@@ -152,6 +154,13 @@ class NvmlNotSupported(GpuControlError):
 
 class PlannerUnavailable(PerseusError):
     """The planner server cannot be reached or answered with an error."""
+
+
+class AnswerNotUnderstood(PlannerUnavailable):
+    """A successful answer that is not the model this client expects: a server of another
+    version that changed a field this client needs, or something that is not a planner
+    answering. Retryable like any garbage, but a caller that keeps getting it gives up
+    rather than asking forever (see :func:`perseus.client.api.retry.retry_call`)."""
 
 
 class RequestRejected(PerseusError):

@@ -504,6 +504,19 @@ MAX_CONNECTIONS = Variable(
     "(raised to its hard limit at start) less 128.",
 )
 LOG_LEVEL = Variable("PERSEUS_LOG_LEVEL", Text(), "info")
+CACHE_DIR = Variable(
+    "PERSEUS_CACHE_DIR",
+    Text(),
+    None,
+    "where the planner caches its compiled kernels (``numba`` below it; default "
+    "``$XDG_CACHE_HOME/perseus``, else ``~/.cache/perseus``); read by the solver's kernel cache",
+)
+COMPILE_KERNELS = Variable(
+    "PERSEUS_COMPILE_KERNELS",
+    Flag(),
+    True,
+    "``0``: a first large plan does not compile the kernels in the background for later runs",
+)
 BUDGET_DEFAULT_GPU_W = Variable(
     "PERSEUS_BUDGET_DEFAULT_GPU_W",
     Number(above=0, maximum=100_000),

@@ -17,6 +17,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from perseus.core.errors import (
+    AnswerNotUnderstood,
     AuthError,
     JobStateError,
     PerseusError,
@@ -230,13 +231,6 @@ def _read_bounded(
         content=b"".join(chunks),
         request=response.request,
     )
-
-
-class AnswerNotUnderstood(PlannerUnavailable):
-    """A successful answer that is not the model this client expects: a server of another
-    version that changed a field this client needs, or something that is not a planner
-    answering. Retryable like any garbage, but a caller that keeps getting it gives up
-    rather than asking forever (see :func:`perseus.client.api.retry.retry_call`)."""
 
 
 def parse_reply(model: type[_M], response: httpx.Response) -> _M:
