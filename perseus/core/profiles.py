@@ -67,7 +67,18 @@ MAX_ENERGY_J = 1e9
 MAX_POWER_W = 1e6
 """A blocking power is ``>= 0`` and at most this many watts."""
 
-_SHOWN = reprlib.Repr()
+
+class _Shown(reprlib.Repr):
+    # repr() of an integer past 4,300 digits raises; its size is what matters.
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 128:
+            return (
+                f"<an integer of {len(str(x)) if x.bit_length() < 14_000 else 'over 4,300'} digits>"
+            )
+        return super().repr_int(x, level)
+
+
+_SHOWN = _Shown()
 _SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = 40
 _SHOWN.maxlevel = 2
 
@@ -303,7 +314,9 @@ def _number(value: object) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return float(value) if abs(value) < 2**1000 else math.copysign(math.inf, value)
+        if abs(value) < 2**1000:
+            return float(value)
+        return math.inf if value > 0 else -math.inf
     if isinstance(value, float):
         return value
     if isinstance(value, str):

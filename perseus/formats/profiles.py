@@ -76,12 +76,7 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
     file = Path(path)
     name = str(path)
     try:
-        with file.open("rb") as stream:
-            data = stream.read(MAX_PROFILE_BYTES + 1)
-        if len(data) > MAX_PROFILE_BYTES:
-            raise ProfileError(
-                f"{name}: cannot read profile: larger than {MAX_PROFILE_BYTES // 2**20} MiB"
-            )
+        data = _bounded_read(file, name)
         # utf-8-sig: spreadsheets save "CSV UTF-8" with a byte-order mark before the header
         text = data.decode("utf-8-sig")
         del data
@@ -90,6 +85,21 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
     if file.suffix.lower() == ".json" or text.lstrip().startswith("{"):
         return _load_json(text, name)
     return _load_csv(text, name)
+
+
+def _bounded_read(file: Path, name: str) -> bytes:
+    # In pieces: read(MAX_PROFILE_BYTES + 1) would set aside the whole bound at once.
+    chunks: list[bytes] = []
+    size = 0
+    with file.open("rb") as stream:
+        while chunk := stream.read(64 * 1024):
+            size += len(chunk)
+            if size > MAX_PROFILE_BYTES:
+                raise ProfileError(
+                    f"{name}: cannot read profile: larger than {MAX_PROFILE_BYTES // 2**20} MiB"
+                )
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def profile_from_json(data: str | bytes | Mapping[str, Any], *, source: str = "request") -> Profile:
