@@ -137,8 +137,10 @@ def load_jobs(folder: Path) -> list[tuple[str, dict[str, Any]]]:
             raise PlanError(f"{where}: not a JSON job file ({err})") from None
         except RecursionError:
             raise PlanError(f"{where}: not a JSON job file (nested too deeply)") from None
-        except ValueError as err:  # an integer of more than 4,300 digits
-            raise PlanError(f"{where}: not a JSON job file ({shown(str(err))})") from None
+        except ValueError:  # what int() refuses to read
+            raise PlanError(
+                f"{where}: not a JSON job file (a number of over 4,300 digits)"
+            ) from None
         if not isinstance(data, dict):
             raise PlanError(f"{where}: expected a JSON object")
         unknown = sorted(set(data) - _FIELDS)
@@ -168,6 +170,8 @@ def plan_jobs(folder: Path, files: Sequence[tuple[str, dict[str, Any]]]) -> list
     for name, data in files:
         try:
             microbatches = _whole(data["microbatches"], "microbatches", 1, _MAX_MICROBATCHES)
+            replicas = _whole(data["replicas"], "replicas", 1, MAX_WORLD_SIZE)
+            priority = _number(data.get("priority", 1.0), "priority", _MAX_PRIORITY)
             virtual = _whole(
                 data.get("virtual_stages", 1), "virtual_stages", 1, _MAX_VIRTUAL_STAGES
             )
@@ -192,8 +196,8 @@ def plan_jobs(folder: Path, files: Sequence[tuple[str, dict[str, Any]]]) -> list
                     profile,
                     schedule,
                     frontier,
-                    _whole(data["replicas"], "replicas", 1, MAX_WORLD_SIZE),
-                    _number(data.get("priority", 1.0), "priority", _MAX_PRIORITY),
+                    replicas,
+                    priority,
                     choose_point(frontier, policy),
                     p_block_w,
                 )
