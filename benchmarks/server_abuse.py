@@ -72,6 +72,10 @@ made when missing; PostgreSQL where ``PERSEUS_TEST_POSTGRES_URL`` is set):
     profile is in: the job's state, and 60 s after the space returns.
 23. ``restored backup, rank at v3``: backed up at plan v1, two policy changes (v3), the
     backup restored, one more change (v2): what a rank sending ``If-None-Match: "3"`` gets.
+24. ``profile stage 999999999999, plan`` / ``profile time 1e308, plan`` / ``profile stage
+    999999999999, connect``: the shipped example profile with one typo row more, read by
+    ``perseus plan`` or by a rank's ``connect()`` (``PERSEUS_PROFILE``) under a 4 GB
+    address-space limit: the outcome, the lines it wrote to stderr, the peak RSS.
 
 No asserts; the figures are printed as they come. Takes about 3 minutes per issue.
 """
@@ -1028,6 +1032,46 @@ def attack_restored_backup(checkout: Path, workdir: Path) -> str:
         server.stop()
 
 
+_PROFILE_FILE = """
+import contextlib, io, resource, sys
+from pathlib import Path
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # MemoryError, not the OOM killer
+where, row = sys.argv[1], sys.argv[2]
+path = Path(sys.argv[3])
+example = Path("perseus/data/example_profile.csv").read_text()
+path.write_text(example + row + "\\n")
+err = io.StringIO()
+try:
+    with contextlib.redirect_stderr(err):
+        if where == "plan":
+            from perseus.cli import main
+            outcome = f"exit {main(['plan', str(path), '--microbatches', '4', '--p-block', '80'])}"
+        else:
+            import perseus.client
+            rank = perseus.client.connect(gpu="fake", server="http://127.0.0.1:9", job="j",
+                                          token="t", stage=0, profile_path=str(path),
+                                          install_signal_handlers=False)
+            rank.close()
+            outcome = "connect() accepted it"
+except BaseException as exc:
+    outcome = f"{type(exc).__name__}"
+    if type(exc).__name__ == "SettingsError":
+        err.write(str(exc) + "\\n")
+lines = err.getvalue().splitlines()
+said = f"{len(lines)} line(s), {max(map(len, lines), default=0)} chars" if lines else "silent"
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+print(f"{outcome}; {said}; peak {peak} MB")
+"""
+
+
+def attack_profile_file(checkout: Path, workdir: Path, where: str, row: str) -> str:
+    """A profile with one malformed row (a typo) read by ``perseus plan`` or by a rank's
+    ``connect()`` (``PERSEUS_PROFILE``), under a 4 GB address-space limit: the outcome, what
+    it said on stderr and the peak RSS."""
+    path = workdir / f"typo-{where}.csv"
+    return _checkout_python(checkout, _PROFILE_FILE, where, row, str(path), timeout_s=300)
+
+
 ROUND_E = [
     "1,050 jobs, the web page",
     "/metrics, planned after 1,050",
@@ -1035,7 +1079,15 @@ ROUND_E = [
     "NUL in text, PostgreSQL",
     "full disk while storing",
     "restored backup, rank at v3",
+    "profile stage 999999999999, plan",
+    "profile time 1e308, plan",
+    "profile stage 999999999999, connect",
 ]
+_TYPOS = {
+    ROUND_E[6]: ("plan", "999999999999,forward,1410,0.05,24"),
+    ROUND_E[7]: ("plan", "0,forward,1410,1e308,24"),
+    ROUND_E[8]: ("connect", "999999999999,forward,1410,0.05,24"),
+}
 
 
 def run_round_e(checkout: Path, workdir: Path) -> dict[str, str]:
@@ -1069,6 +1121,8 @@ def run_round_e(checkout: Path, workdir: Path) -> dict[str, str]:
             server.stop()
     record(ROUND_E[4], lambda: attack_full_disk(checkout, workdir))
     record(ROUND_E[5], lambda: attack_restored_backup(checkout, workdir))
+    for name, (where, row) in _TYPOS.items():
+        record(name, lambda w=where, r=row: attack_profile_file(checkout, workdir, w, r))
     return results
 
 

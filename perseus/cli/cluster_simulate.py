@@ -29,6 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from perseus.cli.tables import format_table
 from perseus.core.errors import PerseusError, PlanError
+from perseus.core.pipeline import SPLIT_BACKWARD_SCHEDULES
+from perseus.core.profiles import MAX_POWER_W, shown
+from perseus.wire.common import MAX_INSTRUCTIONS, MAX_WORLD_SIZE
 
 if TYPE_CHECKING:
     from perseus.solver import Frontier, Profile, Schedule
@@ -55,6 +58,12 @@ _FIELDS = {
     "p_block_w",
 }
 _STEPS = 60  # bisection steps of the power limit and of the common slowdown
+# A job file's shape within what the planner takes for a job (perseus.wire.jobs.JobCreate),
+# checked before its schedule is built: 10**9 microbatches would fill the memory first.
+_MAX_JOB_FILE_BYTES = 1024 * 1024
+_MAX_MICROBATCHES = 100_000
+_MAX_VIRTUAL_STAGES = 64
+_MAX_PRIORITY = 1e6
 
 
 @dataclass(frozen=True)
@@ -119,17 +128,30 @@ def load_jobs(folder: Path) -> list[tuple[str, dict[str, Any]]]:
     for path in sorted(folder.glob("*.json")):
         where = str(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            with path.open("rb") as stream:
+                raw = stream.read(_MAX_JOB_FILE_BYTES + 1)
+            if len(raw) > _MAX_JOB_FILE_BYTES:
+                raise PlanError(f"{where}: larger than {_MAX_JOB_FILE_BYTES // 1024} KiB")
+            data = json.loads(raw.decode("utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise PlanError(f"{where}: not a JSON job file ({err})") from None
+        except RecursionError:
+            raise PlanError(f"{where}: not a JSON job file (nested too deeply)") from None
+        except ValueError:  # what int() refuses to read
+            raise PlanError(
+                f"{where}: not a JSON job file (a number of over 4,300 digits)"
+            ) from None
         if not isinstance(data, dict):
             raise PlanError(f"{where}: expected a JSON object")
         unknown = sorted(set(data) - _FIELDS)
         if unknown:
-            raise PlanError(f"{where}: unknown field {unknown[0]!r}")
+            raise PlanError(f"{where}: unknown field {shown(unknown[0])}")
         for name in ("profile", "schedule", "microbatches", "replicas"):
             if name not in data:
                 raise PlanError(f"{where}: {name}: missing")
+        for name in ("profile", "schedule", "policy"):
+            if not isinstance(data.get(name, ""), str):
+                raise PlanError(f"{where}: {name}: expected a string, got {shown(data[name])}")
         jobs.append((path.stem, data))
     if not jobs:
         raise PlanError(f"{folder}: no job files (*.json)")
@@ -147,17 +169,25 @@ def plan_jobs(folder: Path, files: Sequence[tuple[str, dict[str, Any]]]) -> list
     planned = []
     for name, data in files:
         try:
-            profile = load_profile(folder / str(data["profile"]))
-            schedule = make_schedule(
-                str(data["schedule"]),
-                profile.num_stages,
-                _whole(data["microbatches"], "microbatches", 1),
-                _whole(data.get("virtual_stages", 1), "virtual_stages", 1),
+            microbatches = _whole(data["microbatches"], "microbatches", 1, _MAX_MICROBATCHES)
+            replicas = _whole(data["replicas"], "replicas", 1, MAX_WORLD_SIZE)
+            priority = _number(data.get("priority", 1.0), "priority", _MAX_PRIORITY)
+            virtual = _whole(
+                data.get("virtual_stages", 1), "virtual_stages", 1, _MAX_VIRTUAL_STAGES
             )
+            profile = load_profile(folder / data["profile"])
+            per_action = 3 if data["schedule"] in SPLIT_BACKWARD_SCHEDULES else 2
+            instructions = per_action * profile.num_stages * microbatches * virtual
+            if instructions > MAX_INSTRUCTIONS:
+                raise PlanError(
+                    f"microbatches: {per_action} x stages x microbatches x virtual_stages = "
+                    f"{instructions} exceeds {MAX_INSTRUCTIONS}"
+                )
+            schedule = make_schedule(data["schedule"], profile.num_stages, microbatches, virtual)
             p_block = data.get("p_block_w", profile.p_block_w)
             if p_block is None:
                 raise PlanError("p_block_w: the profile carries none; give it in the job file")
-            p_block_w = _number(p_block, "p_block_w")
+            p_block_w = _number(p_block, "p_block_w", MAX_POWER_W)
             frontier = compute_frontier(profile, schedule, p_block_w=p_block_w)
             policy = Policy.parse(str(data.get("policy", "no-slowdown")))
             planned.append(
@@ -166,8 +196,8 @@ def plan_jobs(folder: Path, files: Sequence[tuple[str, dict[str, Any]]]) -> list
                     profile,
                     schedule,
                     frontier,
-                    _whole(data["replicas"], "replicas", 1),
-                    _number(data.get("priority", 1.0), "priority"),
+                    replicas,
+                    priority,
                     choose_point(frontier, policy),
                     p_block_w,
                 )
@@ -344,18 +374,21 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
 
 
-def _whole(value: object, field: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise PlanError(f"{field}: expected an integer >= {minimum}, got {value!r}")
+def _whole(value: object, field: str, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise PlanError(f"{field}: expected an integer in {minimum}..{maximum}, got {shown(value)}")
     return value
 
 
-def _number(value: object, field: str) -> float:
+def _number(value: object, field: str, maximum: float) -> float:
+    # an int is compared as it is: float() of one past 1e308 raises
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
+        or not 0 < value <= maximum
         or not math.isfinite(value)
-        or value <= 0
     ):
-        raise PlanError(f"{field}: expected a finite number > 0, got {value!r}")
+        raise PlanError(
+            f"{field}: expected a finite number in (0, {maximum:g}], got {shown(value)}"
+        )
     return float(value)

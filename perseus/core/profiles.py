@@ -16,8 +16,10 @@ Imports nothing but the standard library: a rank builds and checks profiles with
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from perseus.core.errors import ProfileError
 from perseus.core.pipeline import INSTRUCTIONS, SPLIT_INSTRUCTIONS, InstructionKind
@@ -25,6 +27,11 @@ from perseus.core.pipeline import INSTRUCTIONS, SPLIT_INSTRUCTIONS, InstructionK
 __all__ = [
     "ALL_INSTRUCTIONS",
     "INSTRUCTIONS",
+    "MAX_ENERGY_J",
+    "MAX_FREQUENCY_MHZ",
+    "MAX_POWER_W",
+    "MAX_STAGES",
+    "MAX_TIME_S",
     "ROW_FIELDS",
     "SPLIT_INSTRUCTIONS",
     "Option",
@@ -35,6 +42,7 @@ __all__ = [
     "checked_row",
     "profile_from_checked_rows",
     "profile_from_rows",
+    "shown",
 ]
 
 ALL_INSTRUCTIONS = (*INSTRUCTIONS, *SPLIT_INSTRUCTIONS)
@@ -43,6 +51,36 @@ ROW_FIELDS = ("stage", "instruction", "frequency_mhz", "time_s", "energy_j")
 """A row's fields, in :meth:`ProfileRow.as_tuple` order (the JSON form's keys)."""
 
 Row = tuple[int, str, int, float, float]
+
+# Bounds on every value a profile holds, the same in a file as on the wire
+# (perseus.wire.common and perseus.wire.ranks use them): a typo such as stage 999999999999 or
+# a time of 1e308 is refused where it is read, never met by the solver or by an error message
+# that lists every stage up to it.
+MAX_STAGES = 1024
+"""Stages are numbered ``0..MAX_STAGES - 1``: a job has at most this many (its ``stages``)."""
+MAX_FREQUENCY_MHZ = 100_000
+"""Clocks are ``1..MAX_FREQUENCY_MHZ`` MHz (a GPU's run below 3,000)."""
+MAX_TIME_S = 1e7
+"""Times are ``> 0`` and at most this many seconds (about 4 months per instruction)."""
+MAX_ENERGY_J = 1e9
+"""Energies are ``> 0`` and at most this many joules."""
+MAX_POWER_W = 1e6
+"""A blocking power is ``>= 0`` and at most this many watts."""
+
+
+class _Shown(reprlib.Repr):
+    # repr() of an integer past 4,300 digits raises; its size is what matters.
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 128:
+            return (
+                f"<an integer of {len(str(x)) if x.bit_length() < 14_000 else 'over 4,300'} digits>"
+            )
+        return super().repr_int(x, level)
+
+
+_SHOWN = _Shown()
+_SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = 40
+_SHOWN.maxlevel = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,11 +216,11 @@ def checked_row(row: Sequence[object], where: str, fields: Sequence[str] = ROW_F
         raise ProfileError(f"{where}: expected 5 fields, got {len(row)}")
     stage, instruction, frequency, time_s, energy_j = row
     return (
-        _integer(stage, where, fields[0], minimum=0),
+        _integer(stage, where, fields[0], minimum=0, maximum=MAX_STAGES - 1),
         _instruction(instruction, where),
-        _integer(frequency, where, fields[2], minimum=1),
-        _positive(time_s, where, fields[3]),
-        _positive(energy_j, where, fields[4]),
+        _integer(frequency, where, fields[2], minimum=1, maximum=MAX_FREQUENCY_MHZ),
+        _positive(time_s, where, fields[3], maximum=MAX_TIME_S),
+        _positive(energy_j, where, fields[4], maximum=MAX_ENERGY_J),
     )
 
 
@@ -208,12 +246,17 @@ def profile_from_checked_rows(
         per_stage.setdefault(stage, {}).setdefault(instruction, []).append(
             Option(frequency, time_s, energy_j)
         )
-    expected = list(range(len(per_stage)))
-    if sorted(per_stage) != expected:
-        missing = sorted(set(range(max(per_stage) + 1)) - set(per_stage))
+    expected = range(len(per_stage))
+    if any(stage not in per_stage for stage in expected):
+        # Name the first few and count the rest: never a list of every stage up to the last.
+        last = max(per_stage)
+        missing = islice((stage for stage in range(last + 1) if stage not in per_stage), 8)
+        count = last + 1 - len(per_stage)
+        shown_missing = ", ".join(map(str, missing))
+        more = f" and {count - 8} more" if count > 8 else ""
         raise ProfileError(
-            f"{source}: stage: stages must be numbered 0..{max(per_stage)} without gaps; "
-            f"missing stage(s) {', '.join(map(str, missing))}"
+            f"{source}: stage: stages must be numbered 0..{last} without gaps; "
+            f"missing stage(s) {shown_missing}{more}"
         )
     stages: list[dict[str, tuple[Option, ...]]] = []
     for stage in expected:
@@ -239,58 +282,77 @@ def profile_from_checked_rows(
 
 
 def blocking_power(value: object, source: str) -> float | None:
-    """A profile's ``p_block_w`` checked: None, or a finite number of watts >= 0.
+    """A profile's ``p_block_w`` checked: None, or a finite number of watts in
+    ``0..MAX_POWER_W``.
 
     Raises:
         ProfileError: ``source: p_block_w: what is wrong``.
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ProfileError(f"{source}: p_block_w: expected a finite number >= 0, got {value!r}")
-    if value < 0:
-        raise ProfileError(f"{source}: p_block_w: must be >= 0, got {value!r}")
-    return float(value)
+    number = _number(value) if isinstance(value, int | float) else None
+    if number is None or not math.isfinite(number):
+        raise ProfileError(
+            f"{source}: p_block_w: expected a finite number >= 0, got {shown(value)}"
+        )
+    if not 0 <= number <= MAX_POWER_W:
+        raise ProfileError(
+            f"{source}: p_block_w: must be in 0..{MAX_POWER_W:g}, got {shown(value)}"
+        )
+    return number
 
 
-def _integer(value: object, where: str, field: str, *, minimum: int) -> int:
-    number: float
+def shown(value: object) -> str:
+    """``repr(value)`` cut to a few dozen characters (and two levels of nesting): what an
+    error message quotes of a value it refuses, so that a 1 MB cell or a deeply nested
+    document gives a short message."""
+    return _SHOWN.repr(value)
+
+
+def _number(value: object) -> float | None:
+    # A number or its text as a float (inf past the float range), None if it is not one.
     if isinstance(value, bool):
-        raise ProfileError(f"{where}: {field}: expected an integer, got {value!r}")
-    if isinstance(value, int | float):
-        number = value
-    elif isinstance(value, str):
+        return None
+    if isinstance(value, int):
+        if abs(value) < 2**1000:
+            return float(value)
+        return math.inf if value > 0 else -math.inf
+    if isinstance(value, float):
+        return value
+    if isinstance(value, str):
         try:
-            number = float(value)
+            return float(value)
         except ValueError:
-            raise ProfileError(f"{where}: {field}: expected an integer, got {value!r}") from None
-    else:
-        raise ProfileError(f"{where}: {field}: expected an integer, got {value!r}")
-    if not math.isfinite(number) or number != int(number):
-        raise ProfileError(f"{where}: {field}: expected an integer, got {value!r}")
-    if number < minimum:
-        raise ProfileError(f"{where}: {field}: must be >= {minimum}, got {value!r}")
+            return None
+    return None
+
+
+def _integer(value: object, where: str, field: str, *, minimum: int, maximum: int) -> int:
+    number = _number(value)
+    if number is None or not math.isfinite(number) or not number.is_integer():
+        raise ProfileError(f"{where}: {field}: expected an integer, got {shown(value)}")
+    if not minimum <= number <= maximum:
+        raise ProfileError(f"{where}: {field}: must be in {minimum}..{maximum}, got {shown(value)}")
     return int(number)
 
 
-def _positive(value: object, where: str, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ProfileError(f"{where}: {field}: expected a number, got {value!r}")
-    try:
-        number = float(value)
-    except ValueError:
-        raise ProfileError(f"{where}: {field}: expected a number, got {value!r}") from None
+def _positive(value: object, where: str, field: str, *, maximum: float) -> float:
+    number = _number(value)
+    if number is None:
+        raise ProfileError(f"{where}: {field}: expected a number, got {shown(value)}")
     if not math.isfinite(number):
-        raise ProfileError(f"{where}: {field}: must be finite, got {value!r}")
+        raise ProfileError(f"{where}: {field}: must be finite, got {shown(value)}")
     if number <= 0:
-        raise ProfileError(f"{where}: {field}: must be > 0, got {value!r}")
+        raise ProfileError(f"{where}: {field}: must be > 0, got {shown(value)}")
+    if number > maximum:
+        raise ProfileError(f"{where}: {field}: must be at most {maximum:g}, got {shown(value)}")
     return number
 
 
 def _instruction(value: object, where: str) -> InstructionKind:
     if not isinstance(value, str) or value.strip() not in ALL_INSTRUCTIONS:
         raise ProfileError(
-            f"{where}: instruction: unknown instruction {value!r}; expected one of "
+            f"{where}: instruction: unknown instruction {shown(value)}; expected one of "
             f"{', '.join(ALL_INSTRUCTIONS)}"
         )
     return InstructionKind(value.strip())

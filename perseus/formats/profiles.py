@@ -33,15 +33,18 @@ from typing import Any
 
 from perseus.core.errors import ProfileError
 from perseus.core.profiles import (
+    MAX_POWER_W,
     ROW_FIELDS,
     Profile,
     Row,
     checked_row,
     profile_from_checked_rows,
     profile_from_rows,
+    shown,
 )
 
 __all__ = [
+    "MAX_PROFILE_BYTES",
     "PROFILE_FORMAT",
     "load_profile",
     "profile_from_json",
@@ -50,6 +53,10 @@ __all__ = [
 ]
 
 PROFILE_FORMAT = "perseus.profile/1"
+MAX_PROFILE_BYTES = 256 * 1024 * 1024
+"""The largest profile file read (256 MiB): well above the largest real profile (1,024 stages x
+4 kinds x 200 clocks is about 40 MB of JSON), and a bound on what a file that never ends
+(``/dev/zero``, a pipe) makes the reader hold."""
 _CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 _CSV_P_BLOCK = "p_block_w"
 
@@ -69,13 +76,30 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
     file = Path(path)
     name = str(path)
     try:
+        data = _bounded_read(file, name)
         # utf-8-sig: spreadsheets save "CSV UTF-8" with a byte-order mark before the header
-        text = file.read_text(encoding="utf-8-sig")
+        text = data.decode("utf-8-sig")
+        del data
     except (OSError, UnicodeDecodeError) as err:
         raise ProfileError(f"{name}: cannot read profile: {err}") from err
     if file.suffix.lower() == ".json" or text.lstrip().startswith("{"):
         return _load_json(text, name)
     return _load_csv(text, name)
+
+
+def _bounded_read(file: Path, name: str) -> bytes:
+    # In pieces: read(MAX_PROFILE_BYTES + 1) would set aside the whole bound at once.
+    chunks: list[bytes] = []
+    size = 0
+    with file.open("rb") as stream:
+        while chunk := stream.read(64 * 1024):
+            size += len(chunk)
+            if size > MAX_PROFILE_BYTES:
+                raise ProfileError(
+                    f"{name}: cannot read profile: larger than {MAX_PROFILE_BYTES // 2**20} MiB"
+                )
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def profile_from_json(data: str | bytes | Mapping[str, Any], *, source: str = "request") -> Profile:
@@ -140,6 +164,13 @@ def profile_to_csv(profile: Profile) -> str:
 
 def _load_csv(text: str, name: str) -> Profile:
     reader = csv.reader(text.splitlines())
+    try:
+        return _read_csv(reader, name)
+    except csv.Error as err:  # a NUL, a cell over the csv module's field size limit
+        raise ProfileError(f"{name}: row {reader.line_num}: not a CSV row: {err}") from None
+
+
+def _read_csv(reader: Any, name: str) -> Profile:
     header = next(reader, None)
     if header is None or not any(cell.strip() for cell in header):
         raise ProfileError(f"{name}: row 1: the file is empty; expected the header {_header()}")
@@ -171,7 +202,7 @@ def _load_csv(text: str, name: str) -> Profile:
                 p_block = (number, watts)
             elif watts != p_block[1]:
                 raise ProfileError(
-                    f"{where}: {_CSV_P_BLOCK}: {watts_text} differs from row {p_block[0]}'s "
+                    f"{where}: {_CSV_P_BLOCK}: {shown(watts_text)} differs from row {p_block[0]}'s "
                     f"{p_block[1]!r}; a profile has one blocking power"
                 )
     if not checked:
@@ -184,6 +215,10 @@ def _load_json(text: str, name: str) -> Profile:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ProfileError(f"{name}: line {err.lineno}: not valid JSON: {err.msg}") from err
+    except RecursionError:
+        raise ProfileError(f"{name}: not valid JSON: nested too deeply") from None
+    except ValueError:  # what int() refuses to read
+        raise ProfileError(f"{name}: not valid JSON: a number of over 4,300 digits") from None
     return _profile_of_document(data, name)
 
 
@@ -197,7 +232,7 @@ def _profile_of_document(data: object, name: str) -> Profile:
         )
     if data.get("format") != PROFILE_FORMAT:
         raise ProfileError(
-            f"{name}: format: expected {PROFILE_FORMAT!r}, got {data.get('format')!r}"
+            f"{name}: format: expected {PROFILE_FORMAT!r}, got {shown(data.get('format'))}"
         )
     raw_rows = data.get("rows")
     if not isinstance(raw_rows, list) or not raw_rows:
@@ -223,8 +258,11 @@ def _csv_blocking_power(text: str, where: str) -> float:
         watts = float(text)
     except ValueError:
         raise ProfileError(
-            f"{where}: {_CSV_P_BLOCK}: expected a number of watts, got {text!r}"
+            f"{where}: {_CSV_P_BLOCK}: expected a number of watts, got {shown(text)}"
         ) from None
-    if not math.isfinite(watts) or watts < 0:
-        raise ProfileError(f"{where}: {_CSV_P_BLOCK}: expected a finite number >= 0, got {text!r}")
+    if not math.isfinite(watts) or not 0 <= watts <= MAX_POWER_W:
+        raise ProfileError(
+            f"{where}: {_CSV_P_BLOCK}: expected a finite number in 0..{MAX_POWER_W:g}, "
+            f"got {shown(text)}"
+        )
     return watts

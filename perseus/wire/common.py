@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from perseus.core import jobs
+from perseus.core.profiles import MAX_FREQUENCY_MHZ, MAX_STAGES
 
 API_PREFIX = "/v1"
 JOBS_PATH = f"{API_PREFIX}/jobs"
@@ -73,9 +74,9 @@ StrictInt = Annotated[int, Field(strict=True)]
 StrictFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 PositiveSeconds = Annotated[StrictFloat, Field(gt=0, le=1e7)]
 PowerW = Annotated[StrictFloat, Field(gt=0, le=1e6)]
-FrequencyMhz = Annotated[StrictInt, Field(ge=1, le=100_000)]
+FrequencyMhz = Annotated[StrictInt, Field(ge=1, le=MAX_FREQUENCY_MHZ)]
 RankNumber = Annotated[StrictInt, Field(ge=0, lt=MAX_WORLD_SIZE)]
-StageNumber = Annotated[StrictInt, Field(ge=0, lt=1024)]
+StageNumber = Annotated[StrictInt, Field(ge=0, lt=MAX_STAGES)]
 
 
 def _storable(text: str) -> str:

@@ -109,3 +109,53 @@ def test_powers_read_with_their_units(text: str, watts: float) -> None:
 def test_a_power_that_is_not_one_is_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="expected a power"):
         parse_power(text)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"microbatches": 10**9}, "microbatches: expected an integer in 1..100000"),
+        ({"microbatches": 50_000}, "2 x stages x microbatches x virtual_stages = 400000 exceeds"),
+        ({"virtual_stages": 10**6}, "virtual_stages: expected an integer in 1..64"),
+        ({"replicas": 10**400}, "replicas: expected an integer in 1..131072, got <an integer"),
+        ({"priority": 10**400}, "priority: expected a finite number in (0, 1e+06]"),
+        ({"p_block_w": 1e308}, "p_block_w: expected a finite number in (0, 1e+06]"),
+        ({"schedule": [[["1f1b"]]]}, "schedule: expected a string"),
+        ({"profile": "typo.csv"}, "typo.csv: row 1058: stage: must be in 0..1023"),
+    ],
+)
+def test_a_job_file_past_a_jobs_limits_is_one_line_before_any_planning(
+    tmp_path: Path,
+    example: Path,
+    capsys: pytest.CaptureFixture[str],
+    change: dict[str, object],
+    message: str,
+) -> None:
+    (tmp_path / "typo.csv").write_text(example.read_text() + "999999999999,forward,1410,0.05,24\n")
+    data = {"profile": str(example), "schedule": "1f1b", "microbatches": 4, "replicas": 1,
+            "p_block_w": 60.0}  # fmt: skip
+    (tmp_path / "big.json").write_text(json.dumps({**data, **change}))
+    assert main(["cluster", "simulate", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < 400, err[:500]
+    assert err.startswith("perseus: error: ") and "big" in err and message in err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            '{"microbatches": ' + "9" * 5000 + "}",
+            "not a JSON job file (a number of over 4,300 digits)",
+        ),
+        ("[" * 100_000 + "]" * 100_000, "not a JSON job file (nested too deeply)"),
+        ('{"' + "x" * 2 * 2**20 + '": 1}', "larger than 1024 KiB"),
+    ],
+)
+def test_a_hostile_job_file_is_one_short_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str
+) -> None:
+    (tmp_path / "job.json").write_text(content)
+    assert main(["cluster", "simulate", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < 400 and "job.json" in err and message in err

@@ -420,3 +420,35 @@ def test_the_clock_change_margin_is_planned_with_shown_and_recorded(
     assert (replayed.time_s, replayed.energy_j) == pytest.approx(
         (plan["time_s"], plan["energy_j"]), rel=1e-12
     )
+
+
+@pytest.mark.parametrize(
+    ("row", "words"),
+    [
+        ("999999999999,forward,1410,0.05,24", ["stage: must be in 0..1023"]),
+        ("0,forward,1410,1e308,24", ["time: must be at most 1e+07"]),
+        ("0,forward,1" + "0" * 30 + ",0.05,24", ["frequency: must be in 1..100000"]),
+        ("0,forward,1410,0.05," + "x" * 100_000, ["energy: expected a number", "..."]),
+    ],
+)
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+def test_a_malformed_profile_row_is_exit_2_and_one_short_line(
+    example: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    row: str,
+    words: list[str],
+    command: str,
+) -> None:
+    profile = tmp_path / "typo.csv"
+    profile.write_text(example.read_text() + row + "\n")
+    if command == "plan":
+        args = ["plan", str(profile), "--microbatches", "4", "--p-block", "100"]
+    else:
+        args = ["simulate", str(profile), str(tmp_path / "plan.json")]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert captured.out == "" and len(lines) == 1 and len(lines[0]) < 300, captured.err[:500]
+    assert lines[0].startswith(f"perseus: error: {profile}: row ")
+    assert all(word in lines[0] for word in words)

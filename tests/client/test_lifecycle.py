@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -101,3 +102,44 @@ def test_no_signal_handlers_unless_asked() -> None:
         **DOWN,
     )
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("999999999999,forward,1410,0.05,24", "stage: must be in 0..1023"),
+        ("0,forward,1410,1e308,24", "time: must be at most 1e+07"),
+    ],
+)
+def test_a_malformed_saved_profile_is_a_settings_error_at_connect(
+    tmp_path: Path, row: str, message: str
+) -> None:
+    import tracemalloc
+
+    from perseus.client.settings import SettingsError
+
+    path = tmp_path / "typo.csv"
+    path.write_text(EXAMPLE_PROFILE.read_text() + row + "\n")
+
+    def refused() -> SettingsError:
+        with pytest.raises(SettingsError) as raised:
+            connect(
+                gpu=FakeGpu(),
+                planner=unavailable_planner(),
+                install_signal_handlers=False,
+                profile_path=str(path),
+                **DOWN,
+            )
+        return raised.value
+
+    refused()  # the first call imports what connect() needs: not measured
+    tracemalloc.start()
+    try:
+        error = refused()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    text = str(error)
+    assert text.startswith(f"PERSEUS_PROFILE: {path}: row 1058: ") and message in text
+    assert "\n" not in text and len(text) < 300
+    assert peak < 40 * path.stat().st_size + 2**20

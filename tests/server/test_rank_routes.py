@@ -274,3 +274,44 @@ def test_a_rank_that_gave_up_is_listed_with_its_latest_reason(client: TestClient
     r = client.post(url, json={"rank": 8, "reason": "x"}, headers=job.auth)  # 8 ranks: 0..7
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "rank"]
     assert client.post(url, json={"rank": 0, "reason": ""}, headers=job.auth).status_code == 422
+
+
+@pytest.mark.parametrize(
+    ("field", "raw"),
+    [
+        ("stage", "999999999999"),
+        ("stage", "1024"),
+        ("frequency_mhz", "1" + "0" * 30),
+        ("frequency_mhz", "9" * 5000),
+        ("time_s", "1e308"),
+        ("energy_j", "1e300"),
+        ("time_s", "[" * 50_000 + "]" * 50_000),
+    ],
+)
+def test_a_hostile_profile_upload_is_422_and_allocates_nothing_per_stage(
+    client: TestClient, field: str, raw: str
+) -> None:
+    import tracemalloc
+
+    job = create_job(client)
+    client.post(job.url("/ranks"), json=rank_body(0), headers=job.auth)
+    row = '{"instruction": "%s", "frequency_mhz": %s, "time_s": %s, "energy_j": %s}'
+    values = {"frequency_mhz": "1980", "time_s": "0.05", "energy_j": "24.0", field: raw}
+    rows = [row % (kind, values["frequency_mhz"], values["time_s"], values["energy_j"])
+            for kind in ("forward", "backward")]  # fmt: skip
+    stage = raw if field == "stage" else "0"
+    body = f'{{"rank": 0, "stage": {stage}, "rows": [{", ".join(rows)}]}}'
+    tracemalloc.start()
+    try:
+        r = client.post(
+            job.url("/profiles"),
+            content=body,
+            headers={**job.auth, "Content-Type": "application/json"},
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert r.status_code == 422, r.text[:300]
+    assert len(r.text) < 4000
+    assert peak < 100 * len(body) + 16 * 2**20, peak
+    assert client.get(job.url(""), headers=job.auth).json()["state"] == "registering"
