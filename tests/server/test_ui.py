@@ -622,3 +622,71 @@ def test_the_page_and_its_files_come_from_the_planner(planner: str) -> None:
             assert served.status_code == 200 and served.content
             assert b"https://" not in served.content
         assert json.loads(http.get("/openapi.json").text)["paths"].get("/ui") is None
+
+
+def _watts(value: float) -> str:
+    """Watts as the page and ``perseus cluster status`` say them."""
+    for scale, unit in ((1e6, "MW"), (1e3, "kW")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} W"
+
+
+def test_the_page_shows_the_cluster_budget_and_what_it_does_to_a_job(
+    browser: Any, planner: str, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    def text(element: str) -> str:
+        return str(_fresh(lambda: browser.find_element(By.ID, element).text))
+
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    with httpx.Client(base_url=planner, timeout=60) as http:
+        job, token = _job(http, "under a budget", reports=False)
+        _login(browser, planner, ADMIN)
+        assert _until(lambda: text("cluster-budget") == "no budget")
+        assert text("cluster-met") == ""
+
+        free = http.get("/v1/cluster/budget", headers=admin).json()
+        budget_w = free["least_w"] + 0.5 * (free["policy_w"] - free["least_w"])
+        r = http.put("/v1/cluster/budget", json={"power_w": budget_w}, headers=admin)
+        assert r.status_code == 200, r.text
+        r = http.put(f"/v1/jobs/{job}/priority", json={"priority": 2}, headers=admin)
+        assert r.status_code == 200, r.text
+        status = http.get("/v1/cluster/budget", headers=admin).json()
+        view = http.get(f"/v1/jobs/{job}", headers={"Authorization": f"Bearer {token}"}).json()
+    assert status["met"] is True and view["budget"] is not None
+
+    assert _until(lambda: text("cluster-budget") == f"budget: {_watts(budget_w)}")
+    share = f"{100 * status['predicted_w'] / budget_w:.1f} % of the budget"
+    assert text("cluster-power").startswith(f"predicted: {_watts(status['predicted_w'])} ({share})")
+    assert f"at the jobs' policies: {_watts(status['policy_w'])}" in text("cluster-power")
+    assert text("cluster-met").startswith("met: every job within the budget")
+    assert not browser.find_element(By.ID, "cluster-window").is_displayed()
+
+    _fresh(lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-job="{job}"]').click())
+    line = f"priority 2; {view['budget']['reason']}"
+    assert _until(lambda: text("detail-budget") == line), text("detail-budget")
+    assert "% slower than your policy" in line
+
+    # A scheduled window, and a budget below the least the job can draw: said, not hidden.
+    start_s = time.time() + 3600
+    with httpx.Client(base_url=planner, timeout=60) as http:
+        r = http.put("/v1/cluster/budget", headers=admin, json={
+            "power_w": budget_w / 2, "from_s": start_s, "to_s": start_s + 600})  # fmt: skip
+        assert r.status_code == 200, r.text
+        r = http.put("/v1/cluster/budget", json={"power_w": 0.5 * free["least_w"]}, headers=admin)
+        assert r.status_code == 200, r.text
+        unmet = r.json()
+    assert unmet["meetable"] is False
+    said = f"not met: {unmet['message']}"
+    assert _until(lambda: text("cluster-met") == said), text("cluster-met")
+    assert "scheduled" in text("cluster-window")
+    assert text("cluster-window").startswith(f"window: {_watts(budget_w / 2)} from ")
+    browser.set_window_size(1500, 1550)
+    _screenshot(browser, tmp_path, "ui-budget.png")
+    browser.set_window_size(1500, 1250)
+
+    # A job's token: no cluster panel (the route needs the admin token), the job still shows.
+    _login(browser, planner, token, job)
+    assert not browser.find_element(By.ID, "cluster").is_displayed()

@@ -529,6 +529,56 @@ function drawRanks(view, activity) {
   body.replaceChildren(...rows);
 }
 
+// ----------------------------------------------------------------------------- cluster power
+
+// Watts as 'perseus cluster status' says them: 3 significant digits, W, kW or MW.
+function watts(w) {
+  if (w === null || w === undefined) return "-";
+  for (const [scale, unit] of [[1e6, "MW"], [1e3, "kW"]]) {
+    if (Math.abs(w) >= scale) return `${+(w / scale).toPrecision(3)} ${unit}`;  // as Python's .3g
+  }
+  return `${Math.round(w)} W`;
+}
+
+function windowText(w) {
+  const from = w.from_s === null || w.from_s === undefined ? "now" : new Date(w.from_s * 1000).toLocaleString();
+  const to = w.to_s === null || w.to_s === undefined ? "until lifted" : `to ${new Date(w.to_s * 1000).toLocaleString()}`;
+  const when = w.active ? "in force" : w.ended ? "ended" : "scheduled";
+  return `window: ${watts(w.power_w)} from ${from} ${to} (${when})`;
+}
+
+// The cluster's budget, window and power (GET /v1/cluster/budget, the admin token's): hidden
+// for a job's token, or where the planner answers 401/403 to it; never stops the job table.
+async function drawCluster() {
+  const { job } = credentials();
+  if (job) { $("cluster").hidden = true; return; }
+  let c;
+  try {
+    c = await get("cluster/budget");
+  } catch (err) {
+    $("cluster").hidden = true;
+    if (err.status !== 401 && err.status !== 403) console.warn("cluster budget:", err.message);
+    return;
+  }
+  $("cluster").hidden = false;
+  $("cluster-budget").textContent = c.budget_w === null ? "no budget" : `budget: ${watts(c.budget_w)}` +
+    (c.window?.active && c.standing_w !== null ? ` (the window's; standing ${watts(c.standing_w)})` : "");
+  $("cluster-window").hidden = !c.window;
+  $("cluster-window").textContent = c.window ? windowText(c.window) : "";
+  const of = (w) => (c.budget_w && w !== null && w !== undefined ? ` (${(100 * w / c.budget_w).toFixed(1)} % of the budget)` : "");
+  $("cluster-power").textContent = `predicted: ${watts(c.predicted_w)}${of(c.predicted_w)}; ` +
+    `measured: ${watts(c.measured_w)}${of(c.measured_w)}; at the jobs' policies: ${watts(c.policy_w)}, least: ${watts(c.least_w)}`;
+  const met = $("cluster-met");
+  if (c.met === null || c.met === undefined) {
+    met.textContent = "";
+    met.className = "";
+  } else {
+    met.textContent = c.met ? `met: every job within the budget, weighted slowdown ${pct(c.weighted_slowdown)}` :
+      `not met: ${c.message ?? `${watts(c.shortfall_w)} over the budget`}`;
+    met.className = c.met ? "met" : "unmet";
+  }
+}
+
 async function drawDetail(view) {
   $("detail").hidden = false;
   $("detail-title").textContent = view.name ? `${view.name} (${view.job_id})` : view.job_id;
@@ -543,6 +593,9 @@ async function drawDetail(view) {
     $("detail-summary").textContent += `; ${view.profiling.length} ranks profiling` +
       (left.length ? `, about ${durationText(Math.max(...left))} left (the slowest)` : "");
   }
+  // Absent fields are at their defaults: priority 1, no budget moving the job.
+  $("detail-budget").textContent = `priority ${view.priority ?? 1}; ` +
+    (view.budget ? view.budget.reason : "the cluster budget does not move this job");
   const activity = await get(`jobs/${view.job_id}/activity`);
   drawRanks(view, activity);
   await refreshTimeline(view);
@@ -599,6 +652,7 @@ async function refresh() {
     const { views, total } = job ? { views: [await get(`jobs/${job}`)], total: 1 } : await jobPage();
     $("jobs").tBodies[0].replaceChildren(...views.map(jobRow));
     if (job) $("pager").hidden = true; else drawPager(views.length, total);
+    await drawCluster();
     const view = await selectedView(views);
     if (view) await drawDetail(view); else $("detail").hidden = true;
     $("status").textContent = `${total.toLocaleString("en-US")} job${total === 1 ? "" : "s"}, updated ${new Date().toLocaleTimeString()}`;
