@@ -83,6 +83,10 @@ def test_clocks_change_through_zeusd_with_its_requests(tmp_path: Path, transport
             with pytest.raises(GpuControlError, match="1411 MHz is not a supported SM clock"):
                 gpu.lock_clock(1411)  # refused before anything is sent
             assert gpu.supported_clocks_mhz() == fake.supported_clocks_mhz()
+            # the fake's counter moves every 100 ms, as NVML's: a fast run reads it before then
+            deadline = time.monotonic() + 5.0
+            while fake.energy_j() == 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
             assert 0 < gpu.energy_j() <= fake.energy_j() and gpu.name == fake.name
             assert work_observer(gpu) is fake
     reset = ("POST", "/gpu/reset_gpu_locked_clocks", {"gpu_ids": "0", "block": "true"}, 200)
