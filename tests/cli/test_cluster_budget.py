@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from perseus.cli.cluster_budget import parse_when, watts
-from tests.cli import test_job as cli
-from tests.cli.test_job import ADMIN, Planner, create, error_line, make_ready, run
+from . import test_job as cli
+from .test_job import ADMIN, Planner, create, error_line, make_ready, run
 
 clean_env = cli.clean_env  # no PERSEUS_* variable of the caller's shell reaches the commands
 

@@ -30,7 +30,7 @@ from perseus.core.errors import (
 )
 from perseus.server.app import create_app
 from perseus.server.settings import Settings
-from tests.client.zeusd_server import NVML_NO_PERMISSION, FakeZeusd, issue_token
+from .zeusd_server import NVML_NO_PERMISSION, FakeZeusd, issue_token
 
 KEY = b"a signing key of thirty-two bytes"
 ORDER_1F1B = [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1)]
