@@ -1,12 +1,12 @@
 """A cluster power budget end to end: three fake-GPU jobs of different shapes (1F1B,
-interleaved 1F1B, GPipe on three GPUs) train against one real planner
+interleaved 1F1B, zero-bubble ZBV with its split backward) train against one real planner
 (``python -m perseus.server``).
 
-The ranks upload saved profiles of the fake GPU's own model (no profiling), so planning starts
-at once. Each rank is a thread that waits for its inputs from the other ranks (the schedule's
-data dependencies), idle at the fake's blocking power meanwhile: without those waits every
-rank ran back to back, busy all the time, and drew up to 23 % more than the frontier's point,
-whose energy counts the pipeline's bubbles at blocking power.
+The ranks read saved profiles of the fake GPU's own model (``PERSEUS_PROFILE``: no profiling),
+so planning starts at once. Each rank is a thread that waits for its inputs from the other
+ranks (the schedule's data dependencies), idle at the fake's blocking power meanwhile: without
+those waits every rank ran back to back, busy all the time, and drew up to 23 % more than the
+frontier's point, whose energy counts the pipeline's bubbles at blocking power.
 
 A budget between the jobs' policy power and their least power moves them: the
 predicted cluster power stays within it, the measured (the ranks' reported energy over
@@ -40,10 +40,7 @@ from .conftest import LiveServer
 pytestmark = pytest.mark.slow
 
 # (schedule, GPUs, virtual stages, priority)
-# ZBV is left out: a saved profile's split backward does not reach the planner from a rank
-# (perseus.client.session.saved_profile_rows sends both halves as "backward"), and without
-# one a rank with no workload cannot profile.
-JOBS = (("1f1b", 2, 1, 1.0), ("interleaved-1f1b", 2, 2, 2.0), ("gpipe", 3, 1, 1.0))
+JOBS = (("1f1b", 3, 1, 1.0), ("interleaved-1f1b", 2, 2, 2.0), ("zbv", 2, 2, 1.0))
 MICROBATCHES = 4
 CLOCKS_MHZ = (1800, 1650, 1500, 1350, 1200, 1050)
 MODEL = FakeGpuModel(clock_change_delay_s=0.0)
@@ -64,25 +61,6 @@ def _saved_profile(path: Path, gpus: int, kinds: set[str]) -> Path:
                              f"{model.energy_j(work, f)!r}")  # fmt: skip
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def _upload(http: httpx.Client, job: str, token: str, profile: Path, gpus: int) -> None:
-    auth = {"Authorization": f"Bearer {token}"}
-    for gpu in range(gpus):
-        r = http.post(f"/v1/jobs/{job}/ranks", headers=auth, json={
-            "rank": gpu, "stage": gpu, "data_parallel_rank": 0, "tensor_parallel_rank": 0,
-            "gpu_name": MODEL.name, "supported_clocks_mhz": list(MODEL.clocks_mhz)})  # fmt: skip
-        assert r.status_code == 200, r.text
-    lines = profile.read_text().splitlines()[1:]
-    for gpu in range(gpus):
-        rows = [
-            {"instruction": kind, "frequency_mhz": int(f), "time_s": float(t), "energy_j": float(e)}
-            for stage, kind, f, t, e in (line.split(",") for line in lines)
-            if int(stage) == gpu
-        ]
-        r = http.post(f"/v1/jobs/{job}/profiles", headers=auth,
-                      json={"rank": gpu, "stage": gpu, "rows": rows})  # fmt: skip
-        assert r.status_code == 200, r.text
 
 
 class Pipeline:
@@ -187,19 +165,14 @@ def test_three_jobs_stay_under_a_budget_at_the_least_weighted_slowdown(
             made = make_schedule(schedule, gpus, MICROBATCHES, virtual)
             order = made.order
             pipeline = Pipeline(made)
+            # A saved profile has backward rows in every case (a zero-bubble one its halves too).
             kinds = {str(i.kind) for sequence in order for i in sequence} | {"backward"}
             profile = _saved_profile(tmp_path / f"job{n}.csv", gpus, kinds)
-            split = "backward_input" in kinds
-            if split:
-                # A saved profile's split backward does not reach the planner from a rank
-                # (perseus.client.session.saved_profile_rows sends every half as backward):
-                # the ranks' profiles go in through the API, and the ranks find a plan.
-                _upload(http, job, token, profile, gpus)
             for gpu in range(gpus):
                 settings = ClientSettings(
                     server=server.url, job=job, token=token, rank=gpu, stage=gpu,
                     data_parallel_rank=0, tensor_parallel_rank=0, gpu="fake",
-                    profile_path=None if split else str(profile),
+                    profile_path=str(profile),
                     clock_log_dir=str(tmp_path / f"clocks{n}"),
                     poll_wait_s=1.0, baseline_iterations=2, fake_clock_delay_s=0.0,
                 )  # fmt: skip
