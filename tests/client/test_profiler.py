@@ -259,12 +259,13 @@ class CountingWork(IdleWork):
 def test_windows_hold_a_count_of_instructions(
     fast: tuple[RecordingFake, RecordingMeter], min_instructions: int, short: bool
 ) -> None:
-    # 2 ms forwards: a 60 ms window holds 30 of them, so the count sets the forward loop's
-    # window (100 forwards, 0.2 s); 6 ms forward+backwards would need 0.6 s for 100, so that
-    # window ends at MAX_WINDOW_FACTOR x 60 ms instead. With a count of 1 both end at 60 ms.
+    # 2 ms forwards: a 110 ms window holds 55 of them, so the count sets the forward loop's
+    # window (100 forwards, 0.2 s, within MAX_WINDOW_FACTOR x 110 ms); 6 ms forward+backwards
+    # would need 0.6 s for 100, so that window ends at MAX_WINDOW_FACTOR x 110 ms instead. With
+    # a count of 1 and a 60 ms window both end at 60 ms.
     gpu, meter = fast
     work = CountingWork()
-    budget = replace(FAST_BUDGET, clocks="1980")
+    budget = replace(FAST_BUDGET, clocks="1980", window_s=0.06 if short else 0.11)
     ClockSweep(gpu, meter, work, budget, bracket(gpu), min_instructions=min_instructions).run()
     _, mark_n, end_n, _, fb_mark_n, fb_end_n = work.forwards_at_sync
     _, mark, end, _, fb_mark, fb_end = work.syncs
