@@ -242,7 +242,7 @@ def _targets(
 def _at_or_above(tables: ClockTables) -> IntArray:
     """``(C, F)``: for each cost class and clock column, the column of the lowest clock
     measured for the class at or above it (the class's highest measured one where none)."""
-    classes, width = tables.measured.shape
+    width = tables.measured.shape[1]
     cols = np.arange(width)
     marks = np.where(tables.measured, cols[None, :], width)
     up = np.minimum.accumulate(marks[:, ::-1], axis=1)[:, ::-1]
