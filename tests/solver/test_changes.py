@@ -251,3 +251,15 @@ def test_a_bad_delay_is_refused(bad: object) -> None:
     schedule = make_schedule("1f1b", 2, 2)
     with pytest.raises(PlanError, match="clock-change delay"):
         compute_frontier(profile, schedule, clock_change_delay_s=bad)  # type: ignore[arg-type]
+
+
+def test_the_delay_travels_with_the_frontier_file() -> None:
+    from perseus.formats.plan_files import frontier_from_json, frontier_to_json
+
+    profile = profile_from_rows(_split_rows(2, 0.02), p_block_w=120.0)
+    schedule = make_schedule("1f1b", 2, 3)
+    merged = compute_frontier(profile, schedule, clock_change_delay_s=0.03)
+    assert frontier_from_json(frontier_to_json(merged)).clock_change_delay_s == 0.03
+    plain = frontier_to_json(compute_frontier(profile, schedule))
+    assert "clock_change_delay_s" not in plain  # files without a delay read as before
+    assert frontier_from_json(plain).clock_change_delay_s == 0.0
