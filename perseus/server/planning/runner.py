@@ -97,8 +97,8 @@ class PlanningRunner:
         timeout_s: wall-clock limit of one planning run (None: none).
         memory_mb: memory (data segment) limit of one planning process (None: none).
         max_cells: jobs whose estimated work is over this fail at once (None: none).
-        clock_change_delay_s: the clock-change delay planned for where the job's ranks
-            reported none (0: plan without).
+        clock_change_delay_s: the clock-change delay every job is planned for (0: plan
+            without).
     """
 
     def __init__(
@@ -210,11 +210,7 @@ class PlanningRunner:
                 planning,
                 polish_s=self._polish_s,
                 max_cells=self._max_cells,
-                clock_change_delay_s=(
-                    self._delay_s
-                    if planning.reported_delay_s is None
-                    else planning.reported_delay_s
-                ),
+                clock_change_delay_s=self._delay_s,
             )
             work = await run_in_threadpool(sample_planning_work, planning)
             small = await self._slot(work)

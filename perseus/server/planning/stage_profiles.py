@@ -91,7 +91,6 @@ class PlanningInput:
     polish_s: float = 0.0
     max_cells: int | None = None  # refuse (PlanningTooLarge) when the estimate is over
     clock_change_delay_s: float = 0.0  # how long a clock change takes to land on the ranks
-    reported_delay_s: float | None = None  # the longest latency the ranks measured (None: none)
 
 
 def combine_profiles(
