@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "BASELINE_ITERATIONS",
+    "CLOCK_CHANGE_DELAY_S",
     "CLOCK_CHANGE_MARGIN_S",
     "EXACT_TIME_LIMIT_S",
     "MAX_CELLS",
@@ -34,6 +35,13 @@ higher clock), a lowering this long after it (the head of the instruction after 
 higher clock). A rank issues each change its measured clock-change latency ahead of that aim.
 The solver's replay and the frontier's stated times and energies include these heads and
 tails (:mod:`perseus.solver.transitions`)."""
+
+CLOCK_CHANGE_DELAY_S = 0.03
+"""The clock-change delay a planner server plans for (``PERSEUS_CLOCK_CHANGE_DELAY_S``): how
+long a clock change takes to land on the ranks, the same as the latency a rank's clock
+controller assumes until it has measured its own (``PERSEUS_CLOCK_LATENCY_S``). Changes are
+serialised, so the planner merges every run of one clock shorter than its changes need
+(:mod:`perseus.solver.changes`); 0 plans without."""
 
 BASELINE_ITERATIONS = 10
 """Iterations a rank runs at default clocks, reported as the baseline, before it follows its

@@ -358,6 +358,13 @@ PLANNING_MAX_CELLS = Variable(
     "fit. The default admits 16 stages x 128 microbatches interleaved (1.5e8) and refuses "
     "what would take many GiB or minutes.",
 )
+CLOCK_CHANGE_DELAY_S = Variable(
+    "PERSEUS_CLOCK_CHANGE_DELAY_S",
+    Number(minimum=0.0, maximum=0.5),
+    defaults.CLOCK_CHANGE_DELAY_S,
+    "How long a clock change takes to land on the ranks (seconds): plans keep every run of "
+    "one clock long enough for its changes to land in turn. 0: plan without.",
+)
 PLANNING_TIMEOUT_S = Variable(
     "PERSEUS_PLANNING_TIMEOUT_S",
     Number(above=0, maximum=86_400),

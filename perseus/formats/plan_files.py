@@ -152,6 +152,8 @@ class FrontierFile(_Model):
         resolution_s: The spacing of the deadline grid the points were found on (by default
             it follows the job's length: :func:`perseus.solver.deadlines.default_resolution`);
             absent in files written before it was recorded.
+        clock_change_delay_s: The clock-change delay the plans were merged for (see
+            :mod:`perseus.solver.changes`); absent where none was assumed.
     """
 
     format: Literal["perseus.frontier/1"]
@@ -167,6 +169,7 @@ class FrontierFile(_Model):
     points: Annotated[list[FilePoint], Field(min_length=1)]
     clock_change_margin_s: Margin = 0.0
     resolution_s: Positive | None = None
+    clock_change_delay_s: Margin | None = None
 
     @classmethod
     def of_run(
@@ -191,6 +194,7 @@ class FrontierFile(_Model):
                 "resolution_s": (
                     None if frontier.resolution_s is None else float(frontier.resolution_s)
                 ),
+                "clock_change_delay_s": float(frontier.clock_change_delay_s) or None,
             }
         )
 
@@ -246,6 +250,7 @@ class FrontierFile(_Model):
             baselines=baselines,
             clock_change_margin_s=self.clock_change_margin_s,
             resolution_s=self.resolution_s,
+            clock_change_delay_s=self.clock_change_delay_s or 0.0,
         )
 
 

@@ -278,6 +278,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             timeout_s=settings.planning_timeout_s,
             memory_mb=settings.planning_memory_mb,
             max_cells=settings.planning_max_cells,
+            clock_change_delay_s=settings.clock_change_delay_s,
         )
         telemetry = TelemetryBuffer(
             service.iterations, service.choices, heads, settings.telemetry_flush_s

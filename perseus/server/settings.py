@@ -55,6 +55,7 @@ class Settings(BaseSettings):
     planning_workers: int = variable_field(variables.PLANNING_WORKERS)
     planning_max_cells: int = variable_field(variables.PLANNING_MAX_CELLS)
     planning_timeout_s: float = variable_field(variables.PLANNING_TIMEOUT_S)
+    clock_change_delay_s: float = variable_field(variables.CLOCK_CHANGE_DELAY_S)
     planning_memory_mb: int | None = variable_field(variables.PLANNING_MEMORY_MB)
     planning_lease_s: float = variable_field(variables.PLANNING_LEASE_S)
     polish_s: float = variable_field(variables.POLISH_S)

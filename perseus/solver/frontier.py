@@ -33,6 +33,9 @@ How the fast mode works, for a DAG of ``n`` instructions and ``G`` grid deadline
    clock is never slower a point only gets faster and costlier), joined by the default and
    all-fastest plans, and the Pareto-optimal ones are kept: a point found for a deadline past
    the default plan's time may now meet it.
+6. With a clock-change delay (:mod:`perseus.solver.changes`), every candidate of step 5 first
+   has its runs of one clock shorter than its changes need merged (clocks only raised), and is
+   stated as the merged plan replays.
 
 The exact mode starts from the fast frontier and replaces it with one MILP per frontier point,
 sweeping deadlines downwards, within a time limit it checks (and refuses) up front.
@@ -52,6 +55,7 @@ from perseus.core.errors import InfeasibleDeadline, PlanError, ProfileError
 from perseus.core.points import Point
 from perseus.core.profiles import Profile
 from perseus.solver.baselines import Baseline, baselines_at, default_time
+from perseus.solver.changes import check_delay, merge_short_runs
 from perseus.solver.costs import build_costs
 from perseus.solver.dag import PipelineDag, build_dag
 from perseus.solver.deadlines import (
@@ -108,6 +112,9 @@ class Frontier:
         resolution_s: The spacing of the deadline grid the plans were found on (the
             default follows the job); None where it is not known (a file
             written before it was recorded).
+        clock_change_delay_s: The clock-change delay the plans were merged for: no run of
+            one clock on a GPU is shorter than its changes need (see
+            :mod:`perseus.solver.changes`). 0: none assumed.
     """
 
     schedule: Schedule
@@ -119,6 +126,7 @@ class Frontier:
     baselines: dict[str, Baseline] = field(default_factory=dict)
     clock_change_margin_s: float = 0.0
     resolution_s: float | None = None
+    clock_change_delay_s: float = 0.0
 
     def __len__(self) -> int:
         return int(self.times_s.shape[0])
@@ -185,6 +193,7 @@ def compute_frontier(
     progress: Progress | None = None,
     max_cells: int | None = MAX_CELLS,
     clock_change_margin_s: float = 0.0,
+    clock_change_delay_s: float = 0.0,
 ) -> Frontier:
     """Compute the time-energy frontier of ``schedule`` on ``profile``.
 
@@ -223,6 +232,12 @@ def compute_frontier(
             same at every margin; at a margin > 0 every point and baseline is stated with its
             transitions, and the dominated points are dropped. 0 (the default): no
             transitions.
+        clock_change_delay_s: How long a clock change takes to land on the ranks (their
+            measured latency): changes are serialised, so every point's runs of one clock
+            are merged (by raising clocks) until the changes into and out of each run can be
+            issued that far apart (see :mod:`perseus.solver.changes`); every point is then
+            stated as the merged plan replays, and the dominated points are dropped. 0 (the
+            default): no merge.
 
     Returns:
         The frontier. Fast mode: a few LP solves plus O(n * G) vectorised work for ``n``
@@ -231,9 +246,11 @@ def compute_frontier(
     Raises:
         ProfileError: No blocking power, or the profile does not fit the schedule.
         ScheduleError: The schedule's DAG is invalid.
-        PlanError: A bad resolution, polish, time limit, search work, cell limit or margin.
+        PlanError: A bad resolution, polish, time limit, search work, cell limit, margin or
+            delay.
     """
     margin_s = check_margin(clock_change_margin_s)
+    delay_s = check_delay(clock_change_delay_s)
     power = profile.p_block_w if p_block_w is None else p_block_w
     if power is None:
         raise ProfileError(f"{profile.source}: p_block_w: the blocking power is required")
@@ -295,10 +312,10 @@ def compute_frontier(
     baselines = baselines_at(
         profile, schedule, power, t_default, dag=dag, clock_change_margin_s=margin_s
     )
-    if margin_s > 0:
+    if margin_s > 0 or delay_s > 0:
         times, energies, gaps, freqs = _with_transitions(
             profile, schedule, power, margin_s, (times, energies, gaps, freqs), baselines, dag,
-            planner.compiled,
+            planner.compiled, delay_s,
         )  # fmt: skip
     return Frontier(
         schedule=schedule,
@@ -310,6 +327,7 @@ def compute_frontier(
         baselines=baselines,
         clock_change_margin_s=margin_s,
         resolution_s=float(resolution_s),
+        clock_change_delay_s=delay_s,
     )
 
 
@@ -322,8 +340,12 @@ def _with_transitions(
     baselines: dict[str, Baseline],
     dag: PipelineDag,
     compiled: bool = False,
+    delay_s: float = 0.0,
 ) -> tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[np.uint16]]:
     """The frontier of the searched plans stated with their transitions.
+
+    With a clock-change delay, every candidate's short runs are merged first
+    (:func:`~perseus.solver.changes.merge_short_runs`), and the merged plans are stated.
 
     Candidates: every point, and the default and all-fastest plans (whose times are the
     references, and which have transitions only where a stage's forward and backward differ
@@ -340,6 +362,8 @@ def _with_transitions(
         for key in (BaselineKey.DEFAULT, BaselineKey.ALL_FASTEST)
     ]
     candidates = np.concatenate([plans, np.stack(extra, axis=1)], axis=1)
+    if delay_s > 0:
+        candidates = merge_short_runs(tables, dag, candidates, margin_s, delay_s, compiled)
     # In batches of columns: each plan's evaluation is its own, and a batch's temporaries
     # (a dozen (n, P) arrays) stay small on a DAG of 16,384 instructions.
     width = max(1, _TRANSITION_CELLS // max(dag.size, 1))

@@ -213,6 +213,11 @@ class FrontierView(WireModel):
         description="The point a cluster power budget holds the job at (never faster than "
         "policy_index); null while none does.",
     )
+    clock_change_delay_s: float = Field(
+        default=0.0,
+        description="The clock-change delay the plans assume: no run of one clock on a GPU "
+        "is shorter than its changes need to land in turn (0: none assumed).",
+    )
 
 
 # ----------------------------------------------------------------------------- activity
@@ -308,6 +313,10 @@ class TimelineView(WireModel):
     time_s: float
     energy_j: float
     clock_change_margin_s: float
+    clock_change_delay_s: float = Field(
+        default=0.0,
+        description="The clock-change delay the plan assumes (FrontierView's).",
+    )
     min_frequency_mhz: int = Field(description="The profile's lowest clock (colour scale).")
     max_frequency_mhz: int = Field(description="The profile's highest clock.")
     gpus: list[list[TimelineInstruction]]

@@ -338,6 +338,7 @@ class Plans:
             chosen_index=choice.chosen_index,
             policy=job.policy,
             budget_index=choice.budget_index,
+            clock_change_delay_s=float(frontier.clock_change_delay_s),
             straggler_time_s=None
             if job.straggler is None
             else expected(frontier, choice, job.straggler)[0],

@@ -97,6 +97,8 @@ class PlanningRunner:
         timeout_s: wall-clock limit of one planning run (None: none).
         memory_mb: memory (data segment) limit of one planning process (None: none).
         max_cells: jobs whose estimated work is over this fail at once (None: none).
+        clock_change_delay_s: the clock-change delay every job is planned for (0: plan
+            without).
     """
 
     def __init__(
@@ -112,6 +114,7 @@ class PlanningRunner:
         timeout_s: float | None = None,
         memory_mb: int | None = None,
         max_cells: int | None = None,
+        clock_change_delay_s: float = 0.0,
     ) -> None:
         self._service = service
         self._heads = heads
@@ -123,6 +126,7 @@ class PlanningRunner:
         self._timeout_s = timeout_s
         self._memory_bytes = None if memory_mb is None else memory_mb * 2**20
         self._max_cells = max_cells
+        self._delay_s = clock_change_delay_s
         self._small_cells = (max_cells or MAX_CELLS) // _SMALL_SHARE
         # spawn: a fresh interpreter, no copy of the server's threads, sockets or locks.
         self._context = multiprocessing.get_context("spawn")
@@ -203,7 +207,10 @@ class PlanningRunner:
         try:
             planning = await run_in_threadpool(self._service.planning_input, job_id)
             planning = dataclasses.replace(
-                planning, polish_s=self._polish_s, max_cells=self._max_cells
+                planning,
+                polish_s=self._polish_s,
+                max_cells=self._max_cells,
+                clock_change_delay_s=self._delay_s,
             )
             work = await run_in_threadpool(sample_planning_work, planning)
             small = await self._slot(work)

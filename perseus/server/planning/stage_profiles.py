@@ -90,6 +90,7 @@ class PlanningInput:
     profiles: tuple[StoredProfile, ...]
     polish_s: float = 0.0
     max_cells: int | None = None  # refuse (PlanningTooLarge) when the estimate is over
+    clock_change_delay_s: float = 0.0  # how long a clock change takes to land on the ranks
 
 
 def combine_profiles(

@@ -132,6 +132,8 @@ def plan_frontier(inp: PlanningInput) -> PlanningResult:
         max_cells=inp.max_cells,  # the server's own limit (checked above), or none
         # ranks aim every clock change this far ahead of its boundary: plan with its tails
         clock_change_margin_s=CLOCK_CHANGE_MARGIN_S,
+        # and every run of one clock long enough for its changes to land in turn
+        clock_change_delay_s=inp.clock_change_delay_s,
     )
     from perseus.formats.plan_files import frontier_to_json
 
