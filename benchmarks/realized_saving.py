@@ -7,7 +7,8 @@ Each case is ``SCHEDULE:DELAY``: ``1f1b`` is 4 ranks x 8 microbatches, ``interle
 and ``dualpipev`` 2 ranks x 2 chunks x 8 microbatches (the zero-bubble ones with split
 backwards), and ``DELAY`` the fake GPU's clock-change delay in seconds
 (``PERSEUS_FAKE_CLOCK_DELAY_S``; 0.02 is its default). Per case, as a user would: a planner
-(``perseus serve`` on loopback, SQLite in a scratch folder), ``perseus job create``, ``torchrun``
+(``perseus serve`` on loopback, SQLite in a scratch folder, told the GPUs' clock-change delay
+with ``PERSEUS_CLOCK_CHANGE_DELAY_S``), ``perseus job create``, ``torchrun``
 of ``examples/torch_pipeline.py`` with ``PERSEUS_GPU=fake`` for ``--steps`` steps (profiling,
 ``PERSEUS_BASELINE_ITERATIONS`` iterations at default clocks, then the plan), and ``perseus
 job status --json``. Printed per case:
@@ -115,6 +116,7 @@ def run_case(case: str, steps: int, scratch: Path) -> Outcome:
     server = subprocess.Popen(
         [*PERSEUS, "serve", "--port", str(port), "--database",
          f"sqlite:///{folder / 'perseus.db'}"],
+        env={**os.environ, "PERSEUS_CLOCK_CHANGE_DELAY_S": delay},
         stdout=(folder / "server.log").open("w"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
