@@ -27,6 +27,7 @@ from perseus.wire.cluster import (
 from perseus.wire.common import (
     ACTIVITY_PATH,
     API_PREFIX,
+    CLOCK_LATENCY_PATH,
     FRONTIER_FILE_PATH,
     FRONTIER_PATH,
     GAVE_UP_PATH,
@@ -113,6 +114,9 @@ from perseus.wire.jobs import (
     ZeusCostPolicy,
 )
 from perseus.wire.ranks import (
+    CLOCK_LATENCY_HEADER,
+    ClockLatencyAccepted,
+    ClockLatencyReport,
     GaveUpAccepted,
     GaveUpReport,
     IterationAccepted,
@@ -150,6 +154,8 @@ from perseus.wire.views import (
 __all__ = [
     "ACTIVITY_PATH",
     "API_PREFIX",
+    "CLOCK_LATENCY_HEADER",
+    "CLOCK_LATENCY_PATH",
     "CLUSTER_BUDGET_PATH",
     "FRONTIER_FILE_PATH",
     "FRONTIER_PATH",
@@ -180,6 +186,8 @@ __all__ = [
     "BudgetSet",
     "BudgetWindow",
     "ChosenPoint",
+    "ClockLatencyAccepted",
+    "ClockLatencyReport",
     "ClusterBudgetView",
     "DeadlinePolicy",
     "ErrorBody",

@@ -71,6 +71,40 @@ class GaveUpAccepted(WireModel):
     at_s: float
 
 
+CLOCK_LATENCY_HEADER = "X-Perseus-Clock-Latency"
+"""Header of a rank's registration answer: present (``1``) where the planner takes the
+rank's measured clock-change latency (:class:`ClockLatencyReport`). A rank sends it to no
+other planner: an older one refuses the route and knows nothing to plan with it."""
+
+MAX_CLOCK_LATENCY_S = 1.0
+"""A reported clock-change latency is below this (seconds): a change that takes longer is
+a broken measurement, not a GPU to plan for."""
+
+
+class ClockLatencyReport(WireModel):
+    """``POST /v1/jobs/{id}/ranks:clock-latency``: how long a clock change takes to land on a
+    rank's GPU, as its clock controller measured it (a request to the clock in effect,
+    through the GPU's driver or daemon). The planner keeps each rank's largest and plans the
+    job for the largest of its ranks'."""
+
+    rank: RankNumber
+    clock_change_latency_s: Annotated[StrictFloat, Field(ge=0, lt=MAX_CLOCK_LATENCY_S)] = Field(
+        description="The measured clock-change latency, in seconds (0 <= x < 1)."
+    )
+
+
+class ClockLatencyAccepted(WireModel):
+    rank: int
+    clock_change_delay_s: float = Field(
+        description="The delay the job is planned for from now on: the largest latency its "
+        "ranks reported."
+    )
+    planning: bool = Field(
+        description="True when this report started planning again: the job's frontier was "
+        "planned for a materially shorter delay."
+    )
+
+
 class ProfileRow(WireModel):
     # One measurement on the wire: perseus.core.profiles.ProfileRow without its stage,
     # which the ProfileReport carries once. (No docstring: it would change the OpenAPI text.)

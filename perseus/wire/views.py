@@ -218,6 +218,12 @@ class FrontierView(WireModel):
         description="The clock-change delay the plans assume: no run of one clock on a GPU "
         "is shorter than its changes need to land in turn (0: none assumed).",
     )
+    clock_change_delay_rank: int | None = Field(
+        default=None,
+        description="Where the delay comes from: the rank whose measured clock-change "
+        "latency it is (the largest its ranks reported); null: the server's setting "
+        "(PERSEUS_CLOCK_CHANGE_DELAY_S), while no rank has reported one.",
+    )
 
 
 # ----------------------------------------------------------------------------- activity
@@ -316,6 +322,11 @@ class TimelineView(WireModel):
     clock_change_delay_s: float = Field(
         default=0.0,
         description="The clock-change delay the plan assumes (FrontierView's).",
+    )
+    clock_change_delay_rank: int | None = Field(
+        default=None,
+        description="The rank whose measured latency the delay is; null: the server's "
+        "setting (FrontierView's).",
     )
     min_frequency_mhz: int = Field(description="The profile's lowest clock (colour scale).")
     max_frequency_mhz: int = Field(description="The profile's highest clock.")

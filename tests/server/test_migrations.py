@@ -71,6 +71,8 @@ def test_a_pre_migration_database_keeps_its_data(database_url: str, without_host
             assert ranks[0].supported_clocks_mhz == (1005, 1500, 1980)
             assert ranks[0].recent_times_s == (1.25,)
             assert ranks[0].host == (None if without_host else "testclient")
+            # 0005: no rank reported a clock-change latency, no frontier was planned for one.
+            assert tx.clock_latency(JOB_ID) is None and job.clock_delay_rank is None
             profiles = tx.profiles(JOB_ID)
             assert len(profiles) == 4
             assert profiles[0].rows[0] == ("forward", 1980, 0.0540296, 28.8431)
@@ -160,7 +162,7 @@ def test_a_database_at_0001_with_data_upgrades_to_the_head(
     engine.dispose()
     assert current_revision(sqlite_url) == "0001"
     client = make_client(Settings(database=sqlite_url, warm_planner=False))
-    assert current_revision(sqlite_url) == "0004" == head_revision()
+    assert current_revision(sqlite_url) == "0005" == head_revision()
     auth = {"Authorization": f"Bearer {TOKEN}"}
     r = client.get(f"/v1/jobs/{JOB_ID}/plan", params={"rank": 2}, headers=auth)
     assert r.status_code == 200, r.text
@@ -176,3 +178,16 @@ def test_a_database_at_0001_with_data_upgrades_to_the_head(
     assert view.get("priority", 1.0) == 1.0 and view.get("budget") is None
     r = client.get("/v1/cluster/budget")
     assert r.status_code == 200 and r.json()["budget_w"] is None, r.text
+    # 0005: the old frontier was planned for no clock-change delay, from no rank's
+    # latency; a rank's measured latency plans the job again for it.
+    r = client.get(f"/v1/jobs/{JOB_ID}/frontier", headers=auth)
+    assert r.status_code == 200, r.text
+    assert (r.json()["clock_change_delay_s"], r.json()["clock_change_delay_rank"]) == (0.0, None)
+    r = client.post(f"/v1/jobs/{JOB_ID}/ranks:clock-latency", headers=auth,
+                    json={"rank": 2, "clock_change_latency_s": 0.05})  # fmt: skip
+    assert r.status_code == 200 and r.json()["planning"] is True, r.text
+    r = client.get(f"/v1/jobs/{JOB_ID}/plan", params={"rank": 2, "wait_s": 60},
+                   headers={**auth, "If-None-Match": '"1"'})  # fmt: skip
+    assert r.status_code == 200 and r.json()["version"] == 2, r.text
+    r = client.get(f"/v1/jobs/{JOB_ID}/frontier", headers=auth)
+    assert (r.json()["clock_change_delay_s"], r.json()["clock_change_delay_rank"]) == (0.05, 2)

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import create_engine
 
 from perseus.core.errors import JobNotFound
-from perseus.schemas import IterationReport, RankRegistration
+from perseus.schemas import ClockLatencyReport, IterationReport, RankRegistration
 from perseus.server.service import JobService
 from perseus.server.store.alembic import VERSION_TABLE
 from perseus.server.store.database import normalize_database_url
@@ -88,6 +88,8 @@ def test_a_database_from_before_rank_hosts_gains_the_column(database_url: str) -
         conn.exec_driver_sql("DROP TABLE perseus_cluster_budget")
         conn.exec_driver_sql("ALTER TABLE perseus_jobs DROP COLUMN priority")
         conn.exec_driver_sql("ALTER TABLE perseus_jobs DROP COLUMN budget_index")
+        conn.exec_driver_sql("ALTER TABLE perseus_jobs DROP COLUMN clock_delay_rank")
+        conn.exec_driver_sql("ALTER TABLE perseus_ranks DROP COLUMN clock_latency_s")
     engine.dispose()
     store = Store(database_url)
     store.create_schema()  # what a newer server does at start
@@ -104,4 +106,10 @@ def test_a_database_from_before_rank_hosts_gains_the_column(database_url: str) -
     )
     service.jobs.register_rank(job.id, registration, "10.0.0.1")
     assert service.jobs.rank_layout(job.id) == {0: (0, 0, "10.0.0.1")}
+    # 0005's column: a rank's measured clock-change latency is kept.
+    accepted, claimed = service.lease.add_clock_latency(
+        job.id, ClockLatencyReport(rank=0, clock_change_latency_s=0.04)
+    )
+    assert accepted.clock_change_delay_s == 0.04 and claimed is None  # nothing planned yet
+    assert service.lease.planning_input(job.id).measured_delay == (0, 0.04)
     store.close()

@@ -15,6 +15,8 @@ from perseus.core.profiles import Profile
 from perseus.formats.plan_files import FrontierFile, profile_fingerprint
 from perseus.formats.profiles import profile_to_csv, profile_to_json
 from perseus.schemas import (
+    CLOCK_LATENCY_HEADER,
+    CLOCK_LATENCY_PATH,
     FRONTIER_FILE_PATH,
     FRONTIER_PATH,
     GAVE_UP_PATH,
@@ -27,6 +29,8 @@ from perseus.schemas import (
     PROFILES_PATH,
     RANKS_PATH,
     STRAGGLER_PATH,
+    ClockLatencyAccepted,
+    ClockLatencyReport,
     FrontierView,
     GaveUpAccepted,
     GaveUpReport,
@@ -68,6 +72,7 @@ __all__ = [
     "get_profile_json",
     "rank_gave_up",
     "register_rank",
+    "report_clock_latency",
     "report_iteration",
     "report_profile",
     "router",
@@ -83,14 +88,39 @@ router = APIRouter(responses=ERROR_RESPONSES)
 
 @router.post(RANKS_PATH, response_model=RankRegistered, tags=["ranks"])
 async def register_rank(
-    job: AuthorizedJob, body: RankRegistration, state: State, request: Request
+    job: AuthorizedJob,
+    body: RankRegistration,
+    state: State,
+    request: Request,
+    response: Response,
 ) -> RankRegistered:
-    """Register a rank (again after a restart: same coordinates, nothing changes)."""
+    """Register a rank (again after a restart: same coordinates, nothing changes).
+
+    The ``X-Perseus-Clock-Latency: 1`` header of the answer says that this planner takes
+    the rank's measured clock-change latency (``POST .../ranks:clock-latency``); the answer's
+    body stays what ranks of every version read.
+    """
     host = client_host(request.scope)
     reply, row = await run_in_threadpool(state.service.jobs.register_rank, job.id, body, host)
     state.heads.put(row)
     state.heads.add_rank(job.id, body.rank, (body.stage, body.data_parallel_rank, host))
     state.foreign_reports.discard((job.id, body.rank))
+    response.headers[CLOCK_LATENCY_HEADER] = "1"
+    return reply
+
+
+@router.post(CLOCK_LATENCY_PATH, response_model=ClockLatencyAccepted, tags=["ranks"])
+async def report_clock_latency(
+    job: AuthorizedJob, body: ClockLatencyReport, state: State
+) -> ClockLatencyAccepted:
+    """A rank's measured clock-change latency. The planner keeps each rank's largest and
+    plans the job for the largest of its ranks' (the server's ``clock_change_delay_s``
+    while none reported); a latency materially above what the job's frontier was planned
+    for (more than 20 % and more than 5 ms) plans the job again at once."""
+    reply, claimed = await run_in_threadpool(state.service.lease.add_clock_latency, job.id, body)
+    if claimed is not None:
+        state.heads.put(claimed)
+        state.runner.start(job.id)
     return reply
 
 

@@ -45,6 +45,7 @@ from perseus.server.api.rank_routes import (
     get_profile_json,
     rank_gave_up,
     register_rank,
+    report_clock_latency,
     report_iteration,
     report_profile,
     set_policy,
@@ -83,6 +84,7 @@ __all__ = [
     "plan_reply",
     "rank_gave_up",
     "register_rank",
+    "report_clock_latency",
     "report_iteration",
     "report_profile",
     "router",
@@ -115,6 +117,7 @@ _ORDER: tuple[Callable[..., object], ...] = (
     get_timeline,
     get_plan,
     report_iteration,
+    report_clock_latency,
 )
 
 

@@ -24,10 +24,13 @@ from perseus.solver import Frontier, Policy, choose_point, straggler_point
 
 __all__ = [
     "AUTO_SLOWDOWN_TOLERANCE",
+    "REPLAN_DELAY_MIN_S",
+    "REPLAN_DELAY_RATIO",
     "Choice",
     "Replica",
     "StragglerChange",
     "choose",
+    "delay_outgrown",
     "detect_straggler",
     "expected",
     "policy_to_solver",
@@ -72,6 +75,22 @@ class StragglerChange:
     """The automatic straggler moves: to ``straggler``, or away (None)."""
 
     straggler: StragglerView | None
+
+
+REPLAN_DELAY_RATIO = 0.2
+REPLAN_DELAY_MIN_S = 0.005
+"""A rank's measured clock-change latency replans its job when it is more than
+``REPLAN_DELAY_RATIO`` and more than ``REPLAN_DELAY_MIN_S`` above the delay the job's
+frontier was planned for: a smaller excess costs at most a few instructions' clocks landing
+a little late, a replan a whole planning run."""
+
+
+def delay_outgrown(planned_s: float, measured_s: float) -> bool:
+    """Whether a frontier planned for a clock-change delay of ``planned_s`` is to be planned
+    again for the measured ``measured_s`` (materially longer; a shorter one never replans:
+    plans for a longer delay only change clocks less often)."""
+    excess = measured_s - planned_s
+    return excess > REPLAN_DELAY_MIN_S and excess > REPLAN_DELAY_RATIO * planned_s
 
 
 def policy_to_solver(spec: PolicyModel) -> Policy:

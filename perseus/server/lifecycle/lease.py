@@ -24,8 +24,13 @@ from collections.abc import Callable, Sequence
 from perseus.core.errors import InfeasibleDeadline, JobStateError, ProfileError
 from perseus.core.jobs import JobState, transition
 from perseus.formats.plan_files import frontier_from_json
-from perseus.schemas import ProfileAccepted, ProfileReport
-from perseus.server.lifecycle.decisions import choose
+from perseus.schemas import (
+    ClockLatencyAccepted,
+    ClockLatencyReport,
+    ProfileAccepted,
+    ProfileReport,
+)
+from perseus.server.lifecycle.decisions import choose, delay_outgrown
 from perseus.server.lifecycle.jobs import RequestFieldError, existing, stages_profiled
 from perseus.server.lifecycle.quotas import QuotaExceeded, Quotas
 from perseus.server.planning.plans import FrontierCache
@@ -288,6 +293,72 @@ class PlanningLease:
             tx.save_job(job)
         return job
 
+    def add_clock_latency(
+        self, job_id: str, report: ClockLatencyReport
+    ) -> tuple[ClockLatencyAccepted, JobRow | None]:
+        """Keep a rank's measured clock-change latency (each rank's largest); plan the job
+        again if its frontier was planned for a materially shorter delay.
+
+        Returns:
+            The reply, and the job if this call claimed its planning (the caller must then
+            run it), else None.
+
+        Raises:
+            JobNotFound: no such job.
+            JobStateError: the rank has not registered.
+        """
+        with self._store.write() as tx:
+            existing(tx, job_id)
+            if tx.rank(job_id, report.rank) is None:
+                raise JobStateError(f"rank {report.rank} has not registered")
+            if tx.raise_clock_latency(job_id, report.rank, report.clock_change_latency_s):
+                log.info(
+                    "job %s: rank %d measured a clock-change latency of %.1f ms",
+                    job_id,
+                    report.rank,
+                    1e3 * report.clock_change_latency_s,
+                )
+            measured = tx.clock_latency(job_id)
+        claimed = self.claim_outgrown_delay(job_id)
+        delay_s = report.clock_change_latency_s if measured is None else measured[1]
+        reply = ClockLatencyAccepted(
+            rank=report.rank, clock_change_delay_s=delay_s, planning=claimed is not None
+        )
+        return reply, claimed
+
+    def claim_outgrown_delay(self, job_id: str) -> JobRow | None:
+        """Claim a ready job's planning when its ranks reported a clock-change latency
+        materially above the delay its frontier was planned for
+        (:func:`~perseus.server.lifecycle.decisions.delay_outgrown`).
+
+        Returns:
+            The job, claimed (the caller must run its planning), or None: nothing to do (no
+            latency reported, not outgrown, not ready, deleted, or claimed meanwhile).
+        """
+        with self._store.read() as tx:
+            job = tx.job(job_id)
+            measured = tx.clock_latency(job_id)
+        if job is None or measured is None or job.state != JobState.READY:
+            return None
+        planned_s = self._frontiers.get(job_id, job.frontier_rev).clock_change_delay_s
+        if not delay_outgrown(planned_s, measured[1]):
+            return None
+        with self._store.write() as tx:
+            now = tx.job(job_id)
+            if now is None or now.state != JobState.READY or now.frontier_rev != job.frontier_rev:
+                return None
+            claimed = self._claimed(now, self._clock())
+            tx.save_job(claimed)
+        log.info(
+            "job %s: rank %d measured a clock-change latency of %.1f ms, the frontier was "
+            "planned for %.1f ms: replanning",
+            job_id,
+            measured[0],
+            1e3 * measured[1],
+            1e3 * planned_s,
+        )
+        return claimed
+
     def reclaim_stale(self, lease_s: float) -> list[JobRow]:
         """Take over planning jobs whose owner stopped sending heartbeats."""
         now_s = self._clock()
@@ -340,6 +411,7 @@ class PlanningLease:
             job = existing(tx, job_id)
             layout = tx.rank_layout(job_id)
             texts = tx.profile_texts(job_id)
+            measured = tx.clock_latency(job_id)
         spec = job.spec
         profiles = tuple(
             StoredProfile(stage, layout[rank][1], layout[rank][2], rows_json, p_block_w)
@@ -356,6 +428,7 @@ class PlanningLease:
             p_block_w=spec.p_block_w,
             resolution_s=spec.resolution_s,
             profiles=profiles,
+            measured_delay=measured,
         )
 
     def finish_planning(
@@ -399,6 +472,12 @@ class PlanningLease:
                 planning_heartbeat_s=None,
                 planning_s=planning_s,
                 updated_at_s=self._clock(),
+                # Whose measured latency the runner planned for (it does whenever one is in).
+                clock_delay_rank=(
+                    None
+                    if planning is None or planning.measured_delay is None
+                    else planning.measured_delay[0]
+                ),
             )
             try:
                 choice = choose(frontier, job.policy, job.straggler)

@@ -339,6 +339,7 @@ class Plans:
             policy=job.policy,
             budget_index=choice.budget_index,
             clock_change_delay_s=float(frontier.clock_change_delay_s),
+            clock_change_delay_rank=job.clock_delay_rank,
             straggler_time_s=None
             if job.straggler is None
             else expected(frontier, choice, job.straggler)[0],

@@ -97,8 +97,8 @@ class PlanningRunner:
         timeout_s: wall-clock limit of one planning run (None: none).
         memory_mb: memory (data segment) limit of one planning process (None: none).
         max_cells: jobs whose estimated work is over this fail at once (None: none).
-        clock_change_delay_s: the clock-change delay every job is planned for (0: plan
-            without).
+        clock_change_delay_s: the clock-change delay a job is planned for while none of its
+            ranks reported a measured latency (0: plan without).
     """
 
     def __init__(
@@ -210,7 +210,10 @@ class PlanningRunner:
                 planning,
                 polish_s=self._polish_s,
                 max_cells=self._max_cells,
-                clock_change_delay_s=self._delay_s,
+                # The largest latency the ranks measured, else the server's setting.
+                clock_change_delay_s=(
+                    self._delay_s if planning.measured_delay is None else planning.measured_delay[1]
+                ),
             )
             work = await run_in_threadpool(sample_planning_work, planning)
             small = await self._slot(work)
@@ -270,6 +273,21 @@ class PlanningRunner:
             self._heads.put(row)
             if self.after_plan is not None:
                 await self.after_plan()
+        if reason is None and row is not None:
+            await self._replan_if_outgrown(job_id)
+
+    async def _replan_if_outgrown(self, job_id: str) -> None:
+        """Plan again at once if a rank reported, while this run computed, a clock-change
+        latency materially above the delay it planned for (a report that arrives while
+        the job is planning claims nothing: the job is not ready)."""
+        try:
+            row = await run_in_threadpool(self._service.claim_outgrown_delay, job_id)
+        except Exception as exc:  # the frontier stands; the next report tries again
+            log.warning("job %s: could not check the clock-change delay: %s", job_id, exc)
+            return
+        if row is not None:
+            self._heads.put(row)
+            self.start(job_id)
 
     async def _store_frontier(
         self, job_id: str, store: Callable[[], JobRow | None]

@@ -91,6 +91,8 @@ class PlanningInput:
     polish_s: float = 0.0
     max_cells: int | None = None  # refuse (PlanningTooLarge) when the estimate is over
     clock_change_delay_s: float = 0.0  # how long a clock change takes to land on the ranks
+    # The largest clock-change latency the job's ranks reported, and whose (None: none yet).
+    measured_delay: tuple[int, float] | None = None
 
 
 def combine_profiles(

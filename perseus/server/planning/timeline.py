@@ -53,6 +53,7 @@ def timeline_view(job: JobRow, frontier: Frontier, profile: Profile | None) -> T
         energy_j=float(point.energy_j),
         clock_change_margin_s=frontier.clock_change_margin_s,
         clock_change_delay_s=frontier.clock_change_delay_s,
+        clock_change_delay_rank=job.clock_delay_rank,
         min_frequency_mhz=low_mhz,
         max_frequency_mhz=high_mhz,
         gpus=[

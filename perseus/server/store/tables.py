@@ -79,6 +79,9 @@ JOBS = Table(
     Column("priority", Float, nullable=False, server_default="1"),
     # The frontier point a cluster power budget holds the job at; null: none (0004).
     Column("budget_index", Integer),
+    # The rank whose measured clock-change latency the frontier was planned for; null: the
+    # server's setting (0005).
+    Column("clock_delay_rank", Integer),
 )
 
 FRONTIERS = Table(
@@ -110,6 +113,8 @@ RANKS = Table(
     Column("host", String(255)),
     Column("instance", String(64)),
     Column("seen_at_s", Float),
+    # The largest clock-change latency the rank reported, seconds; null: none (0005).
+    Column("clock_latency_s", Float),
     UniqueConstraint("job_id", "stage", "data_parallel_rank", "tensor_parallel_rank"),
 )
 
@@ -204,6 +209,9 @@ class JobRow:
     budget_index: int | None = None
     """The frontier point a cluster power budget holds the job at (never faster than its
     policy's); None while no budget moves it."""
+    clock_delay_rank: int | None = None
+    """The rank whose measured clock-change latency the current frontier was planned for;
+    None: the server's setting (or no frontier)."""
 
 
 @dataclass(frozen=True, slots=True)

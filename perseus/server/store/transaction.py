@@ -336,6 +336,34 @@ class Transaction:
         )
         return [(int(r), str(why), float(t)) for r, why, t in self._conn.execute(query)]
 
+    # measured clock-change latencies
+
+    def raise_clock_latency(self, job_id: str, rank: int, latency_s: float) -> bool:
+        """Keep ``latency_s`` as the rank's clock-change latency if it is larger than the one
+        kept (or none is); whether it was."""
+        result = self._conn.execute(
+            update(RANKS)
+            .where(
+                RANKS.c.job_id == job_id,
+                RANKS.c.rank == rank,
+                or_(RANKS.c.clock_latency_s.is_(None), RANKS.c.clock_latency_s < latency_s),
+            )
+            .values(clock_latency_s=latency_s)
+        )
+        return bool(result.rowcount)
+
+    def clock_latency(self, job_id: str) -> tuple[int, float] | None:
+        """``(rank, latency_s)`` of the job's largest reported clock-change latency (the
+        lowest such rank); None while no rank reported one."""
+        query = (
+            select(RANKS.c.rank, RANKS.c.clock_latency_s)
+            .where(RANKS.c.job_id == job_id, RANKS.c.clock_latency_s.is_not(None))
+            .order_by(RANKS.c.clock_latency_s.desc(), RANKS.c.rank)
+            .limit(1)
+        )
+        found = self._conn.execute(query).first()
+        return None if found is None else (int(found[0]), float(found[1]))
+
     # profiles
 
     def profiles_reported_since(self, job_id: str, since_s: float) -> int:
