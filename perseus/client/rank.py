@@ -224,6 +224,7 @@ class Rank:
             self._session.registered,
             self._stop,
             clock=clock,
+            latency=lambda: self._controller.latency.measured_s,
         )
         self._profiling = OnlineProfiling(
             self._state,

@@ -40,9 +40,15 @@ from perseus.client.settings import ClientSettings
 from perseus.core.errors import PerseusError, PlannerUnavailable, RequestRejected
 from perseus.schemas import IterationPhase, IterationReport, ProfilingProgress
 
-__all__ = ["Reporter"]
+__all__ = ["LATENCY_STEP", "LATENCY_STEP_S", "Reporter"]
 
 _log = logging.getLogger("perseus.client")
+
+LATENCY_STEP_S = 0.001
+LATENCY_STEP = 0.1
+"""A measured clock-change latency is reported again once it grew by more than both of these
+(1 ms and 10 % of the one reported): the planner keeps each rank's largest, and replans only
+for a material growth."""
 
 
 class Reporter:
@@ -55,6 +61,9 @@ class Reporter:
         registered: Set once the planner knows the rank; reports wait for it.
         stop: Set when the rank closes.
         clock: The clock of the meter and the boundary stamps.
+        latency: The GPU's measured clock-change latency, in seconds (None while not
+            measured): reported to a planner that takes it, when first measured and
+            whenever it grows by more than :data:`LATENCY_STEP_S` or :data:`LATENCY_STEP`.
     """
 
     def __init__(
@@ -66,8 +75,12 @@ class Reporter:
         stop: threading.Event,
         *,
         clock: Callable[[], float],
+        latency: Callable[[], float | None] | None = None,
     ) -> None:
         self._rank = settings.rank
+        self._latency = latency
+        self._latency_sent: float | None = None  # the latency the planner has
+        self._latency_off = False  # the planner refused a report: none is sent again
         self._planner = planner
         self._meter = meter
         self._registered = registered
@@ -156,6 +169,13 @@ class Reporter:
                 return
             if not self._registered.is_set() or time.monotonic() < retry_at:
                 continue
+            try:
+                self._report_latency()
+            except PlannerUnavailable as err:
+                outage.failed(err)
+                retry_at = time.monotonic() + backoff.delay_s(attempt, rng)
+                attempt += 1
+                continue
             while self._reports and not self._stop.is_set():
                 iteration, start_stamp, end_stamp, version, phase, progress = self._reports[0]
                 start, end = start_stamp.at_s, end_stamp.at_s
@@ -188,6 +208,35 @@ class Reporter:
                 self._reports.popleft()
                 outage.ok()
                 attempt = 0
+
+    def _report_latency(self) -> None:
+        """Report the measured clock-change latency if it is new to the planner.
+
+        Only to a planner whose registration answer said it takes one (an older planner
+        refuses the route); nothing while none is measured (the planner plans for its own
+        setting meanwhile). A refusal stops the reports, never the thread.
+
+        Raises:
+            PlannerUnavailable: The planner is down (tried again later).
+        """
+        if self._latency is None or self._latency_off or not self._planner.takes_clock_latency:
+            return
+        measured = self._latency()
+        sent = self._latency_sent
+        if measured is None or (
+            sent is not None and measured <= sent + max(LATENCY_STEP_S, LATENCY_STEP * sent)
+        ):
+            return
+        try:
+            self._planner.report_clock_latency(self._rank, measured)
+        except PlannerUnavailable:
+            raise
+        except PerseusError as err:
+            self._latency_off = True
+            _log.info("perseus: the planner refused the clock-change latency (%s); not sent", err)
+            return
+        self._latency_sent = measured
+        _log.info("perseus: clock-change latency %.1f ms reported to the planner", 1e3 * measured)
 
     def _report(self, report: IterationReport) -> None:
         """Send ``report``; a planner that refuses its profiling progress (an older one, which

@@ -359,6 +359,9 @@ def test_latency_estimate_median_for_raises_shortest_for_lowerings() -> None:
     assert estimate.value_s == estimate.low_s == 0.01  # samples lie past the true latency
     estimate.add(0.05)
     assert (estimate.value_s, estimate.low_s) == (0.05, 0.01)
+    assert estimate.measured_s is None  # two samples: not yet what the planner is told
+    estimate.add(0.02)
+    assert estimate.measured_s == estimate.value_s == 0.02
     for _ in range(20):
         estimate.add(0.02)
     assert (estimate.value_s, estimate.low_s) == (0.02, 0.02)  # the last 16: the median

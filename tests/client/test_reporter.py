@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.testclient import TestClient
 
@@ -23,13 +23,20 @@ from perseus.client.api.client import PlannerClient
 from perseus.client.clocks.boundary import LogEntry, Stamp
 from perseus.client.reporter import Reporter
 from perseus.client.settings import ClientSettings
-from perseus.core.errors import JobStateError, PlannerUnavailable
+from perseus.core.errors import JobStateError, PlannerUnavailable, RequestRejected
 from perseus.schemas import (
+    CLOCK_LATENCY_HEADER,
+    CLOCK_LATENCY_PATH,
     ITERATIONS_PATH,
+    RANKS_PATH,
+    ClockLatencyAccepted,
+    ClockLatencyReport,
     IterationAccepted,
     IterationPhase,
     IterationReport,
     ProfilingProgress,
+    RankRegistered,
+    RankRegistration,
 )
 from perseus.server.app import _validation_error
 from perseus.wire.common import WireModel
@@ -307,3 +314,148 @@ def test_the_profiling_progress_travels_with_the_report(running: Running) -> Non
     running.reporter.queue_iteration(*iteration(0, 0.0, 1.0), None, "profiling", progress)
     running.until(running.planner.sent.is_set)
     assert running.planner.reports[0].profiling == progress
+
+
+# ----------------------------------------------------------------------------- clock latency
+
+
+def _planner_app(*, advertises: bool) -> tuple[TestClient, list[tuple[str, Any]]]:
+    """A planner that takes registrations and iteration reports, and (``advertises``) the
+    clock-change latency, saying so in its registration answer; without, a stand-in for a
+    planner from before it: no header, and the route unknown (404). Every request it gets
+    is kept, ``(path, body)``."""
+    seen: list[tuple[str, Any]] = []
+    app = FastAPI()
+    app.add_exception_handler(RequestValidationError, _validation_error)
+
+    @app.middleware("http")
+    async def keep(request: Request, call_next: Any) -> Any:
+        seen.append((request.url.path, json.loads(await request.body() or b"null")))
+        return await call_next(request)
+
+    @app.post(RANKS_PATH)
+    def register(job_id: str, body: RankRegistration, response: Response) -> RankRegistered:
+        if advertises:
+            response.headers[CLOCK_LATENCY_HEADER] = "1"
+        return RankRegistered(rank=body.rank, state="registering", ranks_registered=1)
+
+    @app.post(ITERATIONS_PATH)
+    def report(job_id: str, body: IterationReport) -> IterationAccepted:
+        return IterationAccepted(rank=body.rank, iteration=body.iteration, version=0)
+
+    if advertises:
+
+        @app.post(CLOCK_LATENCY_PATH)
+        def latency(job_id: str, body: ClockLatencyReport) -> ClockLatencyAccepted:
+            return ClockLatencyAccepted(
+                rank=body.rank, clock_change_delay_s=body.clock_change_latency_s, planning=False
+            )
+
+    return TestClient(app), seen
+
+
+@pytest.mark.parametrize("advertises", [True, False], ids=["new-planner", "older-planner"])
+def test_the_latency_goes_only_to_a_planner_that_says_it_takes_it(advertises: bool) -> None:
+    http, seen = _planner_app(advertises=advertises)
+    planner = PlannerClient(http, "a" * 32, "token")
+    planner.register(
+        RankRegistration(rank=1, stage=0, data_parallel_rank=0, tensor_parallel_rank=0,
+                         gpu_name="fake", supported_clocks_mhz=[1500])
+    )  # fmt: skip
+    assert planner.takes_clock_latency is advertises
+    run = Running(ClientSettings(rank=1), planner, Meter(), ManualClock())  # type: ignore[arg-type]
+    run.reporter = Reporter(
+        ClientSettings(rank=1), planner, Meter(), run.registered, run.stop,  # type: ignore[arg-type]
+        clock=run.clock, latency=lambda: 0.05,
+    )  # fmt: skip
+    run.reporter.start()
+    try:
+        run.registered.set()
+        run.reporter.queue_iteration(*iteration(0, 0.0, 1.0), None, "plan")
+        run.until(lambda: any(path.endswith("/iterations") for path, _ in seen))
+        run.reporter.queue_iteration(*iteration(1, 1.0, 2.0), None, "plan")
+        run.until(lambda: sum(path.endswith("/iterations") for path, _ in seen) == 2)
+    finally:
+        run.stop.set()
+        run.reporter.wake()
+        run.reporter.thread.join(5.0)
+        run.reporter.close()
+    sent = [body for path, body in seen if path.endswith(":clock-latency")]
+    if advertises:
+        assert sent == [{"rank": 1, "clock_change_latency_s": 0.05}]
+    else:
+        assert sent == []  # an older planner hears nothing it does not know
+    # No other request carries a field an older planner does not know.
+    assert all("clock_change_latency_s" not in (body or {}) for path, body in seen
+               if not path.endswith(":clock-latency"))  # fmt: skip
+
+
+class LatencyPlanner(Planner):
+    """Keeps the latencies reported; raises the errors it is given first."""
+
+    takes_clock_latency = True
+
+    def __init__(self, *errors: Exception) -> None:
+        super().__init__()
+        self.latency_errors = list(errors)
+        self.latencies: list[float] = []
+
+    def report_clock_latency(self, rank: int, latency_s: float) -> None:
+        if self.latency_errors:
+            raise self.latency_errors.pop(0)
+        self.latencies.append(latency_s)
+
+
+def _latency_run(planner: LatencyPlanner, measured: list[float | None]) -> Running:
+    run = Running(ClientSettings(rank=2), planner, Meter(), ManualClock())
+    run.reporter = Reporter(
+        ClientSettings(rank=2), planner, Meter(), run.registered, run.stop,  # type: ignore[arg-type]
+        clock=run.clock, latency=lambda: measured[0],
+    )  # fmt: skip
+    return run
+
+
+def test_the_latency_is_reported_once_measured_and_again_when_it_grows() -> None:
+    planner = LatencyPlanner(PlannerUnavailable("down"))
+    measured: list[float | None] = [None]
+    run = _latency_run(planner, measured)
+    run.reporter.start()
+    try:
+        run.registered.set()
+        for _ in range(5):  # nothing measured yet: nothing sent (the planner's setting holds)
+            run.reporter.wake()
+            time.sleep(0.01)
+        assert planner.latencies == []
+        measured[0] = 0.05
+        run.until(lambda: planner.latencies == [0.05], timeout_s=20)  # after the outage
+        measured[0] = 0.0545  # under 10 %: the planner has it near enough
+        for _ in range(5):
+            run.reporter.wake()
+            time.sleep(0.01)
+        measured[0] = 0.07
+        run.until(lambda: planner.latencies == [0.05, 0.07])
+    finally:
+        run.stop.set()
+        run.reporter.wake()
+        run.reporter.thread.join(5.0)
+        run.reporter.close()
+
+
+def test_a_refused_latency_is_not_sent_again(caplog: pytest.LogCaptureFixture) -> None:
+    planner = LatencyPlanner(RequestRejected("body.clock_change_latency_s: too large"))
+    measured: list[float | None] = [1.5]
+    run = _latency_run(planner, measured)
+    run.reporter.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="perseus.client"):
+            run.registered.set()
+            run.until(lambda: any("refused" in r.getMessage() for r in caplog.records))
+            measured[0] = 0.05
+            run.reporter.queue_iteration(*iteration(0, 0.0, 1.0), None, "plan")
+            run.until(planner.sent.is_set)  # the telemetry goes on
+    finally:
+        run.stop.set()
+        run.reporter.wake()
+        run.reporter.thread.join(5.0)
+        run.reporter.close()
+    assert planner.latencies == []

@@ -46,6 +46,8 @@ from perseus.client.api.http import (
     shown_body,
 )
 from perseus.schemas import (
+    CLOCK_LATENCY_HEADER,
+    CLOCK_LATENCY_PATH,
     FRONTIER_PATH,
     GAVE_UP_PATH,
     ITERATIONS_PATH,
@@ -58,6 +60,8 @@ from perseus.schemas import (
     PROFILES_PATH,
     RANKS_PATH,
     STRAGGLER_PATH,
+    ClockLatencyAccepted,
+    ClockLatencyReport,
     FrontierView,
     GaveUpAccepted,
     GaveUpReport,
@@ -165,6 +169,9 @@ class PlannerClient:
         self._margin_s = long_poll_margin_s
         self.job_id = job_id
         self._ids = {"job_id": quote(job_id, safe="")}
+        self.takes_clock_latency = False
+        """Whether the planner's last registration answer said it takes the rank's measured
+        clock-change latency (``X-Perseus-Clock-Latency``); an older planner does not."""
 
     @property
     def http(self) -> httpx.Client:
@@ -241,11 +248,34 @@ class PlannerClient:
     def register(self, body: RankRegistration) -> RankRegistered:
         """Register a rank; a restarted rank registers again with the same coordinates.
 
+        Sets :attr:`takes_clock_latency` from the answer.
+
         Raises:
             JobStateError: the coordinates clash with the job or another rank.
             RequestRejected: a field is out of range for the job.
         """
-        return self._send("POST", RANKS_PATH, RankRegistered, body)
+        response = call_planner(
+            self._http,
+            "POST",
+            self._path(RANKS_PATH),
+            token=self._token,
+            json=body.model_dump(mode="json"),
+        )
+        reply = parse_reply(RankRegistered, response)
+        self.takes_clock_latency = response.headers.get(CLOCK_LATENCY_HEADER) == "1"
+        return reply
+
+    def report_clock_latency(self, rank: int, latency_s: float) -> ClockLatencyAccepted:
+        """Report a rank's measured clock-change latency (only to a planner whose
+        registration answer said it takes one: :attr:`takes_clock_latency`).
+
+        Raises:
+            JobStateError: the rank has not registered.
+            RequestRejected: the latency is out of range (0 <= x < 1 s), or the planner
+                knows no such report.
+        """
+        body = ClockLatencyReport(rank=rank, clock_change_latency_s=latency_s)
+        return self._send("POST", CLOCK_LATENCY_PATH, ClockLatencyAccepted, body)
 
     def report_gave_up(self, rank: int, reason: str) -> GaveUpAccepted:
         """Tell the planner that ``rank`` stopped planning and why (cut to what the wire

@@ -62,6 +62,12 @@ class LatencyEstimate:
         return len(self._samples) == self._samples.maxlen
 
     @property
+    def measured_s(self) -> float | None:
+        """The estimate once ``min_samples`` are in (what the rank reports to its planner);
+        None before: the latency is still assumed, or a few samples' largest."""
+        return self.value_s if len(self._samples) >= self._min else None
+
+    @property
     def samples(self) -> tuple[float, ...]:
         """The samples kept, oldest first."""
         return tuple(self._samples)
