@@ -29,7 +29,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from perseus import __version__
 from perseus.core.errors import PerseusError
-from perseus.schemas import JOBS_PATH, OVERVIEW_PATH, ErrorBody, ValidationErrorBody
+from perseus.schemas import (
+    CLUSTER_BUDGET_PATH,
+    JOBS_PATH,
+    OVERVIEW_PATH,
+    ErrorBody,
+    ValidationErrorBody,
+)
 from perseus.server.api import cluster_routes
 from perseus.server.api.auth import hash_token
 from perseus.server.api.edge import AuthBeforeBody, bounded_accept_errors
@@ -218,7 +224,9 @@ def _document_errors(app: FastAPI, *, admin: bool) -> None:
             "$ref": "#/components/schemas/ErrorBody"}}}}  # fmt: skip
         for path, path_item in schema.get("paths", {}).items():
             for operation in path_item.values():
-                if path in (JOBS_PATH, OVERVIEW_PATH) and not admin and "security" in operation:
+                # The admin's routes take any caller on a server without an admin token.
+                open_paths = (JOBS_PATH, OVERVIEW_PATH, CLUSTER_BUDGET_PATH)
+                if path in open_paths and not admin and "security" in operation:
                     operation["security"] = [*operation["security"], {}]
                 responses = operation.setdefault("responses", {})
                 responses["422"] = validation

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from perseus.cli.cluster_budget import parse_when, watts
+
 from . import test_job as cli
 from .test_job import ADMIN, Planner, create, error_line, make_ready, run
 

@@ -167,7 +167,9 @@ def test_profile_plan_and_clock_log(app: TestClient, tmp_path: Path) -> None:
 
 
 def test_the_job_view_shows_how_far_a_profiling_rank_got(app: TestClient, tmp_path: Path) -> None:
-    job, token = create(app, schedule="1f1b")
+    # The job's own blocking power: planning then does not hang on the rank's idle-power
+    # measurement, which a busy host can spoil (the counter not moving in its window).
+    job, token = create(app, schedule="1f1b", p_block_w=150.0)
     rank, _ = make_rank(app, job, token, tmp_path)
     auth = {"Authorization": f"Bearer {token}"}
 

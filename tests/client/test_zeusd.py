@@ -30,6 +30,7 @@ from perseus.core.errors import (
 )
 from perseus.server.app import create_app
 from perseus.server.settings import Settings
+
 from .zeusd_server import NVML_NO_PERMISSION, FakeZeusd, issue_token
 
 KEY = b"a signing key of thirty-two bytes"

@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from perseus.server.settings import Settings
+
 from .conftest import Job, ProfileRows, clocks_of, create_job
 
 BUDGET = "/v1/cluster/budget"
