@@ -38,6 +38,8 @@ every round raises at least one instruction of each plan it touches, so it ends.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -171,6 +173,41 @@ def _required(runs: _Runs, clocks: IntArray, margin_s: float, delay_s: float) ->
     return np.asarray(delay_s + margin_s * (into - out), dtype=np.float64)
 
 
+@dataclass(frozen=True)
+class _Gpu:
+    """One GPU's instructions ``a:b`` on the plans' replayed timeline."""
+
+    a: int
+    b: int
+    clocks: IntArray  # (b - a, P)
+    start: FloatArray  # (b - a, P)
+    total: FloatArray  # (P,): iteration times
+    runs: _Runs
+    need: FloatArray  # each run's required span, at its first position
+    short: BoolArray  # the first positions of the runs too short for their changes
+
+
+def _gpus(
+    tables: ClockTables,
+    dag: PipelineDag,
+    plans: IntArray,
+    margin_s: float,
+    delay_s: float,
+    compiled: bool,
+) -> Iterator[_Gpu]:
+    """Each GPU with two instructions or more, on the plans' replayed timeline."""
+    start, total = _timeline(tables, dag, plans, margin_s, compiled)
+    for g in range(dag.schedule.stages):
+        a, b = int(dag.offsets[g]), int(dag.offsets[g + 1])
+        if b - a < 2:
+            continue
+        clocks = plans[a:b]
+        runs = _Runs(clocks, start[a:b], total)
+        need = _required(runs, clocks, margin_s, delay_s)
+        short = runs.change & (runs.span < need * (1 - _RTOL))
+        yield _Gpu(a, b, clocks, start[a:b], total, runs, need, short)
+
+
 def _short(
     tables: ClockTables,
     dag: PipelineDag,
@@ -180,16 +217,9 @@ def _short(
     compiled: bool,
 ) -> BoolArray:
     """``(n, P)``: the first positions of the runs too short for their changes."""
-    start, total = _timeline(tables, dag, plans, margin_s, compiled)
     short = np.zeros(plans.shape, dtype=np.bool_)
-    for g in range(dag.schedule.stages):
-        a, b = int(dag.offsets[g]), int(dag.offsets[g + 1])
-        if b - a < 2:
-            continue
-        clocks = plans[a:b]
-        runs = _Runs(clocks, start[a:b], total)
-        need = _required(runs, clocks, margin_s, delay_s)
-        short[a:b] = runs.change & (runs.span < need * (1 - _RTOL))
+    for gpu in _gpus(tables, dag, plans, margin_s, delay_s, compiled):
+        short[gpu.a : gpu.b] = gpu.short
     return short
 
 
@@ -202,17 +232,10 @@ def _targets(
     compiled: bool,
 ) -> IntArray:
     """``(n, P)``: the clock each instruction is raised towards this round; 0: none."""
-    start, total = _timeline(tables, dag, plans, margin_s, compiled)
     target = np.zeros(plans.shape, dtype=np.int64)
-    for g in range(dag.schedule.stages):
-        a, b = int(dag.offsets[g]), int(dag.offsets[g + 1])
-        if b - a < 2:
-            continue
-        clocks = plans[a:b]
-        s = start[a:b]
-        runs = _Runs(clocks, s, total)
-        need = _required(runs, clocks, margin_s, delay_s)
-        short = runs.change & (runs.span < need * (1 - _RTOL))
+    for gpu in _gpus(tables, dag, plans, margin_s, delay_s, compiled):
+        a, b, clocks, s, total = gpu.a, gpu.b, gpu.clocks, gpu.start, gpu.total
+        runs, need, short = gpu.runs, gpu.need, gpu.short
         if not short.any():
             continue
         before, after = runs.before, runs.after
