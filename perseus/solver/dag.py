@@ -183,6 +183,8 @@ def build_dag(schedule: Schedule) -> PipelineDag:
             source = gradient(u + 1, j)
         if source is not None:
             edges.append((source, node))
+    if schedule.overlapped:
+        edges = _send_with_backward(schedule, edges, offsets, gpu)
 
     graph: graphlib.TopologicalSorter[int] = graphlib.TopologicalSorter()
     for j in range(n):
@@ -232,6 +234,46 @@ def build_dag(schedule: Schedule) -> PipelineDag:
         levels=_group(depth[:n]),
         back_levels=_group(height[:n]),
     )
+
+
+def _send_with_backward(
+    schedule: Schedule, edges: list[tuple[int, int]], offsets: list[int], gpu: list[int]
+) -> list[tuple[int, int]]:
+    """The edges with each overlapped forward's output leaving with its backward's.
+
+    Torch runs an ``OVERLAP_F_B`` action's halves one after the other and sends both outputs
+    after the whole action (``_add_send_recv`` puts the sends after it), so a forward's
+    consumer on another GPU waits for the backward issued with it too: its edge leaves from
+    the backward. Edges implied by others are dropped, so that no node gets more than two
+    successors: the backward's edges to later instructions of its own GPU (its GPU's order
+    implies them) and, of its edges to one other GPU, all but the one to the earliest there
+    (that GPU's order implies the rest). Every path keeps its length. O(edges).
+
+    Raises:
+        ScheduleError: An overlapped position that is not a forward followed by a full
+            backward on its GPU.
+    """
+    moved: dict[int, int] = {}  # forward node -> the backward issued with it
+    for g, k in schedule.overlapped:
+        seq = schedule.order[g] if 0 <= g < schedule.stages else ()
+        if not (0 <= k < len(seq) - 1 and seq[k].kind == FORWARD and seq[k + 1].kind == BACKWARD):
+            raise ScheduleError(
+                f"overlapped: GPU {g} position {k} is not a forward followed by a full backward"
+            )
+        moved[offsets[g] + k] = offsets[g] + k + 1
+    backwards = set(moved.values())
+    kept: list[tuple[int, int]] = []
+    leaving: dict[int, dict[int, int]] = {}  # backward -> other GPU -> its earliest consumer
+    for a, b in edges:
+        source = moved.get(a, a) if gpu[b] != gpu[a] else a
+        if source not in backwards or b == source + 1:
+            kept.append((source, b))
+        elif gpu[b] != gpu[source]:
+            first = leaving.setdefault(source, {})
+            first[gpu[b]] = min(first.get(gpu[b], b), b)
+        # else: a later instruction of the backward's own GPU, implied by its order
+    kept.extend((a, b) for a, firsts in leaving.items() for b in firsts.values())
+    return kept
 
 
 def _name(key: tuple[InstructionKind, int, int]) -> str:

@@ -38,7 +38,13 @@ from perseus.core.pipeline import (
     Action,
     InstructionKind,
 )
-from perseus.solver.zero_bubble import dualpipev, interleaved_zero_bubble, looped_bfs, zbv
+from perseus.solver.zero_bubble import (
+    dualpipev,
+    dualpipev_overlapped,
+    interleaved_zero_bubble,
+    looped_bfs,
+    zbv,
+)
 
 __all__ = [
     "BACKWARD",
@@ -89,6 +95,10 @@ class Schedule:
         order: ``order[g]`` is GPU ``g``'s instructions in execution order.
         placement: ``placement[g][c]`` is the model stage of chunk ``c`` of GPU ``g``,
             ascending; empty (the default) means Megatron's ``c * stages + g``.
+        overlapped: ``(g, k)`` for each forward ``order[g][k]`` issued together with the
+            full backward ``order[g][k + 1]`` as one action (torch's ``OVERLAP_F_B``, in
+            ``dualpipev``): the halves run one after the other, and both outputs leave once
+            the whole action is done (:func:`perseus.solver.build_dag`). Empty by default.
     """
 
     name: str
@@ -97,6 +107,7 @@ class Schedule:
     virtual_stages: int
     order: tuple[tuple[Instruction, ...], ...]
     placement: tuple[tuple[int, ...], ...] = ()
+    overlapped: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.placement:
@@ -131,7 +142,10 @@ class Schedule:
 
 
 def schedule_from_actions(
-    name: str, actions: Sequence[Sequence[Action]], microbatches: int | None = None
+    name: str,
+    actions: Sequence[Sequence[Action]],
+    microbatches: int | None = None,
+    overlapped: Sequence[tuple[int, int]] = (),
 ) -> Schedule:
     """A schedule from every GPU's action list, its placement read from the list.
 
@@ -140,6 +154,8 @@ def schedule_from_actions(
         actions: ``actions[g]`` is GPU ``g``'s ``(stage, kind, microbatch)`` in execution
             order; ``kind`` an :class:`InstructionKind` or its value.
         microbatches: Microbatches per iteration; the highest one in the list + 1 if None.
+        overlapped: ``(g, k)`` of each forward issued with the full backward after it
+            (:attr:`Schedule.overlapped`; :func:`perseus.solver.build_dag` checks them).
 
     Returns:
         The schedule; :func:`perseus.solver.build_dag` checks that it is complete and free
@@ -187,7 +203,8 @@ def schedule_from_actions(
         microbatches = 1 + max(j for row in parsed for _u, _k, j in row)
     chunk_of = {u: c for p in placement for c, u in enumerate(p)}
     order = tuple(tuple(Instruction(kind, j, chunk_of[u]) for u, kind, j in row) for row in parsed)
-    return Schedule(name, len(parsed), microbatches, chunks.pop(), order, placement)
+    pairs = tuple((int(g), int(k)) for g, k in overlapped)
+    return Schedule(name, len(parsed), microbatches, chunks.pop(), order, placement, pairs)
 
 
 def _one_f_one_b(stages: int, microbatches: int, virtual_stages: int) -> list[list[Action]]:
@@ -321,7 +338,11 @@ def make_schedule(name: str, stages: int, microbatches: int, virtual_stages: int
     elif virtual_stages != 1:
         raise ScheduleError(f"{name} runs one model chunk per GPU; virtual_stages must be 1")
     schedule = schedule_from_actions(name, builder(stages, microbatches, virtual_stages))
-    return dataclasses.replace(schedule, microbatches=microbatches)
+    overlapped: tuple[tuple[int, int], ...] = ()
+    if name == "dualpipev":
+        positions = dualpipev_overlapped(stages, microbatches)
+        overlapped = tuple((g, k) for g, seq in enumerate(positions) for k in seq)
+    return dataclasses.replace(schedule, microbatches=microbatches, overlapped=overlapped)
 
 
 def per_gpu(flat: Any, schedule: Schedule) -> tuple[tuple[int, ...], ...]:

@@ -14,7 +14,9 @@ the dependencies.
 An action is ``(stage, kind, microbatch)`` with ``stage`` the model stage (not the GPU).
 Torch's ``OVERLAP_F_B`` (a forward and a full backward of two microbatches issued together)
 appears as its two halves, forward first, on the same GPU: perseus plans them one after the
-other (it does not model their overlap).
+other (it does not model their overlap), and, as torch sends both outputs once the whole action
+is done, the forward's output leaves for another GPU with the backward's
+(:func:`dualpipev_overlapped` says which forwards; :func:`perseus.solver.build_dag` draws it).
 
 Every function is O(ranks * microbatches * chunks).
 """
@@ -34,7 +36,7 @@ from perseus.core.pipeline import (
     InstructionKind,
 )
 
-__all__ = ["dualpipev", "interleaved_zero_bubble", "looped_bfs", "zbv"]
+__all__ = ["dualpipev", "dualpipev_overlapped", "interleaved_zero_bubble", "looped_bfs", "zbv"]
 
 
 def looped_bfs(ranks: int, microbatches: int, chunks: int) -> list[list[Action]]:
@@ -181,12 +183,26 @@ def dualpipev(ranks: int, microbatches: int) -> list[list[Action]]:
             f"dualpipev needs at least as many microbatches as model stages (2 x stages = "
             f"{2 * ranks}), got {microbatches}"
         )
-    return [_dualpipev_rank(rank, ranks, microbatches) for rank in range(ranks)]
+    return [_dualpipev_rank(rank, ranks, microbatches)[0] for rank in range(ranks)]
 
 
-def _dualpipev_rank(rank: int, ranks: int, microbatches: int) -> list[Action]:
+def dualpipev_overlapped(ranks: int, microbatches: int) -> list[list[int]]:
+    """Per rank, the positions in :func:`dualpipev`'s list of the forwards torch issues
+    together with the full backward after them (``OVERLAP_F_B``). Torch sends the outputs
+    of both halves once the whole action is done, so the forward's output leaves with the
+    backward's (see :func:`perseus.solver.build_dag`).
+
+    Raises:
+        ScheduleError: As :func:`dualpipev`.
+    """
+    dualpipev(ranks, microbatches)  # the same checks
+    return [_dualpipev_rank(rank, ranks, microbatches)[1] for rank in range(ranks)]
+
+
+def _dualpipev_rank(rank: int, ranks: int, microbatches: int) -> tuple[list[Action], list[int]]:
     first, second = rank, 2 * ranks - 1 - rank
     seq: list[Action] = []
+    overlapped: list[int] = []  # positions of the forward halves of OVERLAP_F_B
     counts: dict[tuple[int, InstructionKind], int] = defaultdict(int)
     pending: list[tuple[int, int]] = []  # (stage, microbatch) of backward_inputs awaiting W
 
@@ -209,6 +225,7 @@ def _dualpipev_rank(rank: int, ranks: int, microbatches: int) -> list[Action]:
             counts[stage, BACKWARD_WEIGHT] += 1
 
     def overlap(forward_stage: int, backward_stage: int) -> None:
+        overlapped.append(len(seq))
         add(forward_stage, FORWARD)
         add(backward_stage, BACKWARD)
 
@@ -244,4 +261,4 @@ def _dualpipev_rank(rank: int, ranks: int, microbatches: int) -> list[Action]:
         add(first, BACKWARD_INPUT if split else BACKWARD)
     for _ in range(rank + 1):
         weight()
-    return seq
+    return seq, overlapped

@@ -34,7 +34,9 @@ def test_placement_and_chunks_come_from_the_list() -> None:
 def test_named_schedules_round_trip_through_their_actions() -> None:
     for name, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("zbv", 2), ("dualpipev", 2)):
         schedule = make_schedule(name, 2, 4, v)
-        again = schedule_from_actions(name, schedule.actions(), schedule.microbatches)
+        again = schedule_from_actions(
+            name, schedule.actions(), schedule.microbatches, schedule.overlapped
+        )
         assert again == schedule
 
 

@@ -72,3 +72,32 @@ def test_zbv_two_ranks_is_the_issue_example() -> None:
     letter = {long: short for short, long in KIND.items()}
     first = " ".join(f"{u}{letter[k]}{j}" for u, k, j in ours("zbv", 2, 4, 2)[0][:12])
     assert first == "0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0F3 0I0 0W0"
+
+
+def torch_overlapped(ranks: int, microbatches: int) -> tuple[tuple[int, int], ...]:
+    """``(rank, position)`` of the forward half of each of torch's ``OVERLAP_F_B`` actions, in
+    the list with overlapped actions as their halves."""
+    ops = visualizer.get_schedule_ops(
+        pipelining.ScheduleDualPipeV, ranks, microbatches, num_stages_per_rank=2
+    )
+    found = []
+    for rank, row in enumerate(ops):
+        position = 0
+        for action in row:
+            if action is None:
+                continue
+            if action.sub_actions:
+                found.append((rank, position))
+            position += len(action.sub_actions or (action,))
+    return tuple(found)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "microbatches"), [(2, 4), (2, 8), (3, 6), (4, 8), (4, 12), (8, 24)]
+)
+def test_dualpipev_overlapped_pairs_are_torchs(ranks: int, microbatches: int) -> None:
+    """The forwards perseus marks as issued with the backward after them are exactly torch's
+    ``OVERLAP_F_B`` actions (whose outputs torch sends after both halves)."""
+    schedule = make_schedule("dualpipev", ranks, microbatches, 2)
+    assert schedule.overlapped == torch_overlapped(ranks, microbatches)
+    assert schedule.overlapped  # the steady state has them

@@ -3,9 +3,10 @@
 The reference here imports no perseus code for the schedule or the DAG: the order comes from
 torch's own ``get_schedule_ops`` and the dependencies are rebuilt from BACKGROUND.md's rules
 (``F(s, j) -> F(s+1, j)``; ``F(last, j) -> B/I(last, j)``; ``B/I(s+1, j) -> B/I(s, j)``;
-``I(s, j) -> W(s, j)``) into a :class:`reference.Dag`, so :func:`reference.replay`,
-:func:`reference.replay_with_margin` and :func:`reference.milp_min_energy` apply unchanged.
-Skipped without torch.
+``I(s, j) -> W(s, j)``; the output of a forward issued with a backward in one ``OVERLAP_F_B``
+leaves for another rank with the backward's, as torch sends after the whole action) into a
+:class:`reference.Dag`, so :func:`reference.replay`, :func:`reference.replay_with_margin` and
+:func:`reference.milp_min_energy` apply unchanged. Skipped without torch.
 """
 
 from __future__ import annotations
@@ -52,7 +53,29 @@ def torch_order(name: str, ranks: int, microbatches: int) -> tuple[ref.Order, li
     return order, placement
 
 
-def zb_dag(order: ref.Order, placement: list[list[int]]) -> ref.Dag:
+def torch_overlapped(name: str, ranks: int, microbatches: int) -> set[tuple[int, int]]:
+    """``(rank, position)`` of the forward half of each of torch's ``OVERLAP_F_B`` actions in
+    :func:`torch_order`'s lists: torch sends both halves' outputs after the whole action."""
+    cls = getattr(pipelining, CLASSES[name])
+    found = set()
+    for g, row in enumerate(visualizer.get_schedule_ops(cls, ranks, microbatches,
+                                                        num_stages_per_rank=2)):  # fmt: skip
+        position = 0
+        for action in row:
+            if action is None:
+                continue
+            if action.sub_actions:
+                found.add((g, position))
+            position += len(action.sub_actions or (action,))
+    return found
+
+
+def zb_dag(
+    order: ref.Order, placement: list[list[int]], overlapped: set[tuple[int, int]] | None = None
+) -> ref.Dag:
+    """The DAG by the rules above; a forward in ``overlapped`` hands its output to another
+    rank only once the backward issued with it is done (torch sends after the action)."""
+    overlapped = overlapped or set()
     last = sum(len(p) for p in placement) - 1
     where = {}
     for g, seq in enumerate(order):
@@ -69,7 +92,10 @@ def zb_dag(order: ref.Order, placement: list[list[int]]) -> ref.Dag:
 
     for (kind, u, j), node in where.items():
         if kind == "forward" and u > 0:
-            preds[node].append(where["forward", u - 1, j])
+            source = where["forward", u - 1, j]
+            if source in overlapped and source[0] != node[0]:
+                source = (source[0], source[1] + 1)
+            preds[node].append(source)
         elif kind in ("backward", "backward_input"):
             preds[node].append(where["forward", u, j] if u == last else gradient(u + 1, j))
         elif kind == "backward_weight":
@@ -133,7 +159,8 @@ def test_every_point_replays_with_and_without_transitions(size, data) -> None:
     p_block_w = data.draw(st.floats(10.0, 150.0))
     note(repr((size, rows, p_block_w)))
     table = {(s, k, f): (t, e) for s, k, f, t, e in rows}
-    dag = zb_dag(*torch_order(name, ranks, microbatches))
+    overlapped = torch_overlapped(name, ranks, microbatches)
+    dag = zb_dag(*torch_order(name, ranks, microbatches), overlapped)
     schedule = make_schedule(name, ranks, microbatches, 2)
     for margin in (0.0, 0.005):
         frontier = compute_frontier(profile_from_rows(rows), schedule, p_block_w=p_block_w,
@@ -150,7 +177,8 @@ def test_small_zero_bubble_fast_equals_the_milp(size, data) -> None:
     p_block_w = data.draw(st.floats(10.0, 150.0))
     note(repr((size, rows, p_block_w)))
     table = {(s, k, f): (t, e) for s, k, f, t, e in rows}
-    dag = zb_dag(*torch_order(name, ranks, microbatches))
+    overlapped = torch_overlapped(name, ranks, microbatches)
+    dag = zb_dag(*torch_order(name, ranks, microbatches), overlapped)
     profile, schedule = profile_from_rows(rows), make_schedule(name, ranks, microbatches, 2)
     fast = compute_frontier(profile, schedule, p_block_w=p_block_w)
     exact = compute_frontier(profile, schedule, p_block_w=p_block_w, exact=True)
