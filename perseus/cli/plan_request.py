@@ -311,10 +311,10 @@ def request_schedule(request: PlanRequest, name: str) -> Schedule:
         if request.microbatches is None:
             raise UsageError("--microbatches: required (unless --schedule-file says how many)")
         return make_schedule(name, stages, request.microbatches, virtual_stages)
-    from perseus.formats.plan_files import read_torch_schedule
+    from perseus.formats.plan_files import read_torch_schedule_file
 
-    actions = read_torch_schedule(request.schedule_file)
-    schedule = schedule_from_actions(Path(request.schedule_file).name, actions)
+    actions, overlapped = read_torch_schedule_file(request.schedule_file)
+    schedule = schedule_from_actions(Path(request.schedule_file).name, actions, None, overlapped)
     if request.microbatches is not None and request.microbatches != schedule.microbatches:
         raise UsageError(
             f"--microbatches: {request.schedule_file} runs {schedule.microbatches} "
@@ -328,7 +328,7 @@ def request_schedule(request: PlanRequest, name: str) -> Schedule:
             )
         except PerseusError:
             continue
-        if named.actions() == schedule.actions():
+        if named.actions() == schedule.actions() and named.overlapped == schedule.overlapped:
             return named
     if request.output or request.plan_output:
         raise UsageError(

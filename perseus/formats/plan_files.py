@@ -47,6 +47,7 @@ __all__ = [
     "profile_fingerprint",
     "read_plan_or_frontier",
     "read_torch_schedule",
+    "read_torch_schedule_file",
 ]
 
 PLAN_FORMAT = "perseus.plan/1"
@@ -480,7 +481,16 @@ _TORCH_KINDS = {"F": "forward", "B": "backward", "I": "backward_input", "W": "ba
 
 
 def read_torch_schedule(path: str | Path) -> list[list[tuple[int, Any, int]]]:
-    """Every rank's compute actions from torch's ``compute_only`` schedule CSV.
+    """Every rank's compute actions from torch's ``compute_only`` schedule CSV: the actions
+    of :func:`read_torch_schedule_file`."""
+    return read_torch_schedule_file(path)[0]
+
+
+def read_torch_schedule_file(
+    path: str | Path,
+) -> tuple[list[list[tuple[int, Any, int]]], list[tuple[int, int]]]:
+    """Every rank's compute actions from torch's ``compute_only`` schedule CSV, and where its
+    overlapped actions are.
 
     The CSV is what ``PipelineScheduleMulti._dump_csv`` writes (and ``_load_csv`` reads): one
     row per rank, one printed action per cell (``2F0``, ``1I3``, ``0W1``, ``0B2``,
@@ -489,8 +499,9 @@ def read_torch_schedule(path: str | Path) -> list[list[tuple[int, Any, int]]]:
     skipped.
 
     Returns:
-        ``actions[rank]``: ``(stage, kind, microbatch)`` in order, for
-        :func:`perseus.solver.schedule_from_actions`.
+        ``actions[rank]``: ``(stage, kind, microbatch)`` in order, and ``(rank, position)``
+        of each ``OVERLAP_F_B`` whose halves are a forward then a full backward (the
+        forward's position), both for :func:`perseus.solver.schedule_from_actions`.
 
     Raises:
         ScheduleError: Unreadable file or a cell that is no action; the message names the
@@ -501,6 +512,7 @@ def read_torch_schedule(path: str | Path) -> list[list[tuple[int, Any, int]]]:
     except (OSError, UnicodeDecodeError) as err:
         raise ScheduleError(f"{path}: cannot read the schedule: {err}") from None
     actions: list[list[tuple[int, Any, int]]] = []
+    overlapped: list[tuple[int, int]] = []
     for number, row in enumerate(csv.reader(text.splitlines()), start=1):
         if not any(cell.strip() for cell in row):
             continue
@@ -511,6 +523,7 @@ def read_torch_schedule(path: str | Path) -> list[list[tuple[int, Any, int]]]:
             if cell in ("", "None"):
                 continue
             parts = [cell]
+            first = len(seq)
             if cell.startswith("("):
                 inner, _, kind = cell[1:].partition(")")
                 if kind != "OVERLAP_F_B":
@@ -528,7 +541,10 @@ def read_torch_schedule(path: str | Path) -> list[list[tuple[int, Any, int]]]:
                 if not microbatch:
                     raise ScheduleError(f"{where}: {part!r} has no microbatch")
                 seq.append((int(stage), _TORCH_KINDS[kind], int(microbatch)))
+            halves = [kind for _u, kind, _j in seq[first:]]
+            if len(parts) > 1 and halves == ["forward", "backward"]:
+                overlapped.append((len(actions), first))
         actions.append(seq)
     if not actions:
         raise ScheduleError(f"{path}: the schedule has no rows")
-    return actions
+    return actions, overlapped

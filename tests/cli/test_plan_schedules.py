@@ -144,3 +144,27 @@ def test_a_split_schedule_on_a_profile_without_the_halves(
         != 0
     )
     assert "stage 0: instruction: no backward_input rows" in capsys.readouterr().err
+
+
+def test_a_dualpipev_csv_keeps_its_overlapped_actions(
+    profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch prints DualPipeV's overlapped actions as ``(0F3;3B1)OVERLAP_F_B``: read back, they
+    are the named schedule's overlapped pairs (whose forward's output leaves with the
+    backward's), and the file plans as ``dualpipev``."""
+    from perseus.formats.plan_files import read_torch_schedule_file
+
+    schedule = make_schedule("dualpipev", 2, 8, 2)
+    path = tmp_path / "dualpipev.csv"
+    with path.open("w", newline="") as out:
+        writer = csv.writer(out)
+        for g, seq in enumerate(schedule.actions()):
+            cells = [f"{u}{LETTER[k]}{j}" for u, k, j in seq]
+            for k in sorted((k for h, k in schedule.overlapped if h == g), reverse=True):
+                cells[k : k + 2] = [f"({cells[k]};{cells[k + 1]})OVERLAP_F_B"]
+            writer.writerow(["", *cells])
+    actions, overlapped = read_torch_schedule_file(path)
+    assert actions == [[(u, str(k), j) for u, k, j in seq] for seq in schedule.actions()]
+    assert tuple(overlapped) == schedule.overlapped
+    main(["plan", str(profile), "--p-block", "20", "--schedule-file", str(path)])
+    assert "schedule  dualpipev, 2 stages x 8 microbatches x 2 chunks" in capsys.readouterr().out
