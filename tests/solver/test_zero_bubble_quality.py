@@ -22,6 +22,7 @@ from perseus.solver import compute_frontier, make_schedule, profile_from_rows
 
 from . import reference as ref
 from .cases import CLOCKS, NEAR, RTOL, examples, grid, query, rel
+from .test_schedules_torch import torch_overlapped
 
 pipelining = pytest.importorskip("torch.distributed.pipelining.schedules")
 visualizer = pytest.importorskip("torch.distributed.pipelining._schedule_visualizer")
@@ -51,23 +52,6 @@ def torch_order(name: str, ranks: int, microbatches: int) -> tuple[ref.Order, li
     placement = [sorted({u for u, _k, _j in seq}) for seq in actions]
     order = [[(k, j, placement[g].index(u)) for u, k, j in seq] for g, seq in enumerate(actions)]
     return order, placement
-
-
-def torch_overlapped(name: str, ranks: int, microbatches: int) -> set[tuple[int, int]]:
-    """``(rank, position)`` of the forward half of each of torch's ``OVERLAP_F_B`` actions in
-    :func:`torch_order`'s lists: torch sends both halves' outputs after the whole action."""
-    cls = getattr(pipelining, CLASSES[name])
-    found = set()
-    for g, row in enumerate(visualizer.get_schedule_ops(cls, ranks, microbatches,
-                                                        num_stages_per_rank=2)):  # fmt: skip
-        position = 0
-        for action in row:
-            if action is None:
-                continue
-            if action.sub_actions:
-                found.add((g, position))
-            position += len(action.sub_actions or (action,))
-    return found
 
 
 def zb_dag(
@@ -159,7 +143,7 @@ def test_every_point_replays_with_and_without_transitions(size, data) -> None:
     p_block_w = data.draw(st.floats(10.0, 150.0))
     note(repr((size, rows, p_block_w)))
     table = {(s, k, f): (t, e) for s, k, f, t, e in rows}
-    overlapped = torch_overlapped(name, ranks, microbatches)
+    overlapped = set(torch_overlapped(ranks, microbatches)) if name == "dualpipev" else set()
     dag = zb_dag(*torch_order(name, ranks, microbatches), overlapped)
     schedule = make_schedule(name, ranks, microbatches, 2)
     for margin in (0.0, 0.005):
@@ -177,7 +161,7 @@ def test_small_zero_bubble_fast_equals_the_milp(size, data) -> None:
     p_block_w = data.draw(st.floats(10.0, 150.0))
     note(repr((size, rows, p_block_w)))
     table = {(s, k, f): (t, e) for s, k, f, t, e in rows}
-    overlapped = torch_overlapped(name, ranks, microbatches)
+    overlapped = set(torch_overlapped(ranks, microbatches)) if name == "dualpipev" else set()
     dag = zb_dag(*torch_order(name, ranks, microbatches), overlapped)
     profile, schedule = profile_from_rows(rows), make_schedule(name, ranks, microbatches, 2)
     fast = compute_frontier(profile, schedule, p_block_w=p_block_w)
