@@ -46,6 +46,21 @@ class Replay:
     durations_s: tuple[tuple[float, ...], ...]
     clock_change_margin_s: float
 
+    @property
+    def spans_s(self) -> tuple[float, ...]:
+        """Each GPU's span, its first instruction's start to its last's finish (0 without
+        instructions): what a rank measures as its iteration."""
+        return tuple(
+            finish[-1] - start[0] if start else 0.0
+            for start, finish in zip(self.start_s, self.finish_s, strict=True)
+        )
+
+    def span_energy_j(self, p_block_w: float) -> float:
+        """The energy every GPU draws over its own span (:attr:`spans_s`): the iteration's
+        energy less the blocking outside the spans (before a GPU's first instruction and
+        after its last), what the ranks' energies over their spans add up to."""
+        return self.energy_j - p_block_w * sum(self.time_s - s for s in self.spans_s)
+
 
 def replay(
     profile: Profile,

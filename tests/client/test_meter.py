@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import statistics
 import threading
+import time
 
 import numpy as np
 import pytest
 
+from perseus.client.gpu.fake import FakeGpu, default_work
 from perseus.client.gpu.meter import EnergyMeter
 from perseus.core.errors import GpuControlError
 
@@ -126,14 +129,39 @@ def test_meter_counts_updates_between(scripted: tuple[ScriptedCounter, EnergyMet
     assert meter.updates_between(10.0, 11.0) == 0
 
 
-@pytest.mark.parametrize(("start_s", "end_s"), [(0.333, 1.777), (0.005, 2.995), (1.01, 1.0149)])
-def test_meter_energy_between_interpolates_the_reads(
+def _true_energy_j(gpu: ScriptedCounter, at_s: float) -> float:
+    """The scripted counter's exact energy at ``at_s``: each tick's power held over it."""
+    k = min(int(at_s / 0.1), len(gpu.watts) - 1)
+    return float(gpu.tick_j[k] + gpu.watts[k] * (at_s - 0.1 * k))
+
+
+@pytest.mark.parametrize(("start_s", "end_s"), [(0.333, 0.777), (0.11, 0.9), (2.2, 2.9)])
+def test_meter_energy_between_reads_the_updates_not_the_reads(
     scripted: tuple[ScriptedCounter, EnergyMeter], start_s: float, end_s: float
 ) -> None:
+    # Updates are timed at the middle of the read that saw them, 5 ms after the tick: a
+    # window is the true energy over the window 5 ms earlier.
     gpu, meter = scripted
+    shifted = _true_energy_j(gpu, end_s - 0.005) - _true_energy_j(gpu, start_s - 0.005)
+    assert meter.energy_between(start_s, end_s) == pytest.approx(shifted, rel=1e-9)
+
+
+def test_meter_energy_between_splits_an_update_period_at_a_step_in_power() -> None:
+    # 100 W, then a step to 500 W 30 ms into the period from 1.0 s, then 500 W until a step
+    # back to 100 W 60 ms into the period from 2.1 s: the periods holding a step average
+    # 380 W and 340 W. A window from step to step (each seen 5 ms late, as the updates) is
+    # 500 W over 1.13 s exactly; the reads (each holding the counter as of up to 0.1 s
+    # before) say over 20 J less.
+    gpu = ScriptedCounter([100.0] * 10 + [380.0] + [500.0] * 10 + [340.0] + [100.0] * 8)
+    meter = EnergyMeter(gpu, clock=gpu.clock)
+    with meter.precise():
+        meter.start()
+        assert gpu.done.wait(10.0)
+        meter.stop()
+    assert meter.energy_between(1.035, 2.165) == pytest.approx(500.0 * 1.13)
     t, e = gpu.middles(), gpu.values()
-    expected = np.interp(end_s, t, e) - np.interp(start_s, t, e)
-    assert meter.energy_between(start_s, end_s) == pytest.approx(expected)
+    assert float(np.interp(2.165, t, e) - np.interp(1.035, t, e)) < 500.0 * 1.13 - 20.0
+    assert meter.energy_between(0.5, 0.8) == pytest.approx(100.0 * 0.3)  # steady: the line
 
 
 def test_meter_energy_between_outside_the_reads_is_none(
@@ -157,6 +185,35 @@ def test_meter_energies_between_is_energy_between_of_each_window(
     assert meter.energies_between([]) == []
     # one window the reads do not cover: none at all (the caller waits for more reads)
     assert meter.energies_between([*windows, (2.9, 3.5)]) is None
+
+
+def test_normal_reads_measure_a_pipeline_ranks_iterations_as_they_ran() -> None:
+    # A pipeline rank's pattern on the fake GPU, in real time (about 4 s): 0.25 s blocking at
+    # idle power, then six forward-backward pairs (0.36 s). The meter in normal mode learns
+    # the counter's period, then reads about once per update. Each iteration's energy is
+    # within 3 % of the fake's exact integral over it (the median within 1.5 %), where
+    # interpolating the reads, each the counter of up to 0.1 s before, measured 5-15 % low.
+    gpu = FakeGpu(work=default_work(1, 4), clock=time.perf_counter)
+    meter = EnergyMeter(gpu)
+    spans: list[tuple[float, float, float]] = []
+    meter.start()
+    try:
+        time.sleep(0.6)  # the period learnt
+        for _ in range(6):
+            time.sleep(0.25)
+            start, before = time.perf_counter(), gpu.true_energy_j()
+            for kind in ("forward", "backward") * 6:
+                gpu.run(kind)
+            spans.append((start, time.perf_counter(), gpu.true_energy_j() - before))
+        time.sleep(0.3)  # reads past the last iteration
+    finally:
+        meter.stop()
+    assert meter.update_period_s == pytest.approx(0.1, rel=0.05)
+    measured = meter.energies_between([(start, end) for start, end, _ in spans])
+    assert measured is not None
+    errors = [abs(m / truth - 1) for m, (_, _, truth) in zip(measured, spans, strict=True)]
+    assert statistics.median(errors) < 0.015, errors
+    assert max(errors) < 0.03, errors
 
 
 def test_meter_without_reads_answers_none() -> None:

@@ -9,8 +9,11 @@ from typing import Any
 import pytest
 
 from perseus.core.defaults import CLOCK_CHANGE_MARGIN_S
-from perseus.schemas import PlanResponse
+from perseus.formats.plan_files import FrontierFile
+from perseus.schemas import FRONTIER_FILE_PATH, PROFILE_JSON_PATH, PlanResponse
 from perseus.server.lifecycle.savings import SAMPLE_WINDOW
+from perseus.solver import replay
+from perseus.solver.profiles import profile_from_json
 
 from .conftest import Job, ProfileRows
 
@@ -33,8 +36,9 @@ def _ranks(job: Job) -> range:
     return range(job.stages * job.data_parallel)
 
 
-def _predicted(job: Job) -> tuple[float, float]:
-    """(slowdown, saving) of the chosen point against the default plan, from /frontier."""
+def _whole_iterations(job: Job) -> tuple[float, float]:
+    """(slowdown, saving) of the chosen point against the default plan, from /frontier:
+    whole iterations, the pipeline's fill and drain included."""
     frontier = job.client.get(job.url("/frontier"), headers=job.auth).json()
     chosen = frontier["points"][frontier["chosen_index"]]
     default = frontier["baselines"]["default"]
@@ -42,6 +46,29 @@ def _predicted(job: Job) -> tuple[float, float]:
         chosen["time_s"] / default["time_s"] - 1,
         1 - chosen["energy_j"] / default["energy_j"],
     )
+
+
+def _predicted(job: Job) -> tuple[float, float]:
+    """(slowdown, saving) on the ranks' measure, replayed here from the job's files: each
+    GPU's span (first start to last finish; the median over GPUs) and every GPU's energy over
+    its span (the iteration's less the blocking outside the spans)."""
+    ids = {"job_id": job.job_id}
+    profile = profile_from_json(
+        job.client.get(PROFILE_JSON_PATH.format(**ids), headers=job.auth).content
+    )
+    raw = job.client.get(FRONTIER_FILE_PATH.format(**ids), headers=job.auth).content
+    frontier = FrontierFile.model_validate_json(raw).to_frontier()
+    chosen = job.client.get(job.url("/frontier"), headers=job.auth).json()["chosen_index"]
+    measured = []
+    for clocks in (frontier.baselines["default"].frequencies_mhz,
+                   frontier.point(chosen).frequencies_mhz):  # fmt: skip
+        r = replay(profile, frontier.schedule, frontier.p_block_w, clocks,
+                   clock_change_margin_s=frontier.clock_change_margin_s)  # fmt: skip
+        spans = [f[-1] - s[0] for s, f in zip(r.start_s, r.finish_s, strict=True)]
+        outside = sum(r.time_s - span for span in spans)
+        measured.append((statistics.median(spans), r.energy_j - frontier.p_block_w * outside))
+    (base_s, base_j), (plan_s, plan_j) = measured
+    return plan_s / base_s - 1, 1 - plan_j / base_j
 
 
 def _run(
@@ -89,6 +116,21 @@ def test_baseline_and_plan_give_medians_counts_and_the_saving(ready_job: Job) ->
     assert s["energy_saved_j"] == pytest.approx(saved_j)
     assert s["energy_saved_kwh"] == pytest.approx(saved_j / 3.6e6)
     assert s["energy_j"] == pytest.approx(5 * base_j + 7 * base_j * (1 - saving))
+
+
+def test_the_prediction_is_on_the_ranks_measure_not_whole_iterations(ready_job: Job) -> None:
+    # A 1F1B pipeline of 4 stages: each GPU's span leaves out fill and drain blocking that
+    # both plans pay alike, so the ranks' measure states a larger saving than the frontier's
+    # whole iterations; the view predicts what the ranks will measure.
+    _run(ready_job, baseline=1, plan=1, slowdown=0.0, saving=0.0)
+    s = ready_job.view()["savings"]
+    _, whole_saving = _whole_iterations(ready_job)
+    slowdown, saving = _predicted(ready_job)
+    assert saving > whole_saving > 0
+    assert (s["predicted_slowdown"], s["predicted_saving"]) == (
+        pytest.approx(slowdown, abs=1e-12),
+        pytest.approx(saving, abs=1e-12),
+    )
 
 
 def test_spread_and_the_window(ready_job: Job) -> None:

@@ -243,6 +243,11 @@ class Jobs(JobPart):
         spec = job.spec
         frontier = self._frontiers.of(job)
         chosen = self._plans.chosen(job, frontier)
+        spans = (
+            None
+            if chosen is None or totals is None
+            else self._frontiers.spans(job.id, job.frontier_rev, chosen.index)
+        )
         return JobView(
             job_id=job.id,
             name=job.name,
@@ -273,6 +278,7 @@ class Jobs(JobPart):
                 totals,
                 frontier,
                 chosen,
+                spans,
             ),
             p_block_w=frontier.p_block_w
             if frontier is not None

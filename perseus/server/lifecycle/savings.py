@@ -8,25 +8,34 @@ Each rank keeps, per phase, exact counts and sums and its last :data:`SAMPLE_WIN
 samples. A pipeline iteration is measured per rank (the rank's own ``time_s``, first
 instruction to last); across ranks, times take the median of the ranks' statistics and
 energies their sum, so one slow or idle rank neither hides nor dominates the comparison.
+
+The prediction is stated on the same measure (:func:`predicted_spans`): the median over GPUs
+of their spans, and the energy every GPU draws over its own span, of the chosen point's
+replay against the default plan's. A GPU's span leaves out the pipeline's fill before its
+first instruction and drain after its last, blocking time that both plans have: the
+whole-iteration energies (the frontier's) would state a smaller saving than the ranks measure.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from perseus.schemas import ChosenPoint, IterationReport, SampleStats, SavingsView
 from perseus.server.store.tables import SampleBucket
-from perseus.solver import BaselineKey, Frontier
+from perseus.solver import BaselineKey, Frontier, Profile, replay
 
 __all__ = [
     "BASELINE",
     "PLAN",
     "SAMPLE_WINDOW",
     "WARN_POINTS",
+    "Spans",
     "add_sample",
     "bucket_key",
     "median_energy_j",
+    "predicted_spans",
     "savings_view",
 ]
 
@@ -130,10 +139,41 @@ def _stats(buckets: Iterable[SampleBucket]) -> SampleStats | None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Spans:
+    """One plan's iteration on the ranks' measure, predicted for one pipeline."""
+
+    time_s: float
+    """The median over GPUs of their spans (first instruction's start to last's finish)."""
+    energy_j: float
+    """Every GPU's energy over its own span, summed."""
+
+
+def predicted_spans(frontier: Frontier, profile: Profile, index: int) -> tuple[Spans, Spans] | None:
+    """The default plan's and point ``index``'s :class:`Spans`, replayed on ``profile`` (the
+    one the frontier was planned on) with the frontier's blocking power and clock-change
+    margin; None for a frontier without the default baseline. O(n) for n instructions."""
+    default = frontier.baselines.get(BaselineKey.DEFAULT)
+    if default is None:
+        return None
+    power = frontier.p_block_w
+    replays = (
+        replay(profile, frontier.schedule, power, default.frequencies_mhz,
+               clock_change_margin_s=frontier.clock_change_margin_s),
+        frontier.replay_point(profile, index),
+    )  # fmt: skip
+    base, point = (Spans(statistics.median(r.spans_s), r.span_energy_j(power)) for r in replays)
+    return base, point
+
+
 def _predicted(
-    frontier: Frontier | None, chosen: ChosenPoint | None
+    frontier: Frontier | None, chosen: ChosenPoint | None, spans: tuple[Spans, Spans] | None
 ) -> tuple[float | None, float | None]:
-    """(slowdown, saving) of the chosen point against the frontier's default plan."""
+    """(slowdown, saving) of the chosen point against the frontier's default plan: on the
+    ranks' measure where ``spans`` (of the chosen point) are known, else of whole iterations."""
+    if spans is not None:
+        base, point = spans
+        return point.time_s / base.time_s - 1, 1 - point.energy_j / base.energy_j
     default = None if frontier is None else frontier.baselines.get(BaselineKey.DEFAULT)
     if default is None or chosen is None:
         return None, None
@@ -147,6 +187,7 @@ def savings_view(
     totals: tuple[float, float],
     frontier: Frontier | None,
     chosen: ChosenPoint | None,
+    spans: tuple[Spans, Spans] | None = None,
 ) -> SavingsView:
     """Measured against predicted, for the job at plan ``version``.
 
@@ -159,6 +200,8 @@ def savings_view(
         frontier: the job's frontier, if any (its default baseline is the prediction's
             reference).
         chosen: the point the plans follow.
+        spans: :func:`predicted_spans` of the chosen point, where the frontier's profile is
+            known: the prediction is then on the ranks' measure.
 
     Complexity: O(ranks x window log window).
     """
@@ -170,7 +213,7 @@ def savings_view(
         realized_slowdown = plan_pair.time_s / base_pair.time_s - 1
         if base_pair.energy_j > 0:
             realized_saving = 1 - plan_pair.energy_j / base_pair.energy_j
-    predicted_slowdown, predicted_saving = _predicted(frontier, chosen)
+    predicted_slowdown, predicted_saving = _predicted(frontier, chosen, spans)
     warnings = [
         f"realized {what} {realized:+.1%} differs from the predicted {predicted:+.1%}"
         for what, realized, predicted in (

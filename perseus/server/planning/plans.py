@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from perseus.core.baselines import baseline_label
 from perseus.core.errors import PlanError, PlanNotReady, ProfileError
@@ -29,6 +29,7 @@ from perseus.schemas import (
     PlanVersion,
 )
 from perseus.server.lifecycle.decisions import Choice, expected
+from perseus.server.lifecycle.savings import Spans, predicted_spans
 from perseus.server.store.job_store import JobRow, Store
 from perseus.solver import Frontier, Profile, instruction_times_s
 
@@ -136,6 +137,7 @@ def point_index(job: JobRow, straggler_replica: bool) -> int:
 class _Planned:
     frontier: Frontier
     profile: Profile | None  # None: stored before frontiers kept their profile
+    spans: dict[int, tuple[Spans, Spans] | None] = field(default_factory=dict)  # by point
 
 
 class FrontierCache:
@@ -168,6 +170,25 @@ class FrontierCache:
         """
         return self._planned(job_id, rev).profile
 
+    def spans(self, job_id: str, rev: int, index: int) -> tuple[Spans, Spans] | None:
+        """The default plan's and point ``index``'s iterations on the ranks' measure
+        (:func:`~perseus.server.lifecycle.savings.predicted_spans`), replayed once per point;
+        None for a frontier stored without its profile.
+
+        Raises:
+            PlanError: as :meth:`get`.
+        """
+        planned = self._planned(job_id, rev)
+        if planned.profile is None:
+            return None
+        with self._lock:
+            if index in planned.spans:
+                return planned.spans[index]
+        found = predicted_spans(planned.frontier, planned.profile, index)
+        with self._lock:
+            planned.spans[index] = found
+        return found
+
     def _planned(self, job_id: str, rev: int) -> _Planned:
         with self._lock:
             planned = self._frontiers.get((job_id, rev))
@@ -187,8 +208,7 @@ class FrontierCache:
             )
         except (ProfileError, ValueError, KeyError, TypeError) as exc:
             raise PlanError(f"job {job_id}: the stored profile is invalid: {exc}") from exc
-        self.put(job_id, rev, frontier, profile)
-        return _Planned(frontier, profile)
+        return self.put(job_id, rev, frontier, profile)
 
     def of(self, job: JobRow) -> Frontier | None:
         """The job's current frontier, if it has one.
@@ -200,12 +220,14 @@ class FrontierCache:
 
     def put(
         self, job_id: str, rev: int, frontier: Frontier, profile: Profile | None = None
-    ) -> None:
+    ) -> _Planned:
+        planned = _Planned(frontier, profile)
         with self._lock:
-            self._frontiers[(job_id, rev)] = _Planned(frontier, profile)
+            self._frontiers[(job_id, rev)] = planned
             self._frontiers.move_to_end((job_id, rev))
             while len(self._frontiers) > self._size:
                 self._frontiers.popitem(last=False)
+        return planned
 
     def forget(self, job_id: str) -> None:
         with self._lock:
