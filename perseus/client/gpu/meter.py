@@ -67,12 +67,15 @@ the predicted update times the reads are placed at do not drift (a period learnt
 drifts 5 ms in that time; each re-timing also refines the period over the whole gap)."""
 
 _LEARN_S = 2.0
-"""Normal mode reads back to back for at most this long to learn the update period (a
-counter that does not move is then read at the normal pace, its windows from the reads)."""
+_LEARN_READS = 150
+"""Normal mode reads back to back for at most this long, and this many reads, to learn the
+update period (a counter that does not move is then read at the normal pace, its windows
+from the reads)."""
 
 _CHASE_LIMIT_S = 0.5
-"""A normal-mode re-timing gives up after reading back to back this long without a timed
-update, until :data:`RETIME_S` later."""
+_CHASE_READS = 60
+"""A normal-mode re-timing gives up after reading back to back this long, or this many
+reads, without a timed update, until :data:`RETIME_S` later."""
 
 
 class CounterEdge:
@@ -263,6 +266,8 @@ class EnergyMeter:
         run_start: float | None = None  # first read of the current back-to-back run
         chasing = False  # reading back to back until a timed update
         chase_from = 0.0  # when normal mode began a chase (learning or re-timing)
+        chase_reads = 0  # reads since then
+        learn_reads = 0  # reads while learning in normal mode
         began = self._clock()
         next_normal = 0.0
         retime_from = -math.inf  # the last re-timing given up
@@ -276,14 +281,19 @@ class EnergyMeter:
             learning = (
                 not precise
                 and self._period_s_estimate is None
-                and (quiet or now - began < _LEARN_S)
+                and (quiet or (now - began < _LEARN_S and learn_reads < _LEARN_READS))
             )
             retime = (
                 normal
                 and self._last_timed is not None
                 and now - max(self._last_timed, retime_from) > RETIME_S
             )
-            if chasing and normal and not learning and now - chase_from > _CHASE_LIMIT_S:
+            if (
+                chasing
+                and normal
+                and not learning
+                and (now - chase_from > _CHASE_LIMIT_S or chase_reads > _CHASE_READS)
+            ):
                 chasing = False  # the counter did not move as predicted: try again later
                 retime_from = now
             if not chasing:
@@ -300,6 +310,7 @@ class EnergyMeter:
                     # clock may be one that only the reads move).
                     chasing = True
                     chase_from = max(now, now + (delay or 0.0))
+                    chase_reads = 0
                 elif quiet:
                     delay = None  # no reads at all until asked
                 else:
@@ -309,6 +320,9 @@ class EnergyMeter:
                     self._wake.clear()
                     continue
             before = self._clock()
+            chase_reads += 1
+            if normal and learning:
+                learn_reads += 1
             try:
                 value = self._gpu.energy_j()
             except GpuControlError as err:
