@@ -31,8 +31,8 @@ three of four ranks of a 1F1B job. So in normal mode the meter learns the update
 and places each value a read sees at the predicted update it came from.
 Within an update period the counter says nothing, so the energy up to a window's boundary is
 split as if the power stepped there, from the period before's average to the period after's
-(:func:`_step_interpolate`): exact at a step between two steady levels, and the straight line
-where the two agree.
+(:func:`_interpolate` with ``step``): exact at a step between two steady levels, and the
+straight line where the two agree.
 """
 
 from __future__ import annotations
@@ -393,7 +393,7 @@ class EnergyMeter:
         (the meter started late or failed).
 
         From the values placed at their updates where those cover the window, split at the
-        boundaries as if the power stepped there (:func:`_step_interpolate`); else (the
+        boundaries as if the power stepped there (:func:`_interpolate` with ``step``); else (the
         update period not learnt yet) by linear interpolation of the reads, whose window is
         late by up to one update period.
         """
@@ -421,8 +421,8 @@ class EnergyMeter:
         for start, end in windows:
             if len(aligned_times) >= 2 and aligned_times[0] <= start and aligned_times[-1] >= end:
                 out.append(
-                    _step_interpolate(aligned_times, aligned_values, end)
-                    - _step_interpolate(aligned_times, aligned_values, start)
+                    _interpolate(aligned_times, aligned_values, end, step=True)
+                    - _interpolate(aligned_times, aligned_values, start, step=True)
                 )
             else:
                 out.append(
@@ -459,15 +459,16 @@ class EnergyMeter:
         return bisect.bisect_right(times, end_s) - bisect.bisect_left(times, start_s)
 
 
-def _step_interpolate(times: list[float], values: list[float], at: float) -> float:
-    """The counter at ``at`` between the updates around it, as if the power stepped at ``at``
-    from the average of the update period before to that of the period after.
+def _interpolate(times: list[float], values: list[float], at: float, step: bool = False) -> float:
+    """The counter at ``at``, between the points around it: on the straight line, or with
+    ``step`` as if the power stepped at ``at`` from the average of the update period before
+    to that of the period after.
 
     Between updates ``t0 < at < t1`` the counter grew by ``v1 - v0``; with ``p0``, ``p1`` the
-    average powers over the periods before ``t0`` and after ``t1``, the share before ``at`` is
-    ``p0 (at - t0) / (p0 (at - t0) + p1 (t1 - at))``. With ``p0 == p1`` (or either unknown, or
-    not positive) it is the straight line; at a step from one steady level to another (a
-    pipeline rank starting or ending its iteration) it is exact.
+    average powers over the periods before ``t0`` and after ``t1``, the step's share before
+    ``at`` is ``p0 (at - t0) / (p0 (at - t0) + p1 (t1 - at))``. With ``p0 == p1`` (or either
+    unknown, or not positive) it is the straight line; at a step from one steady level to
+    another (a pipeline rank starting or ending its iteration) it is exact.
     """
     i = bisect.bisect_left(times, at)
     if i <= 0:
@@ -476,24 +477,13 @@ def _step_interpolate(times: list[float], values: list[float], at: float) -> flo
         return values[-1]
     t0, t1 = times[i - 1], times[i]
     v0, v1 = values[i - 1], values[i]
-    if at >= t1:
-        return v1
-    if i < 2 or i + 1 >= len(times):
-        return _interpolate(times, values, at)
-    p0 = (v0 - values[i - 2]) / (t0 - times[i - 2])
-    p1 = (values[i + 1] - v1) / (times[i + 1] - t1)
-    before, after = p0 * (at - t0), p1 * (t1 - at)
-    if not (p0 > 0 and p1 > 0 and before + after > 0):
-        return _interpolate(times, values, at)
-    return v0 + (v1 - v0) * before / (before + after)
-
-
-def _interpolate(times: list[float], values: list[float], at: float) -> float:
-    i = bisect.bisect_left(times, at)
-    if i <= 0:
-        return values[0]
-    if i >= len(times):
-        return values[-1]
-    t0, t1 = times[i - 1], times[i]
-    v0, v1 = values[i - 1], values[i]
-    return v0 if t1 == t0 else v0 + (v1 - v0) * (at - t0) / (t1 - t0)
+    if t1 == t0:
+        return v0
+    share = (at - t0) / (t1 - t0)
+    if step and 2 <= i < len(times) - 1:
+        p0 = (v0 - values[i - 2]) / (t0 - times[i - 2])
+        p1 = (values[i + 1] - v1) / (times[i + 1] - t1)
+        before, after = p0 * (at - t0), p1 * (t1 - at)
+        if p0 > 0 and p1 > 0 and before + after > 0:
+            share = before / (before + after)
+    return v0 + (v1 - v0) * share
