@@ -62,7 +62,7 @@ def main() -> None:
         costs = build_costs(profile, schedule, P_BLOCK_W)
         planner = Planner(dag, costs)
         t_default = default_time(profile, schedule, dag=dag)
-        times, energies, _, choices = fast_frontier(
+        times, energies, _, choices, _ = fast_frontier(
             planner, 1e-3, lambda done, total: None, t_default, DEFAULT_SEARCH_WORK
         )
         program = ExactProgram(dag, costs)

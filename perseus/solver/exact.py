@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perseus.core.errors import InfeasibleDeadline, SolverTimeout
-from perseus.solver.planner import FloatArray, IntArray, Planner, Progress, pareto
+from perseus.solver.planner import Found, IntArray, Planner, Progress, pareto
 from perseus.solver.programs import ExactProgram
 
 __all__ = [
@@ -93,7 +93,7 @@ def recorded_sweeps() -> Iterator[list[ExactSweep]]:
 
 def small_exact(
     planner: Planner, resolution_s: float, progress: Progress, t_default: float
-) -> tuple[FloatArray, FloatArray, FloatArray, IntArray] | None:
+) -> Found | None:
     """The exact frontier of a small problem (at most :data:`EXACT_UP_TO` instruction-option
     pairs) within :data:`EXACT_WORK`; None when the problem is larger or needs more work."""
     if int((planner.last + 1).sum()) > EXACT_UP_TO:
@@ -111,8 +111,8 @@ def exact_frontier(
     work_budget: int | None,
     time_limit_s: float | None,
     t_default: float,
-    fast: tuple[FloatArray, FloatArray, FloatArray, IntArray] | None = None,
-) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
+    fast: Found | None = None,
+) -> Found:
     """One MILP per frontier point, deadlines swept downwards: ``(times, energies, gaps,
     choices)``, time ascending.
 
@@ -190,7 +190,7 @@ def exact_frontier(
     if fast is not None and g >= 0:
         plans.extend(
             (float(t), float(e), float(gp), c)
-            for t, e, gp, c in zip(*fast, strict=True)
+            for t, e, gp, c in zip(fast.times, fast.energies, fast.gaps, fast.choices, strict=True)
             if t <= grid[g] * (1 + 1e-12)
         )
     record = _SWEEPS.get()
@@ -201,7 +201,7 @@ def exact_frontier(
     keep = pareto(times, energies)
     gaps = np.maximum(np.asarray([p[2] for p in plans])[keep], 0.0)
     chosen = np.stack([plans[k][3] for k in keep])
-    return times[keep], energies[keep], gaps, chosen
+    return Found(times[keep], energies[keep], gaps, chosen)
 
 
 def exact_estimate_s(

@@ -17,7 +17,7 @@ import numpy as np
 from perseus.core.errors import InfeasibleDeadline
 from perseus.solver.deadlines import deadline_grid, served_deadline
 from perseus.solver.knots import first_solves, relaxed_knots
-from perseus.solver.planner import FloatArray, IntArray, Planner, Progress, pareto
+from perseus.solver.planner import FloatArray, Found, IntArray, Planner, Progress, pareto
 from perseus.solver.programs import ExactProgram, Relaxation, RelaxedSolution
 from perseus.solver.search import (
     ALL_ANCHORS_UP_TO,
@@ -123,8 +123,8 @@ def fast_frontier(
     t_default: float,
     search_work: int,
     polish_s: float = 0.0,
-) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
-    """The fast mode's frontier ``(times, energies, gaps, choices)``, time ascending.
+) -> Found:
+    """The fast mode's frontier, time ascending, with the relaxation's bound at any deadline.
 
     Args:
         planner: The DAG and cost table.
@@ -303,11 +303,12 @@ def fast_frontier(
         worst = sweep.large_gaps()
     progress(1000, 1000)
     keep = sweep.keep
-    return (
+    return Found(
         sweep.best_time[keep],
         sweep.best_energy[keep],
         sweep.gaps,
         sweep.best_choice[:, keep].T.astype(np.int64),
+        sweep.served_bound,
     )
 
 
@@ -385,15 +386,23 @@ class _GridPlans:
 
     def finish(self) -> None:
         """Draw the Pareto frontier from the grid's plans: ``keep``, ``served``, ``gaps``."""
-        knots = self.knots
         keep = pareto(self.best_time, self.best_energy)
         if not np.isfinite(self.best_energy[keep]).all():
             raise InfeasibleDeadline("no plan meets the all-fastest iteration time")
         served = served_deadline(self.best_time[keep], self.grid)
-        at = np.minimum(served, self.t_end)
+        bound = self.bound_at(served)
+        self.keep, self.served = keep, served
+        self.gaps = self.best_energy[keep] / (bound * (1 - 1e-9)) - 1.0
+
+    def bound_at(self, deadlines: FloatArray) -> FloatArray:
+        """The relaxation's lower bound on the least energy at each of ``deadlines``: the
+        highest of the knots' tangents and the mixed flows' lines (past the last knot, its
+        value). O(len(deadlines) * (knots + lines))."""
+        knots = self.knots
+        at = np.minimum(deadlines, self.t_end)
         bound = np.max(
             [k.value_j + k.slope_j_per_s * (at - k.deadline_s) for k in knots[:-1]]
-            + [np.full(len(keep), knots[-1].value_j)],
+            + [np.full(len(at), knots[-1].value_j)],
             axis=0,
         )
         if self.lines is not None and len(self.lines[0]):
@@ -402,8 +411,12 @@ class _GridPlans:
                 part = at[lo : lo + _CHUNK]
                 mixed = np.max(values[:, None] + slopes[:, None] * part[None, :], axis=0)
                 bound[lo : lo + _CHUNK] = np.maximum(bound[lo : lo + _CHUNK], mixed)
-        self.keep, self.served = keep, served
-        self.gaps = self.best_energy[keep] / (bound * (1 - 1e-9)) - 1.0
+        return np.asarray(bound)
+
+    def served_bound(self, times: FloatArray) -> FloatArray:
+        """For a frontier's point times (ascending), the bound at the largest grid deadline
+        each serves (see :func:`served_deadline`)."""
+        return self.bound_at(served_deadline(times, self.grid))
 
     def merge(self, plans: IntArray, upto: float | None = None, needy: bool = False) -> None:
         """Offer every grid deadline (up to ``upto``; with ``needy``, only those served by

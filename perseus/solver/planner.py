@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -29,9 +29,11 @@ __all__ = [
     "FIT_BINS_MAX",
     "Evaluated",
     "FloatArray",
+    "Found",
     "IntArray",
     "Planner",
     "Progress",
+    "ServedBound",
     "pareto",
     "warm_kernels",
 ]
@@ -41,6 +43,24 @@ IntArray = npt.NDArray[np.int64]
 Progress = Callable[[int, int], None]
 # Plans (n, P) with their exact iteration times and energies (P each).
 Evaluated = tuple[IntArray, FloatArray, FloatArray]
+# Given a frontier's point times (ascending), the relaxation's lower bound on the least energy
+# at the largest deadline each point serves.
+ServedBound = Callable[[FloatArray], FloatArray]
+
+
+class Found(NamedTuple):
+    """A frontier as a mode found it, time ascending: per point its time, energy, gap to the
+    lower bound at the largest deadline it serves, and choices (one row per point).
+    ``served_bound``: for any frontier's point times, the lower bound at the largest deadline
+    each serves, where the mode has one (the fast mode's relaxation; an exact mode's bounds are
+    per point)."""
+
+    times: FloatArray
+    energies: FloatArray
+    gaps: FloatArray
+    choices: IntArray
+    served_bound: ServedBound | None = None
+
 
 FIT_BINS = 1024  # table bins per class's time range, at least (see Planner.__init__)
 FIT_BINS_MAX = 1 << 15

@@ -44,7 +44,7 @@ def fast(case: Case, resolution_s: float | None = None, progress=None):
     if resolution_s is None:
         span = planner.slowest_time_s - planner.fastest_time_s
         resolution_s = default_resolution(span, dag.size)
-    times, energies, gaps, choices = fast_frontier(
+    times, energies, gaps, choices, _ = fast_frontier(
         planner,
         resolution_s,
         progress or (lambda done, total: None),

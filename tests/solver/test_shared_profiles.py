@@ -311,24 +311,40 @@ def test_real_small_frontier_repairs_again_while_a_gap_is_over_1_percent() -> No
     assert float(frontier.gaps.max()) <= 0.01, float(frontier.gaps.max())
 
 
-def test_real_gaps_at_the_default_margin_stay_within_the_margin_models_bound() -> None:
-    """gpt3-175b on the A40, 8 x 12, at the default 5 ms clock-change margin. A point's gap is
-    its energy with transitions over the relaxation's bound, which cannot price transitions
-    (they hang on the order of clocks along each GPU, which a relaxation over each
-    instruction's clock alone does not see). So the gap the margin model allows is the
-    search's own (the same plan without transitions: at most 1 %) plus the transitions'
-    energy over the bound (at most 1 %; 0.36 % here, 0.69 % on every artifact case measured).
-    Every point must hold both, and its times and energies must replay with transitions."""
+@pytest.mark.parametrize(
+    ("file_name", "size", "largest"),
+    [
+        ("gpt3-175b+a40_bf16.csv", (STAGES, MICROBATCHES, 1), 0.0115),
+        # the all-fastest plan, restated 0.15 ms faster than the next point, served those
+        # 0.15 ms at 10.5 % over the bound until plans between the points were tried
+        ("bloom+a40_bf16.csv", (8, 32, 2), 0.0135),
+    ],
+    ids=["gpt3-a40-8x12", "bloom-a40-8x32v2"],
+)
+def test_real_gaps_at_the_default_margin_stay_within_the_margin_models_bound(
+    file_name: str, size: tuple[int, int, int], largest: float
+) -> None:
+    """At the default 5 ms clock-change margin. A point's gap is its energy with transitions
+    over the relaxation's bound, which cannot price transitions (they hang on the order of
+    clocks along each GPU, which a relaxation over each instruction's clock alone does not
+    see). So the gap the margin model allows is the search's own (the same plan without
+    transitions: at most 1 %) plus the transitions' energy over the bound (at most 1 %; 0.36
+    and 0.66 % here, 0.87 % on every artifact case measured). Every point must hold both, and
+    its times and energies must replay with transitions; the largest gap is what was measured
+    (1.13 and 1.30 %), within 0.05 points."""
     from perseus.core.defaults import CLOCK_CHANGE_MARGIN_S
     from perseus.solver.transitions import clock_tables, evaluate_plans
 
     from .conftest import REAL_PROFILES
 
-    path = SHARED_PROFILES / "gpt3-175b+a40_bf16.csv"
+    path = SHARED_PROFILES / file_name
     if not path.is_file():
         pytest.skip(f"shared profile {path} not present")
     profile, p_block_w = load_profile(path), REAL_PROFILES[path.name]
-    schedule = make_schedule("1f1b", STAGES, MICROBATCHES)
+    stages, microbatches, chunks = size
+    schedule = make_schedule(
+        "interleaved-1f1b" if chunks > 1 else "1f1b", stages, microbatches, chunks
+    )
     frontier = compute_frontier(profile, schedule, p_block_w=p_block_w,
                                 clock_change_margin_s=CLOCK_CHANGE_MARGIN_S)  # fmt: skip
     bound = frontier.energies_j / (1.0 + frontier.gaps)
@@ -343,4 +359,4 @@ def test_real_gaps_at_the_default_margin_stay_within_the_margin_models_bound() -
     assert float(search_gap.max()) <= 0.01, float(search_gap.max())
     assert float(share.min()) >= -1e-12 and float(share.max()) <= 0.01, float(share.max())
     assert np.all(frontier.gaps <= search_gap + share + 1e-9)
-    assert float(frontier.gaps.max()) <= 0.02
+    assert float(frontier.gaps.max()) <= largest, float(frontier.gaps.max())
