@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -268,15 +269,22 @@ def check_log_follows(
         if late:
             late_in[iteration] = late
     # A loaded 2-core host may now and then deschedule the clock thread past a boundary: a
-    # handful in thousands, or a burst within an iteration or two; a change requested too
-    # late, or aimed with a wrong latency, misses in every iteration (CI saw one instruction
-    # of 16 at the higher clock in all 12 on interleaved, 1 run in 4: a plan that changes
-    # clocks every few milliseconds never had its latency measured and aimed with 30 ms).
+    # handful in thousands, a burst within an iteration or two, or (a CI host 25 % slower than
+    # usual) a few scattered over the run; a change requested too late, or aimed with a wrong
+    # latency, misses at the same place in every iteration (CI saw one instruction of 16 at
+    # the higher clock in all 12 on interleaved, 1 run in 4: a plan that changes clocks every
+    # few milliseconds never had its latency measured and aimed with 30 ms).
     late_total = sum(len(late) for late in late_in.values())
-    assert late_total <= max(2, measured // 200) or len(late_in) <= max(1, len(measured_in) // 6), (
+    places = Counter((e[0], e[1], e[2]) for late in late_in.values() for e in late)
+    systematic = {place: n for place, n in places.items() if n > max(2, len(measured_in) // 3)}
+    assert (
+        late_total <= max(2, measured // 200)
+        or len(late_in) <= max(1, len(measured_in) // 6)
+        or (not systematic and late_total <= max(2, measured // 25))
+    ), (
         f"rank {rank}: {late_total} of {measured} planned instructions in "
-        f"{len(late_in)} of {len(measured_in)} iterations did not start at their planned clock: "
-        f"{late_in}"
+        f"{len(late_in)} of {len(measured_in)} iterations did not start at their planned clock "
+        f"(in most iterations: {systematic}): {late_in}"
     )
     return checked
 
