@@ -32,7 +32,9 @@ How the fast mode works, for a DAG of ``n`` instructions and ``G`` grid deadline
    instruction of its pair run the margin at the higher clock, so on a profile where a higher
    clock is never slower a point only gets faster and costlier), joined by the default and
    all-fastest plans, and the Pareto-optimal ones are kept: a point found for a deadline past
-   the default plan's time may now meet it.
+   the default plan's time may now meet it. Where a kept point is then over 1 % from the
+   bound (it serves a range its neighbours moved away from), plans between it and the next
+   point join the candidates, stated with their transitions too.
 6. With a clock-change delay (:mod:`perseus.solver.changes`), every candidate of step 5 first
    has its runs of one clock shorter than its changes need merged (clocks only raised), and is
    stated as the merged plan replays.
@@ -408,10 +410,10 @@ def _with_transitions(
         """The Pareto-optimal candidates, and their gaps."""
         keep = pareto(new_times, new_energies)
         kept_times = new_times[keep]
-        upto = np.append(kept_times[1:], math.inf)
         if served_bound is not None:
             bounds = served_bound(kept_times) * (1 - 1e-9)
         else:
+            upto = np.append(kept_times[1:], math.inf)
             served = np.clip(np.searchsorted(times, upto, side="left") - 1, 0, len(times) - 1)
             bounds = margin_free_bounds[served]
         return keep, np.maximum(new_energies[keep] / bounds - 1.0, 0.0)
