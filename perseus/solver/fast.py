@@ -124,7 +124,7 @@ def fast_frontier(
     search_work: int,
     polish_s: float = 0.0,
 ) -> Found:
-    """The fast mode's frontier, time ascending, with the relaxation's bound at any deadline.
+    """The fast mode's frontier, time ascending, with the relaxation's bound for any points.
 
     Args:
         planner: The DAG and cost table.
